@@ -1,0 +1,25 @@
+# qxfer — the two commands of the quick start are `make demo` and `make test`.
+SWIFT ?= swift
+
+.PHONY: deps build demo test release clean
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	$(SWIFT) build
+
+## Installs what is missing, builds, and runs the loopback demo of the connection API.
+demo: build
+	$(SWIFT) run qxfer-demo
+
+## Runs the whole test suite.
+test: deps
+	$(SWIFT) build --build-tests
+	$(SWIFT) test --skip-build
+
+release: deps
+	$(SWIFT) build -c release
+
+clean:
+	rm -rf .build

@@ -1,0 +1,108 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+let strictSwift6: [SwiftSetting] = [.swiftLanguageMode(.v6)]
+
+let package = Package(
+    name: "qxfer",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "QXfer", targets: ["QXfer"]),
+        .executable(name: "qxfer", targets: ["qxfer"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
+        .package(url: "https://github.com/apple/swift-crypto.git", "3.12.3"..<"5.0.0"),
+        .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+    ],
+    targets: [
+        // C shims: ngtcp2 0.12.1 + its GnuTLS crypto helper + GnuTLS, macros as inline functions.
+        .target(
+            name: "CNGTCP2",
+            linkerSettings: [
+                .linkedLibrary("ngtcp2"),
+                .linkedLibrary("ngtcp2_crypto_gnutls"),
+                .linkedLibrary("gnutls"),
+            ]
+        ),
+        // Linux socket structures the Glibc module lacks (the kernel's tcp_info).
+        .target(name: "CQXferLinux"),
+
+        // The sans-IO QUIC engine around ngtcp2_conn: datagrams and "now" in, datagrams,
+        // events and the next timer out. No sockets, no clock, no NIO.
+        .target(
+            name: "QUICEngine",
+            dependencies: ["CNGTCP2"],
+            swiftSettings: strictSwift6
+        ),
+
+        // The userspace link emulator (delay, rate, queue, loss between two TUN devices).
+        .executableTarget(
+            name: "qxfer-linkemu",
+            path: "Sources/LinkEmulator",
+            swiftSettings: strictSwift6
+        ),
+
+        // The public connection API, the TCP+TLS stack and the host identity.
+        .target(
+            name: "QXfer",
+            dependencies: [
+                "CQXferLinux",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOFoundationCompat", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+
+        // The command-line tool: composition only.
+        .executableTarget(
+            name: "qxfer",
+            dependencies: [
+                "QXfer",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+
+        // samples/: the public API as a newcomer meets it.
+        .executableTarget(
+            name: "qxfer-demo",
+            dependencies: ["QXfer"],
+            path: "samples/LoopbackDemo",
+            swiftSettings: strictSwift6
+        ),
+
+        .testTarget(
+            name: "QXferTests",
+            dependencies: [
+                "QXfer",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "QUICEngineTests",
+            dependencies: ["QUICEngine", "CNGTCP2"],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "QXferCLITests",
+            dependencies: ["qxfer"],
+            swiftSettings: strictSwift6
+        ),
+    ]
+)

@@ -1,0 +1,150 @@
+internal import CNGTCP2
+
+/// Everything a ``QUICConnection`` needs besides addresses and time: identity,
+/// peer verification, ALPN, transport parameters and local limits.
+///
+/// One value can configure many connections (a server uses the same one for each
+/// accepted connection). It is a plain value; nothing here touches the network.
+public struct QUICConfiguration: Sendable {
+    /// Which congestion controller ngtcp2 runs (`ngtcp2_settings.cc_algo`).
+    public struct CongestionControl: Hashable, Sendable, CustomStringConvertible {
+        let algorithm: UInt32
+        let name: String
+        /// CUBIC (`NGTCP2_CC_ALGO_CUBIC`), ngtcp2's default.
+        public static let cubic = CongestionControl(algorithm: NGTCP2_CC_ALGO_CUBIC.rawValue, name: "cubic")
+        /// BBR v1 (`NGTCP2_CC_ALGO_BBR`).
+        public static let bbr = CongestionControl(algorithm: NGTCP2_CC_ALGO_BBR.rawValue, name: "bbr")
+        /// BBR v2 (`NGTCP2_CC_ALGO_BBR2`).
+        public static let bbr2 = CongestionControl(algorithm: NGTCP2_CC_ALGO_BBR2.rawValue, name: "bbr2")
+        /// NewReno (`NGTCP2_CC_ALGO_RENO`).
+        public static let reno = CongestionControl(algorithm: NGTCP2_CC_ALGO_RENO.rawValue, name: "reno")
+        public var description: String { name }
+    }
+
+    /// Whether a server asks the client for a certificate (`gnutls_certificate_server_set_request`).
+    public struct ClientAuthentication: Hashable, Sendable {
+        let request: UInt32
+        /// Do not ask (`GNUTLS_CERT_IGNORE`); clients stay anonymous.
+        public static let none = ClientAuthentication(request: GNUTLS_CERT_IGNORE.rawValue)
+        /// Ask, but accept a client that sends none (`GNUTLS_CERT_REQUEST`).
+        public static let optional = ClientAuthentication(request: GNUTLS_CERT_REQUEST.rawValue)
+        /// Ask, and fail the handshake without one (`GNUTLS_CERT_REQUIRE`).
+        public static let required = ClientAuthentication(request: GNUTLS_CERT_REQUIRE.rawValue)
+    }
+
+    /// Decides whether to accept the peer's leaf certificate (DER). Return true to accept.
+    ///
+    /// It runs synchronously inside ``QUICConnection/handle(datagram:path:ecn:now:)``
+    /// while TLS processes the peer's Certificate message, so it must be quick and
+    /// must not call back into the connection. The API layer pins SHA-256
+    /// fingerprints, applies trust-on-first-use or allow-lists here.
+    public typealias PeerVerifier = @Sendable (_ leafCertificateDER: [UInt8]) -> Bool
+
+    /// The local certificate chain, PEM, leaf first.
+    public var certificateChainPEM: String
+    /// The local private key, PEM (PKCS#8 "PRIVATE KEY", P-256 in qxfer).
+    public var privateKeyPEM: String
+    /// Accepts or refuses the peer's leaf certificate.
+    public var verifyPeer: PeerVerifier
+    /// ALPN protocols in preference order; one must match or the handshake fails.
+    public var applicationProtocols: [String] = ["qxfer/1"]
+    /// Whether a server requests a client certificate. Ignored by clients.
+    public var clientAuthentication: ClientAuthentication = .none
+    /// The TLS server name a client sends (SNI). Ignored by servers.
+    public var serverName: String = "qxfer"
+
+    /// Congestion controller (`ngtcp2_settings.cc_algo`).
+    public var congestionControl: CongestionControl = .cubic
+    /// Idle timeout advertised in `max_idle_timeout`; the effective value is the smaller of both peers'.
+    public var idleTimeout: Duration = .seconds(30)
+    /// Give up the handshake after this long (`ngtcp2_settings.handshake_timeout`).
+    public var handshakeTimeout: Duration = .seconds(10)
+    /// RTT assumed before the first sample (`ngtcp2_settings.initial_rtt`); nil keeps ngtcp2's 333 ms.
+    public var initialRTT: Duration? = nil
+    /// Send PING frames to keep an idle connection alive (`ngtcp2_conn_set_keep_alive_timeout`); nil disables.
+    public var keepAliveInterval: Duration? = nil
+
+    /// Connection receive window first advertised (`initial_max_data`).
+    public var initialConnectionWindow: UInt64 = 1 << 20
+    /// Ceiling for connection window auto-tuning (`ngtcp2_settings.max_window`).
+    public var maxConnectionWindow: UInt64 = 16 << 20
+    /// Per-stream receive window first advertised (`initial_max_stream_data_*`).
+    ///
+    /// With ``maxStreamWindow`` it bounds what the engine buffers for a reader
+    /// that does not keep up: the peer cannot send beyond it until
+    /// ``QUICConnection/read(stream:maxLength:)`` consumes bytes.
+    public var initialStreamWindow: UInt64 = 256 << 10
+    /// Ceiling for per-stream window auto-tuning (`ngtcp2_settings.max_stream_window`).
+    public var maxStreamWindow: UInt64 = 6 << 20
+    /// How many bidirectional streams the peer may open (`initial_max_streams_bidi`), replenished as they close.
+    public var maxIncomingBidirectionalStreams: UInt64 = 128
+    /// How many unidirectional streams the peer may open (`initial_max_streams_uni`), replenished as they close.
+    public var maxIncomingUnidirectionalStreams: UInt64 = 128
+
+    /// Unacknowledged bytes the engine keeps per stream before ``QUICConnection/write(stream:bytes:finish:)``
+    /// accepts less than offered.
+    public var streamSendBufferLimit: Int = 1 << 20
+    /// Largest DATAGRAM frame accepted (`max_datagram_frame_size`); 0 disables RFC 9221 datagrams.
+    public var maxDatagramFrameSize: UInt64 = 1200
+    /// Outgoing datagrams waiting for congestion window; when full the oldest is dropped.
+    public var maxQueuedOutgoingDatagrams: Int = 64
+    /// Received datagrams waiting in the event queue; when full new ones are dropped.
+    public var maxQueuedIncomingDatagrams: Int = 256
+    /// Largest UDP payload sent (`ngtcp2_settings.max_tx_udp_payload_size`); nil keeps ngtcp2's default with PMTUD.
+    public var maxUDPPayloadSize: Int? = nil
+    /// Most packets in one ``QUICTransmit`` (one GSO send). 1 disables batching.
+    public var maxSegmentsPerTransmit: Int = 10
+    /// Length of the connection IDs this endpoint issues. A server's driver needs it to parse
+    /// short headers (``QUICPacketHeader/decode(datagram:shortHeaderConnectionIDLength:)``).
+    public var connectionIDLength: Int = 16
+    /// How many connection IDs the peer may keep for migration (`active_connection_id_limit`).
+    public var activeConnectionIDLimit: UInt64 = 4
+    /// Forbid the peer from migrating (`disable_active_migration`).
+    public var disableActiveMigration: Bool = false
+    /// Static key from which stateless reset tokens are derived
+    /// (``QUICStatelessReset/token(secret:connectionID:)``). A server driver keeps it to send
+    /// stateless resets for connections it no longer knows. Random per configuration by default.
+    public var statelessResetSecret: [UInt8]
+
+    /// Creates a configuration with the given identity and verifier and defaults elsewhere.
+    public init(certificateChainPEM: String, privateKeyPEM: String, verifyPeer: @escaping PeerVerifier) {
+        self.certificateChainPEM = certificateChainPEM
+        self.privateKeyPEM = privateKeyPEM
+        self.verifyPeer = verifyPeer
+        self.statelessResetSecret = QUICRandom.bytes(32)
+    }
+
+    func validate() throws(QUICEngineError) {
+        if applicationProtocols.isEmpty || applicationProtocols.contains(where: { $0.isEmpty || $0.utf8.count > 255 }) {
+            throw QUICEngineError(.invalidConfiguration, "ALPN list must be non-empty with 1...255-byte names")
+        }
+        if connectionIDLength < 4 || connectionIDLength > Int(NGTCP2_MAX_CIDLEN) {
+            throw QUICEngineError(.invalidConfiguration, "connectionIDLength must be in 4...20")
+        }
+        if streamSendBufferLimit <= 0 || maxSegmentsPerTransmit <= 0 {
+            throw QUICEngineError(.invalidConfiguration, "buffer limits must be positive")
+        }
+        if statelessResetSecret.isEmpty {
+            throw QUICEngineError(.invalidConfiguration, "statelessResetSecret must not be empty")
+        }
+    }
+}
+
+/// Cryptographically secure random bytes from GnuTLS (`gnutls_rnd`).
+enum QUICRandom {
+    static func bytes(_ count: Int) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: count)
+        fill(&out)
+        return out
+    }
+
+    static func fill(_ bytes: inout [UInt8]) {
+        let rv = bytes.withUnsafeMutableBytes { gnutls_rnd(GNUTLS_RND_RANDOM, $0.baseAddress, $0.count) }
+        precondition(rv == 0, "gnutls_rnd failed")
+    }
+
+    static func fill(_ pointer: UnsafeMutableRawPointer, _ count: Int) {
+        let rv = gnutls_rnd(GNUTLS_RND_RANDOM, pointer, count)
+        precondition(rv == 0, "gnutls_rnd failed")
+    }
+}

@@ -1,0 +1,1118 @@
+internal import CNGTCP2
+
+/// A sans-IO QUIC connection: one `ngtcp2_conn` with TLS 1.3 from GnuTLS.
+///
+/// Shaped like quinn-proto's `Connection`. The driver feeds it inputs —
+/// ``handle(datagram:path:ecn:now:)``, ``handleTimeout(now:)`` and application
+/// commands (streams, datagrams, ``close(errorCode:reason:now:)``) — and then polls
+/// outputs in this order until each returns nil:
+///
+/// 1. ``pollTransmit(now:)`` — datagrams to send (batched for GSO);
+/// 2. ``pollEvent()`` — what happened (handshake, stream data, close, …);
+/// 3. ``nextTimeout`` — when to call ``handleTimeout(now:)`` next. It includes
+///    ngtcp2's pacing timer, so after ``pollTransmit(now:)`` returns nil the driver
+///    must wait for it even when data is queued.
+///
+/// The engine never reads a clock or touches a socket; `now` is always an input.
+/// ngtcp2 callbacks only record into the engine's queues; follow-up work they
+/// imply (window credit, stream-limit credit) runs after ngtcp2 returns.
+///
+/// Not thread-safe and deliberately not `Sendable`: one connection belongs to one
+/// event loop (or one test) at a time.
+public final class QUICConnection {
+    /// Whether this endpoint is the server.
+    public let isServer: Bool
+    let configuration: QUICConfiguration
+
+    // C state. `conn` is the ngtcp2_conn*; `connRef` is the ngtcp2_crypto_conn_ref the
+    // GnuTLS session points at. Both are freed in deinit; callbacks can only run inside
+    // ngtcp2 calls made by this object, so the unretained self pointer they carry is valid.
+    private(set) var conn: OpaquePointer?
+    private let connRef: UnsafeMutablePointer<ngtcp2_crypto_conn_ref>
+    private var tls: TLSSession?
+
+    private enum State {
+        case open
+        /// We sent CONNECTION_CLOSE; answer further packets with it until the deadline.
+        case closing(deadline: QUICTime)
+        /// The peer closed; stay silent until the deadline.
+        case draining(deadline: QUICTime)
+        case terminated
+    }
+    private var state: State = .open
+    private var pendingClose: (kind: UInt32, code: UInt64, reason: [UInt8])?
+    private var closePacket: QUICTransmit?
+    private var packetsInClosing = 0
+    private var closeReported = false
+
+    private var events: [QUICEvent] = []
+    private var eventHead = 0
+    private var queuedIncomingDatagrams = 0
+
+    private var streams: [Int64: StreamState] = [:]
+    private var sendQueue: [Int64] = []
+    private var sendQueueMembers: Set<Int64> = []
+    private var roundRobin = 0
+
+    private var outgoingDatagrams: [[UInt8]] = []
+    private var outgoingDatagramHead = 0
+    private var nextDatagramID: UInt64 = 0
+
+    private var carriedTransmit: QUICTransmit?
+    private var lastExpiryHandled: QUICTime?
+    private var currentPath: QUICPath
+
+    // Recorded by callbacks, acted on after the ngtcp2 call returns.
+    private var handshakeCompletedFlag = false
+    private var handshakeReported = false
+    private var statelessResetReceived = false
+    private var pendingConnectionCredit: UInt64 = 0
+    private var pendingRemoteBidiCredit = 0
+    private var pendingRemoteUniCredit = 0
+
+    private var verifiedPeerCertificate: [UInt8]?
+    /// The peer's leaf certificate (DER) once TLS has received it; nil if the peer sent none.
+    public private(set) var peerCertificate: [UInt8]?
+    /// The negotiated ALPN protocol once the handshake completed.
+    public private(set) var negotiatedALPN: String?
+
+    private var counters = (packetsSent: UInt64(0), packetsReceived: UInt64(0), bytesSent: UInt64(0),
+                            bytesReceived: UInt64(0), datagramsLost: UInt64(0), datagramsDroppedOut: UInt64(0),
+                            datagramsDroppedIn: UInt64(0), closedStreamLoss: UInt64(0))
+
+    /// The connection ID the client first sent to (a server driver routes it here until the handshake completes).
+    public let originalDestinationConnectionID: QUICConnectionID
+
+    // MARK: - Creation
+
+    /// Creates a client connection and prepares its first Initial packet.
+    ///
+    /// - Parameters:
+    ///   - configuration: identity, verifier, ALPN and limits.
+    ///   - path: local and server addresses.
+    ///   - now: the current time.
+    /// The corresponding ngtcp2 function is `ngtcp2_conn_client_new`.
+    public init(clientWith configuration: QUICConfiguration, path: QUICPath, now: QUICTime) throws(QUICEngineError) {
+        try configuration.validate()
+        self.isServer = false
+        self.configuration = configuration
+        self.currentPath = path
+        self.connRef = .allocate(capacity: 1)
+        var dcidBytes = [UInt8](repeating: 0, count: 18)
+        QUICRandom.fill(&dcidBytes)
+        self.originalDestinationConnectionID = QUICConnectionID(dcidBytes)!
+        connRef.initialize(to: ngtcp2_crypto_conn_ref(get_conn: getConnThunk, user_data: nil))
+        connRef.pointee.user_data = Unmanaged.passUnretained(self).toOpaque()
+
+        tls = try TLSSession(isServer: false, configuration: configuration, connRef: connRef)
+        let scid = QUICConnectionID(QUICRandom.bytes(configuration.connectionIDLength))!
+        var dcid = originalDestinationConnectionID.ngtcp2CID
+        var scidC = scid.ngtcp2CID
+        var callbacks = Self.makeCallbacks(isServer: false)
+        var settings = makeSettings(now: now)
+        var params = makeTransportParameters()
+        var newConn: OpaquePointer?
+        let rv = path.withNGTCP2Path { p in
+            cngtcp2_conn_client_new(&newConn, &dcid, &scidC, p, NGTCP2_PROTO_VER_V1, &callbacks, &settings, &params,
+                                    nil, Unmanaged.passUnretained(self).toOpaque())
+        }
+        guard rv == 0, let newConn else { throw .library("ngtcp2_conn_client_new", rv) }
+        conn = newConn
+        ngtcp2_conn_set_tls_native_handle(newConn, UnsafeMutableRawPointer(tls!.session))
+        if let keepAlive = configuration.keepAliveInterval {
+            ngtcp2_conn_set_keep_alive_timeout(newConn, keepAlive.quicNanoseconds)
+        }
+        recordEvent(.connectionIDIssued(scid, statelessResetToken: []))
+    }
+
+    /// Creates a server connection for a client's first Initial packet.
+    ///
+    /// Pass the same datagram to ``handle(datagram:path:ecn:now:)`` afterwards.
+    /// - Parameters:
+    ///   - configuration: identity, verifier, ALPN and limits.
+    ///   - initialPacket: the header accepted by ``QUICInitialPacket/accept(datagram:)``.
+    ///   - path: the server's local address and the client's address.
+    ///   - now: the current time.
+    /// The corresponding ngtcp2 function is `ngtcp2_conn_server_new`.
+    public init(serverWith configuration: QUICConfiguration, initialPacket: QUICInitialPacket, path: QUICPath,
+                now: QUICTime) throws(QUICEngineError) {
+        try configuration.validate()
+        self.isServer = true
+        self.configuration = configuration
+        self.currentPath = path
+        self.connRef = .allocate(capacity: 1)
+        self.originalDestinationConnectionID = initialPacket.destinationConnectionID
+        connRef.initialize(to: ngtcp2_crypto_conn_ref(get_conn: getConnThunk, user_data: nil))
+        connRef.pointee.user_data = Unmanaged.passUnretained(self).toOpaque()
+
+        tls = try TLSSession(isServer: true, configuration: configuration, connRef: connRef)
+        let scid = QUICConnectionID(QUICRandom.bytes(configuration.connectionIDLength))!
+        var dcid = initialPacket.sourceConnectionID.ngtcp2CID
+        var scidC = scid.ngtcp2CID
+        var callbacks = Self.makeCallbacks(isServer: true)
+        var settings = makeSettings(now: now)
+        var params = makeTransportParameters()
+        params.original_dcid = initialPacket.destinationConnectionID.ngtcp2CID
+        let token = QUICStatelessReset.token(secret: configuration.statelessResetSecret, connectionID: scid)
+        withUnsafeMutableBytes(of: &params.stateless_reset_token) { $0.copyBytes(from: token) }
+        params.stateless_reset_token_present = 1
+        var newConn: OpaquePointer?
+        let rv = path.withNGTCP2Path { p in
+            cngtcp2_conn_server_new(&newConn, &dcid, &scidC, p, initialPacket.version, &callbacks, &settings, &params,
+                                    nil, Unmanaged.passUnretained(self).toOpaque())
+        }
+        guard rv == 0, let newConn else { throw .library("ngtcp2_conn_server_new", rv) }
+        conn = newConn
+        ngtcp2_conn_set_tls_native_handle(newConn, UnsafeMutableRawPointer(tls!.session))
+        if let keepAlive = configuration.keepAliveInterval {
+            ngtcp2_conn_set_keep_alive_timeout(newConn, keepAlive.quicNanoseconds)
+        }
+        recordEvent(.connectionIDIssued(scid, statelessResetToken: token))
+    }
+
+    deinit {
+        if let conn { ngtcp2_conn_del(conn) }
+        connRef.deinitialize(count: 1)
+        connRef.deallocate()
+        // `tls` (session, credentials) is released after this body.
+    }
+
+    private func makeSettings(now: QUICTime) -> ngtcp2_settings {
+        var settings = ngtcp2_settings()
+        cngtcp2_settings_default(&settings)
+        settings.initial_ts = now.nanoseconds
+        settings.cc_algo = ngtcp2_cc_algo(configuration.congestionControl.algorithm)
+        settings.max_window = configuration.maxConnectionWindow
+        settings.max_stream_window = configuration.maxStreamWindow
+        settings.handshake_timeout = configuration.handshakeTimeout.quicNanoseconds
+        if let rtt = configuration.initialRTT { settings.initial_rtt = rtt.quicNanoseconds }
+        if let size = configuration.maxUDPPayloadSize {
+            settings.max_tx_udp_payload_size = size
+            settings.no_tx_udp_payload_size_shaping = 1
+        }
+        return settings
+    }
+
+    private func makeTransportParameters() -> ngtcp2_transport_params {
+        var params = ngtcp2_transport_params()
+        cngtcp2_transport_params_default(&params)
+        let c = configuration
+        params.initial_max_data = c.initialConnectionWindow
+        params.initial_max_stream_data_bidi_local = c.initialStreamWindow
+        params.initial_max_stream_data_bidi_remote = c.initialStreamWindow
+        params.initial_max_stream_data_uni = c.initialStreamWindow
+        params.initial_max_streams_bidi = c.maxIncomingBidirectionalStreams
+        params.initial_max_streams_uni = c.maxIncomingUnidirectionalStreams
+        params.max_idle_timeout = c.idleTimeout.quicNanoseconds
+        params.max_datagram_frame_size = c.maxDatagramFrameSize
+        params.active_connection_id_limit = c.activeConnectionIDLimit
+        params.disable_active_migration = c.disableActiveMigration ? 1 : 0
+        return params
+    }
+
+    // MARK: - Inputs
+
+    /// Processes one received UDP datagram.
+    ///
+    /// Undecryptable, malformed or stray datagrams are dropped silently, as QUIC
+    /// requires. An error is thrown only when the datagram made the connection fail;
+    /// a ``QUICEvent/connectionClosed(_:)`` event is queued in that case too.
+    /// - Parameters:
+    ///   - datagram: the UDP payload.
+    ///   - path: the local address it arrived on and the address it came from.
+    ///   - ecn: the ECN bits of the IP header.
+    ///   - now: the current time.
+    /// The corresponding ngtcp2 function is `ngtcp2_conn_read_pkt`.
+    public func handle(datagram: UnsafeRawBufferPointer, path: QUICPath, ecn: QUICECN = .notECT,
+                       now: QUICTime) throws(QUICEngineError) {
+        guard let conn else { return }
+        counters.packetsReceived += 1
+        counters.bytesReceived += UInt64(datagram.count)
+        switch state {
+        case .open:
+            break
+        case .closing:
+            // Answer with our CONNECTION_CLOSE, backing off exponentially (RFC 9000 §10.2.1).
+            packetsInClosing += 1
+            if packetsInClosing & (packetsInClosing - 1) == 0, let packet = closePacket { carriedTransmit = packet }
+            return
+        case .draining, .terminated:
+            return
+        }
+        guard datagram.count > 0 else { return }
+        var info = ngtcp2_pkt_info(ecn: UInt32(ecn.rawValue))
+        let rv = path.withNGTCP2Path { p in
+            cngtcp2_conn_read_pkt(conn, p, &info, datagram.baseAddress!.assumingMemoryBound(to: UInt8.self),
+                                  datagram.count, now.nanoseconds)
+        }
+        afterLibraryCall(now: now)
+        if rv == 0 { return }
+        try handleReadError(rv, now: now)
+    }
+
+    /// Processes one received UDP datagram (array convenience).
+    public func handle(datagram: [UInt8], path: QUICPath, ecn: QUICECN = .notECT, now: QUICTime) throws(QUICEngineError) {
+        var thrown: QUICEngineError?
+        datagram.withUnsafeBytes { bytes in
+            do throws(QUICEngineError) { try handle(datagram: bytes, path: path, ecn: ecn, now: now) } catch { thrown = error }
+        }
+        if let thrown { throw thrown }
+    }
+
+    private func handleReadError(_ rv: Int32, now: QUICTime) throws(QUICEngineError) {
+        switch rv {
+        case NGTCP2_ERR_DRAINING:
+            enterDraining(now: now)
+            return
+        case NGTCP2_ERR_DROP_CONN:
+            terminate(QUICCloseReason(kind: .transport, code: UInt64(NGTCP2_PROTOCOL_VIOLATION), reason: "connection dropped",
+                                      initiatedByPeer: false))
+            throw .library("ngtcp2_conn_read_pkt", rv)
+        case NGTCP2_ERR_RECV_VERSION_NEGOTIATION:
+            terminate(QUICCloseReason(kind: .versionNegotiation, code: 0, reason: "no common QUIC version",
+                                      initiatedByPeer: true))
+            throw .library("ngtcp2_conn_read_pkt", rv)
+        default:
+            if ngtcp2_err_is_fatal(rv) == 0 && rv != NGTCP2_ERR_CRYPTO && rv != NGTCP2_ERR_CALLBACK_FAILURE {
+                return // packet-local problem: dropped
+            }
+            failConnection(libraryError: rv, now: now)
+            throw .library("ngtcp2_conn_read_pkt", rv)
+        }
+    }
+
+    /// Runs expired timers: loss detection, ACK delay, pacing, idle and handshake timeouts,
+    /// and the end of the closing or draining period.
+    /// The corresponding ngtcp2 function is `ngtcp2_conn_handle_expiry`.
+    public func handleTimeout(now: QUICTime) {
+        guard let conn else { return }
+        switch state {
+        case .open:
+            let rv = ngtcp2_conn_handle_expiry(conn, now.nanoseconds)
+            afterLibraryCall(now: now)
+            lastExpiryHandled = now
+            switch rv {
+            case 0:
+                break
+            case NGTCP2_ERR_IDLE_CLOSE:
+                terminate(QUICCloseReason(kind: .idleTimeout, code: 0, reason: "idle timeout", initiatedByPeer: false))
+            case NGTCP2_ERR_HANDSHAKE_TIMEOUT:
+                terminate(QUICCloseReason(kind: .handshakeTimeout, code: 0, reason: "handshake timeout",
+                                          initiatedByPeer: false))
+            default:
+                failConnection(libraryError: rv, now: now)
+            }
+        case .closing(let deadline), .draining(let deadline):
+            if now >= deadline { state = .terminated }
+        case .terminated:
+            break
+        }
+    }
+
+    /// When the driver must call ``handleTimeout(now:)`` next; nil once terminated.
+    ///
+    /// Includes ngtcp2's pacing deadline (`ngtcp2_conn_get_expiry`): when
+    /// ``pollTransmit(now:)`` returned nil while data is queued, this is when sending resumes.
+    public var nextTimeout: QUICTime? {
+        switch state {
+        case .open:
+            guard let conn else { return nil }
+            let expiry = QUICTime(nanoseconds: ngtcp2_conn_get_expiry(conn))
+            // ngtcp2 0.12 reports some deadlines (retired connection IDs) that handle_expiry only
+            // acts on strictly after them; never ask to be woken twice for the same instant.
+            if let last = lastExpiryHandled, expiry <= last { return QUICTime(nanoseconds: last.nanoseconds + 1) }
+            return expiry
+        case .closing(let deadline), .draining(let deadline):
+            return deadline
+        case .terminated:
+            return nil
+        }
+    }
+
+    /// Whether the connection is fully finished (closing/draining period over, or closed
+    /// without one): the driver can drop it and its connection IDs.
+    public var isTerminated: Bool {
+        if case .terminated = state { return true }
+        return false
+    }
+
+    /// Whether the connection is closing, draining or terminated: no new application data moves.
+    public var isClosed: Bool {
+        if case .open = state { return pendingClose != nil }
+        return true
+    }
+
+    /// Whether the TLS handshake has completed (`ngtcp2_conn_get_handshake_completed`).
+    public var isHandshakeComplete: Bool { handshakeReported }
+
+    // MARK: - Outputs
+
+    /// Returns the next batch of datagrams to send, or nil when there is nothing to
+    /// send now (idle, congestion-limited, or waiting for the pacing timer).
+    ///
+    /// Call it repeatedly until it returns nil after every input. Each result holds up
+    /// to ``QUICConfiguration/maxSegmentsPerTransmit`` packets for one path, all of
+    /// ``QUICTransmit/segmentSize`` bytes except possibly the last (a GSO batch).
+    /// The corresponding ngtcp2 functions are `ngtcp2_conn_writev_stream`,
+    /// `ngtcp2_conn_writev_datagram`, `ngtcp2_conn_write_connection_close` and
+    /// `ngtcp2_conn_update_pkt_tx_time`.
+    public func pollTransmit(now: QUICTime) -> QUICTransmit? {
+        if let carried = carriedTransmit {
+            carriedTransmit = nil
+            count(carried)
+            return carried
+        }
+        guard let conn, case .open = state else { return nil }
+        if let close = pendingClose {
+            pendingClose = nil
+            return writeClosePacket(kind: close.kind, code: close.code, reason: close.reason, now: now)
+        }
+
+        let maxUDP = ngtcp2_conn_get_max_tx_udp_payload_size(conn)
+        let pathMax = ngtcp2_conn_get_path_max_tx_udp_payload_size(conn)
+        let quantum = ngtcp2_conn_get_send_quantum(conn)
+        let maxPackets = max(1, min(configuration.maxSegmentsPerTransmit, quantum / max(maxUDP, 1)))
+        compactSendQueue()
+
+        var buffer = [UInt8](repeating: 0, count: maxUDP * maxPackets)
+        var used = 0
+        var segmentSize = 0
+        var packets = 0
+        var batchPath: QUICPath?
+        var batchECN = QUICECN.notECT
+        var failure: Int32 = 0
+
+        buffer.withUnsafeMutableBytes { raw in
+            while packets < maxPackets {
+                var ps = ngtcp2_path_storage()
+                ngtcp2_path_storage_zero(&ps)
+                var info = ngtcp2_pkt_info()
+                let dest = raw.baseAddress!.advanced(by: used).assumingMemoryBound(to: UInt8.self)
+                let n = writePacket(conn: conn, path: &ps.path, info: &info, dest: dest, capacity: maxUDP, now: now)
+                if n < 0 { failure = Int32(n); break }
+                if n == 0 { break }
+                let length = Int(n)
+                let packetPath = QUICPath(ps.path) ?? currentPath
+                let packetECN = QUICECN(rawValue: UInt8(truncatingIfNeeded: info.ecn))
+                if packets == 0 {
+                    batchPath = packetPath
+                    batchECN = packetECN
+                    segmentSize = length
+                } else if packetPath != batchPath || packetECN != batchECN || length > segmentSize
+                            || (segmentSize > pathMax && length != segmentSize) {
+                    // Cannot join this GSO batch: hand it out on the next poll.
+                    carriedTransmit = QUICTransmit(path: packetPath, ecn: packetECN,
+                                                   data: Array(UnsafeRawBufferPointer(start: dest, count: length)),
+                                                   segmentSize: length, segmentCount: 1)
+                    break
+                }
+                used += length
+                packets += 1
+                if length < segmentSize { break } // a short packet must be the batch's last
+            }
+        }
+        ngtcp2_conn_update_pkt_tx_time(conn, now.nanoseconds)
+        afterLibraryCall(now: now)
+
+        if failure != 0 {
+            failConnection(libraryError: failure, now: now)
+            if let close = pendingClose {
+                pendingClose = nil
+                return writeClosePacket(kind: close.kind, code: close.code, reason: close.reason, now: now)
+            }
+            return nil
+        }
+        guard packets > 0, let batchPath else { return nil }
+        buffer.removeSubrange(used...)
+        let transmit = QUICTransmit(path: batchPath, ecn: batchECN, data: buffer, segmentSize: segmentSize,
+                                    segmentCount: packets)
+        count(transmit)
+        return transmit
+    }
+
+    private func count(_ transmit: QUICTransmit) {
+        counters.packetsSent += UInt64(transmit.segmentCount)
+        counters.bytesSent += UInt64(transmit.data.count)
+    }
+
+    /// Writes one QUIC packet, coalescing datagrams and stream frames of several streams.
+    /// Returns its length, 0 if nothing can be sent, or a fatal ngtcp2 error.
+    private func writePacket(conn: OpaquePointer, path: UnsafeMutablePointer<ngtcp2_path>,
+                             info: UnsafeMutablePointer<ngtcp2_pkt_info>, dest: UnsafeMutablePointer<UInt8>,
+                             capacity: Int, now: QUICTime) -> Int {
+        let connectionCredit = ngtcp2_conn_get_max_data_left(conn)
+        var candidateIndex = 0
+        let candidates = sendQueue.count
+        let start = candidates == 0 ? 0 : roundRobin % candidates
+        roundRobin &+= 1
+        var triedDatagram = false
+        var vecs = [ngtcp2_vec](repeating: ngtcp2_vec(), count: 16)
+
+        while true {
+            // Unreliable datagrams go first: they are the latency-sensitive traffic.
+            if !triedDatagram, outgoingDatagramHead < outgoingDatagrams.count {
+                var accepted: Int32 = 0
+                let id = nextDatagramID
+                let n = outgoingDatagrams[outgoingDatagramHead].withUnsafeBytes { bytes in
+                    var vec = ngtcp2_vec(base: UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
+                                         len: bytes.count)
+                    return cngtcp2_conn_writev_datagram(conn, path, info, dest, capacity, &accepted,
+                                                        UInt32(NGTCP2_WRITE_DATAGRAM_FLAG_MORE), id, &vec, 1,
+                                                        now.nanoseconds)
+                }
+                if accepted != 0 {
+                    popOutgoingDatagram()
+                    nextDatagramID &+= 1
+                }
+                if n == Int(NGTCP2_ERR_WRITE_MORE) { continue }
+                if n == Int(NGTCP2_ERR_INVALID_ARGUMENT) || n == Int(NGTCP2_ERR_INVALID_STATE) {
+                    // Too large for the peer, or the peer does not take datagrams: drop it.
+                    if accepted == 0 { popOutgoingDatagram(); counters.datagramsDroppedOut += 1 }
+                    triedDatagram = true
+                    continue
+                }
+                if n < 0 { return n }
+                if n > 0 { return n }
+                // Returned 0: congestion-limited, or it did not fit this packet. Try other frames.
+                triedDatagram = true
+                if accepted == 0 && outgoingDatagramHead < outgoingDatagrams.count { return 0 }
+                continue
+            }
+
+            var streamID: Int64 = -1
+            var stream: StreamState?
+            while candidateIndex < candidates {
+                let id = sendQueue[(start + candidateIndex) % candidates]
+                candidateIndex += 1
+                guard sendQueueMembers.contains(id), let s = streams[id], s.hasPendingSend, !s.flowBlocked else { continue }
+                if s.send!.unsentBytes > 0 && connectionCredit == 0 { continue }
+                streamID = id
+                stream = s
+                break
+            }
+
+            var flags = UInt32(NGTCP2_WRITE_STREAM_FLAG_NONE)
+            var vecCount = 0
+            var offeredAll = true
+            if let stream, let send = stream.send {
+                vecCount = vecs.withUnsafeMutableBufferPointer { send.unsentVectors(into: $0) }
+                let offered = vecs.prefix(vecCount).reduce(0) { $0 + $1.len }
+                offeredAll = offered == send.unsentBytes
+                flags = UInt32(NGTCP2_WRITE_STREAM_FLAG_MORE)
+                if stream.finRequested && offeredAll { flags |= UInt32(NGTCP2_WRITE_STREAM_FLAG_FIN) }
+            }
+            var written: ngtcp2_ssize = -1
+            let n = vecs.withUnsafeBufferPointer { v in
+                cngtcp2_conn_writev_stream(conn, path, info, dest, capacity, &written, flags, streamID,
+                                           vecCount > 0 ? v.baseAddress : nil, vecCount, now.nanoseconds)
+            }
+            if let stream, let send = stream.send, written >= 0 {
+                send.markSent(written)
+                if flags & UInt32(NGTCP2_WRITE_STREAM_FLAG_FIN) != 0 && send.unsentBytes == 0 { stream.finSent = true }
+                if !stream.hasPendingSend { sendQueueMembers.remove(streamID) }
+            }
+            switch n {
+            case Int(NGTCP2_ERR_WRITE_MORE):
+                continue
+            case Int(NGTCP2_ERR_STREAM_DATA_BLOCKED):
+                stream?.flowBlocked = true
+                continue
+            case Int(NGTCP2_ERR_STREAM_SHUT_WR), Int(NGTCP2_ERR_STREAM_NOT_FOUND):
+                // We did not reset it, so the peer sent STOP_SENDING (ngtcp2 0.12 answers it with
+                // RESET_STREAM by itself and has no callback for it).
+                if let stream, !stream.sendClosed {
+                    stream.sendClosed = true
+                    recordEvent(.streamStopSending(stream.id, errorCode: nil))
+                }
+                sendQueueMembers.remove(streamID)
+                continue
+            default:
+                return n
+            }
+        }
+    }
+
+    private func writeClosePacket(kind: UInt32, code: UInt64, reason: [UInt8], now: QUICTime) -> QUICTransmit? {
+        guard let conn else { return nil }
+        let pto = ngtcp2_conn_get_pto(conn)
+        state = .closing(deadline: now.advanced(by: .nanoseconds(Int64(clamping: 3 * pto))))
+        if ngtcp2_conn_is_in_closing_period(conn) != 0 || ngtcp2_conn_is_in_draining_period(conn) != 0 { return nil }
+        var buffer = [UInt8](repeating: 0, count: max(ngtcp2_conn_get_max_tx_udp_payload_size(conn), 1200))
+        var ps = ngtcp2_path_storage()
+        ngtcp2_path_storage_zero(&ps)
+        var info = ngtcp2_pkt_info()
+        var reasonCopy = reason
+        let n = reasonCopy.withUnsafeMutableBufferPointer { r in
+            var ccerr = ngtcp2_connection_close_error(
+                type: ngtcp2_connection_close_error_code_type(kind), error_code: code, frame_type: 0,
+                reason: r.baseAddress, reasonlen: r.count)
+            return buffer.withUnsafeMutableBufferPointer { b in
+                cngtcp2_conn_write_connection_close(conn, &ps.path, &info, b.baseAddress, b.count, &ccerr,
+                                                    now.nanoseconds)
+            }
+        }
+        guard n > 0 else { return nil }
+        buffer.removeSubrange(Int(n)...)
+        let transmit = QUICTransmit(path: QUICPath(ps.path) ?? currentPath, ecn: QUICECN(rawValue: UInt8(truncatingIfNeeded: info.ecn)),
+                                    data: buffer, segmentSize: Int(n), segmentCount: 1)
+        closePacket = transmit
+        count(transmit)
+        return transmit
+    }
+
+    /// Returns the next event, or nil when none is queued.
+    public func pollEvent() -> QUICEvent? {
+        guard eventHead < events.count else { return nil }
+        let event = events[eventHead]
+        eventHead += 1
+        if eventHead == events.count {
+            events.removeAll(keepingCapacity: true)
+            eventHead = 0
+        } else if eventHead > 1024 && eventHead * 2 > events.count {
+            events.removeFirst(eventHead)
+            eventHead = 0
+        }
+        if case .datagramReceived = event { queuedIncomingDatagrams -= 1 }
+        return event
+    }
+
+    // MARK: - Streams
+
+    /// Opens a stream; returns nil when the peer's stream limit is reached
+    /// (wait for ``QUICEvent/streamsAvailable(bidirectional:)``).
+    /// The corresponding ngtcp2 functions are `ngtcp2_conn_open_bidi_stream` and `ngtcp2_conn_open_uni_stream`.
+    public func openStream(bidirectional: Bool = true) throws(QUICEngineError) -> QUICStreamID? {
+        guard let conn, !isClosed else { throw QUICEngineError(.connectionClosed, "connection is closed") }
+        var id: Int64 = -1
+        let rv = bidirectional ? ngtcp2_conn_open_bidi_stream(conn, &id, nil) : ngtcp2_conn_open_uni_stream(conn, &id, nil)
+        if rv == NGTCP2_ERR_STREAM_ID_BLOCKED { return nil }
+        guard rv == 0 else { throw .library(bidirectional ? "ngtcp2_conn_open_bidi_stream" : "ngtcp2_conn_open_uni_stream", rv) }
+        streams[id] = StreamState(id: QUICStreamID(rawValue: id), canSend: true, canReceive: bidirectional)
+        return QUICStreamID(rawValue: id)
+    }
+
+    /// Queues bytes on a stream; returns how many were accepted.
+    ///
+    /// The engine keeps at most ``QUICConfiguration/streamSendBufferLimit`` unacknowledged
+    /// bytes per stream. When fewer than `bytes.count` are accepted, wait for
+    /// ``QUICEvent/streamWritable(_:)`` and offer the rest. With `finish`, the stream's
+    /// sending side ends after these bytes, but only if all of them were accepted.
+    public func write(stream: QUICStreamID, bytes: UnsafeRawBufferPointer, finish: Bool = false) throws(QUICEngineError) -> Int {
+        let s = try sendableStream(stream)
+        let accepted = s.send!.append(bytes, limit: configuration.streamSendBufferLimit)
+        if accepted < bytes.count {
+            s.wantsWritable = true
+        } else if finish {
+            s.finRequested = true
+        }
+        enqueueForSending(s)
+        return accepted
+    }
+
+    /// Queues bytes on a stream (array convenience); same contract as the buffer-pointer overload.
+    public func write(stream: QUICStreamID, bytes: [UInt8], finish: Bool = false) throws(QUICEngineError) -> Int {
+        var result: Result<Int, QUICEngineError> = .success(0)
+        bytes.withUnsafeBytes { raw in
+            do throws(QUICEngineError) { result = .success(try write(stream: stream, bytes: raw, finish: finish)) } catch { result = .failure(error) }
+        }
+        return try result.get()
+    }
+
+    /// Ends the stream's sending side after the bytes already written (sends FIN).
+    public func finish(stream: QUICStreamID) throws(QUICEngineError) {
+        let s = try sendableStream(stream)
+        s.finRequested = true
+        enqueueForSending(s)
+    }
+
+    /// Abandons the stream's sending side with RESET_STREAM; unsent and unacknowledged bytes are dropped.
+    /// The corresponding ngtcp2 function is `ngtcp2_conn_shutdown_stream_write`.
+    public func reset(stream: QUICStreamID, errorCode: UInt64) throws(QUICEngineError) {
+        let s = try sendableStream(stream)
+        guard let conn else { return }
+        let rv = ngtcp2_conn_shutdown_stream_write(conn, stream.rawValue, errorCode)
+        if rv != 0 && rv != NGTCP2_ERR_STREAM_NOT_FOUND { throw .library("ngtcp2_conn_shutdown_stream_write", rv) }
+        s.sendClosed = true
+        sendQueueMembers.remove(stream.rawValue)
+    }
+
+    /// Asks the peer to stop sending with STOP_SENDING and discards buffered received bytes.
+    /// The corresponding ngtcp2 function is `ngtcp2_conn_shutdown_stream_read`.
+    public func stopSending(stream: QUICStreamID, errorCode: UInt64) throws(QUICEngineError) {
+        guard let conn, !isClosed else { throw QUICEngineError(.connectionClosed, "connection is closed") }
+        guard let s = streams[stream.rawValue], !s.receiveDone else {
+            throw QUICEngineError(.unknownStream, "\(stream) has no open receiving side")
+        }
+        let rv = ngtcp2_conn_shutdown_stream_read(conn, stream.rawValue, errorCode)
+        if rv != 0 && rv != NGTCP2_ERR_STREAM_NOT_FOUND { throw .library("ngtcp2_conn_shutdown_stream_read", rv) }
+        let discarded = s.receive.count
+        s.receive.removeAll()
+        s.receiveDone = true
+        if discarded > 0 { ngtcp2_conn_extend_max_offset(conn, UInt64(discarded)) }
+        forgetIfDone(s)
+    }
+
+    /// Reads up to `maxLength` buffered bytes of a stream, in order, and returns the
+    /// same amount of flow-control credit to the peer.
+    ///
+    /// This is the only place receive windows grow: a reader that stops reading stops
+    /// the peer once the window (at most ``QUICConfiguration/maxStreamWindow``) is full.
+    /// The corresponding ngtcp2 functions are `ngtcp2_conn_extend_max_stream_offset` and
+    /// `ngtcp2_conn_extend_max_offset`.
+    public func read(stream: QUICStreamID, maxLength: Int = .max) throws(QUICEngineError) -> QUICStreamRead {
+        guard let s = streams[stream.rawValue] else { throw QUICEngineError(.unknownStream, "\(stream) is unknown") }
+        let bytes = s.receive.read(max: maxLength)
+        if !bytes.isEmpty, let conn, case .open = state {
+            if !s.closed && !s.receiveDone {
+                _ = ngtcp2_conn_extend_max_stream_offset(conn, stream.rawValue, UInt64(bytes.count))
+            }
+            ngtcp2_conn_extend_max_offset(conn, UInt64(bytes.count))
+        }
+        let finished = s.finReceived && s.receive.isEmpty
+        if finished { s.receiveDone = true }
+        forgetIfDone(s)
+        return QUICStreamRead(bytes: bytes, isFinished: finished)
+    }
+
+    /// Bytes buffered for the application on this stream (0 for unknown streams).
+    public func readableBytes(stream: QUICStreamID) -> Int { streams[stream.rawValue]?.receive.count ?? 0 }
+
+    /// Unacknowledged bytes the engine holds for this stream (0 for unknown streams).
+    public func bufferedSendBytes(stream: QUICStreamID) -> Int { streams[stream.rawValue]?.send?.bufferedBytes ?? 0 }
+
+    /// Total bytes buffered for the application over all streams.
+    public var totalReadableBytes: Int { streams.values.reduce(0) { $0 + $1.receive.count } }
+
+    /// Streams the engine currently tracks.
+    public var openStreams: [QUICStreamID] { streams.keys.sorted().map(QUICStreamID.init(rawValue:)) }
+
+    private func sendableStream(_ stream: QUICStreamID) throws(QUICEngineError) -> StreamState {
+        guard !isClosed else { throw QUICEngineError(.connectionClosed, "connection is closed") }
+        guard let s = streams[stream.rawValue], s.send != nil else {
+            throw QUICEngineError(.unknownStream, "\(stream) has no sending side")
+        }
+        guard !s.sendClosed, !s.finRequested else {
+            throw QUICEngineError(.invalidStreamState, "\(stream) was finished or reset")
+        }
+        return s
+    }
+
+    private func enqueueForSending(_ s: StreamState) {
+        guard s.hasPendingSend, !sendQueueMembers.contains(s.id.rawValue) else { return }
+        sendQueueMembers.insert(s.id.rawValue)
+        sendQueue.append(s.id.rawValue)
+    }
+
+    private func compactSendQueue() {
+        if sendQueue.count > sendQueueMembers.count {
+            var seen = Set<Int64>()
+            sendQueue.removeAll { !sendQueueMembers.contains($0) || !seen.insert($0).inserted }
+        }
+    }
+
+    private func forgetIfDone(_ s: StreamState) {
+        if s.closed && (s.receiveDone || s.receive.isEmpty) {
+            streams[s.id.rawValue] = nil
+            sendQueueMembers.remove(s.id.rawValue)
+            counters.closedStreamLoss += s.lossCount
+        }
+    }
+
+    // MARK: - Datagrams
+
+    /// The largest payload ``sendDatagram(_:)`` accepts now; nil before the peer's transport
+    /// parameters arrive or if the peer does not accept datagrams (`max_datagram_frame_size`).
+    public var maxDatagramPayloadSize: Int? {
+        guard let conn, let params = ngtcp2_conn_get_remote_transport_params(conn) else { return nil }
+        let frameLimit = Int(clamping: params.pointee.max_datagram_frame_size)
+        guard frameLimit > 0 else { return nil }
+        // DATAGRAM frame: type (1) + length varint (≤ 2 for these sizes).
+        let byFrame = frameLimit - 3
+        // Short header: 1 + DCID + packet number (≤ 4) + AEAD tag (16).
+        let dcidLength = ngtcp2_conn_get_dcid(conn)?.pointee.datalen ?? Int(NGTCP2_MAX_CIDLEN)
+        let byPacket = ngtcp2_conn_get_path_max_tx_udp_payload_size(conn) - (1 + dcidLength + 4 + 16) - 3
+        return max(0, min(byFrame, byPacket))
+    }
+
+    /// Queues an unreliable datagram (RFC 9221). It is sent when congestion control allows,
+    /// before stream data; if ``QUICConfiguration/maxQueuedOutgoingDatagrams`` are already
+    /// waiting, the oldest is dropped. Datagrams are never retransmitted.
+    /// - Throws: ``QUICEngineError/Code/datagramRejected`` if the peer does not accept
+    ///   datagrams or the payload exceeds ``maxDatagramPayloadSize``.
+    /// The corresponding ngtcp2 function is `ngtcp2_conn_writev_datagram`.
+    public func sendDatagram(_ payload: [UInt8]) throws(QUICEngineError) {
+        guard !isClosed else { throw QUICEngineError(.connectionClosed, "connection is closed") }
+        guard let limit = maxDatagramPayloadSize else {
+            throw QUICEngineError(.datagramRejected, "peer does not accept datagrams (yet)")
+        }
+        guard payload.count <= limit else {
+            throw QUICEngineError(.datagramRejected, "datagram of \(payload.count) bytes exceeds \(limit)")
+        }
+        if outgoingDatagrams.count - outgoingDatagramHead >= configuration.maxQueuedOutgoingDatagrams {
+            popOutgoingDatagram()
+            counters.datagramsDroppedOut += 1
+        }
+        outgoingDatagrams.append(payload)
+    }
+
+    /// Outgoing datagrams waiting to be sent.
+    public var queuedOutgoingDatagrams: Int { outgoingDatagrams.count - outgoingDatagramHead }
+
+    private func popOutgoingDatagram() {
+        guard outgoingDatagramHead < outgoingDatagrams.count else { return }
+        outgoingDatagrams[outgoingDatagramHead] = []
+        outgoingDatagramHead += 1
+        if outgoingDatagramHead == outgoingDatagrams.count {
+            outgoingDatagrams.removeAll(keepingCapacity: true)
+            outgoingDatagramHead = 0
+        }
+    }
+
+    // MARK: - Paths and connection IDs
+
+    /// The path packets are currently sent on (ngtcp2's `ngtcp2_conn_get_path`).
+    public var path: QUICPath { currentPath }
+
+    /// Moves the client to a new local address at once (e.g. a new socket or interface);
+    /// ngtcp2 validates the path in the background.
+    ///
+    /// Needs a spare connection ID from the server, which it issues after the handshake.
+    /// The corresponding ngtcp2 function is `ngtcp2_conn_initiate_immediate_migration`.
+    public func migrate(toLocalAddress local: QUICSocketAddress, now: QUICTime) throws(QUICEngineError) {
+        guard !isServer else { throw QUICEngineError(.wrongRole, "only a client can migrate") }
+        guard let conn, !isClosed else { throw QUICEngineError(.connectionClosed, "connection is closed") }
+        let newPath = QUICPath(local: local, remote: currentPath.remote)
+        let rv = newPath.withNGTCP2Path { ngtcp2_conn_initiate_immediate_migration(conn, $0, now.nanoseconds) }
+        guard rv == 0 else {
+            throw QUICEngineError(.pathError, "ngtcp2_conn_initiate_immediate_migration: \(String(cString: ngtcp2_strerror(rv)))",
+                                  libraryErrorCode: rv)
+        }
+        afterLibraryCall(now: now)
+    }
+
+    /// The connection IDs peers may currently use to reach this endpoint (`ngtcp2_conn_get_scid`).
+    /// A server driver routes datagrams whose destination CID is in this set here.
+    public var sourceConnectionIDs: [QUICConnectionID] {
+        guard let conn else { return [] }
+        let n = ngtcp2_conn_get_num_scid(conn)
+        var cids = [ngtcp2_cid](repeating: ngtcp2_cid(), count: n)
+        let got = ngtcp2_conn_get_scid(conn, &cids)
+        return cids.prefix(got).map(QUICConnectionID.init)
+    }
+
+    // MARK: - Closing
+
+    /// Closes the connection with an application error code and reason phrase
+    /// (CONNECTION_CLOSE type 0x1d). The frame goes out on the next ``pollTransmit(now:)``;
+    /// the connection then stays in the closing period for three PTOs.
+    /// The corresponding ngtcp2 function is `ngtcp2_conn_write_connection_close`.
+    public func close(errorCode: UInt64, reason: String = "", now: QUICTime) {
+        guard case .open = state, pendingClose == nil else { return }
+        guard conn != nil else { state = .terminated; return }
+        let reasonBytes = Array(reason.utf8.prefix(1024))
+        pendingClose = (NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_APPLICATION.rawValue, errorCode, reasonBytes)
+        reportClose(QUICCloseReason(kind: .application, code: errorCode, reason: reason, initiatedByPeer: false))
+    }
+
+    private func failConnection(libraryError rv: Int32, now: QUICTime) {
+        guard let conn, case .open = state, pendingClose == nil else { return }
+        var ccerr = ngtcp2_connection_close_error()
+        if rv == NGTCP2_ERR_CRYPTO {
+            ngtcp2_connection_close_error_set_transport_error_tls_alert(&ccerr, ngtcp2_conn_get_tls_alert(conn), nil, 0)
+        } else {
+            ngtcp2_connection_close_error_set_transport_error_liberr(&ccerr, rv, nil, 0)
+        }
+        let message = String(cString: ngtcp2_strerror(rv))
+        pendingClose = (ccerr.type.rawValue, ccerr.error_code, [])
+        reportClose(QUICCloseReason(kind: .transport, code: ccerr.error_code, reason: message, initiatedByPeer: false))
+    }
+
+    private func enterDraining(now: QUICTime) {
+        guard let conn else { return }
+        let pto = ngtcp2_conn_get_pto(conn)
+        state = .draining(deadline: now.advanced(by: .nanoseconds(Int64(clamping: 3 * pto))))
+        if statelessResetReceived {
+            reportClose(QUICCloseReason(kind: .statelessReset, code: 0, reason: "stateless reset", initiatedByPeer: true))
+            return
+        }
+        var ccerr = ngtcp2_connection_close_error()
+        ngtcp2_conn_get_connection_close_error(conn, &ccerr)
+        let reason = ccerr.reason.map { String(decoding: UnsafeBufferPointer(start: $0, count: ccerr.reasonlen), as: UTF8.self) } ?? ""
+        let kind: QUICCloseReason.Kind
+        switch ccerr.type {
+        case NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_APPLICATION: kind = .application
+        case NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_TRANSPORT_IDLE_CLOSE: kind = .idleTimeout
+        default: kind = .transport
+        }
+        reportClose(QUICCloseReason(kind: kind, code: ccerr.error_code, reason: reason, initiatedByPeer: true))
+    }
+
+    private func terminate(_ reason: QUICCloseReason) {
+        state = .terminated
+        pendingClose = nil
+        reportClose(reason)
+    }
+
+    private func reportClose(_ reason: QUICCloseReason) {
+        guard !closeReported else { return }
+        closeReported = true
+        recordEvent(.connectionClosed(reason))
+    }
+
+    // MARK: - Statistics
+
+    /// Current path and congestion statistics.
+    /// The corresponding ngtcp2 function is `ngtcp2_conn_get_conn_stat`.
+    public var stats: QUICConnectionStats {
+        var s = ngtcp2_conn_stat()
+        if let conn { cngtcp2_conn_get_conn_stat(conn, &s) }
+        let streamLoss = streams.values.reduce(counters.closedStreamLoss) { $0 + $1.lossCount }
+        return QUICConnectionStats(
+            smoothedRTT: .nanoseconds(Int64(clamping: s.smoothed_rtt)),
+            rttVariance: .nanoseconds(Int64(clamping: s.rttvar)),
+            minRTT: .nanoseconds(Int64(clamping: s.min_rtt == UInt64.max ? 0 : s.min_rtt)),
+            latestRTT: .nanoseconds(Int64(clamping: s.latest_rtt)),
+            congestionWindow: s.cwnd, slowStartThreshold: s.ssthresh, bytesInFlight: s.bytes_in_flight,
+            deliveryRate: s.delivery_rate_sec, pacingRate: s.pacing_rate,
+            maxUDPPayloadSize: s.max_tx_udp_payload_size, ptoCount: s.pto_count,
+            packetsSent: counters.packetsSent, packetsReceived: counters.packetsReceived,
+            bytesSent: counters.bytesSent, bytesReceived: counters.bytesReceived,
+            streamPacketsLost: streamLoss, datagramsLost: counters.datagramsLost,
+            datagramsDroppedOutgoing: counters.datagramsDroppedOut, datagramsDroppedIncoming: counters.datagramsDroppedIn)
+    }
+
+    // MARK: - After each ngtcp2 call
+
+    /// Applies what callbacks recorded but could not do inside ngtcp2.
+    private func afterLibraryCall(now: QUICTime) {
+        guard let conn, case .open = state else { return }
+        if pendingConnectionCredit > 0 {
+            ngtcp2_conn_extend_max_offset(conn, pendingConnectionCredit)
+            pendingConnectionCredit = 0
+        }
+        if pendingRemoteBidiCredit > 0 {
+            ngtcp2_conn_extend_max_streams_bidi(conn, pendingRemoteBidiCredit)
+            pendingRemoteBidiCredit = 0
+        }
+        if pendingRemoteUniCredit > 0 {
+            ngtcp2_conn_extend_max_streams_uni(conn, pendingRemoteUniCredit)
+            pendingRemoteUniCredit = 0
+        }
+        if handshakeCompletedFlag && !handshakeReported {
+            handshakeReported = true
+            let alpn = tls?.selectedALPN
+            negotiatedALPN = alpn
+            peerCertificate = verifiedPeerCertificate
+            if let alpn, configuration.applicationProtocols.contains(alpn) {
+                recordEvent(.handshakeCompleted(alpn: alpn))
+            } else {
+                // RFC 9001 §8.1: no_application_protocol alert (120) as CRYPTO_ERROR.
+                pendingClose = (NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_TRANSPORT.rawValue, 0x100 + 120, [])
+                reportClose(QUICCloseReason(kind: .transport, code: 0x178, reason: "no application protocol",
+                                            initiatedByPeer: false))
+            }
+        }
+        if let p = ngtcp2_conn_get_path(conn), let path = QUICPath(p.pointee), path != currentPath {
+            currentPath = path
+            recordEvent(.pathChanged(path))
+        }
+        for s in streams.values where (s.send?.bufferedBytes ?? 0) > 0 {
+            s.lossCount = UInt64(ngtcp2_conn_get_stream_loss_count(conn, s.id.rawValue))
+        }
+    }
+
+    // MARK: - Callback recording (called only from ngtcp2 callbacks)
+
+    func recordEvent(_ event: QUICEvent) { events.append(event) }
+
+    func verifyPeerCertificate(_ leaf: [UInt8]?) -> Bool {
+        guard let leaf else {
+            // A server must present a certificate; a client may omit one unless required.
+            return isServer && configuration.clientAuthentication != .required
+        }
+        verifiedPeerCertificate = leaf
+        return configuration.verifyPeer(leaf)
+    }
+
+    fileprivate func onHandshakeCompleted() { handshakeCompletedFlag = true }
+
+    fileprivate func onStreamOpen(_ id: Int64) {
+        let sid = QUICStreamID(rawValue: id)
+        let canSend = sid.isBidirectional
+        streams[id] = StreamState(id: sid, canSend: canSend, canReceive: true)
+        recordEvent(.streamOpened(sid))
+    }
+
+    fileprivate func onStreamData(_ id: Int64, fin: Bool, data: UnsafeRawBufferPointer) {
+        let s: StreamState
+        if let existing = streams[id] {
+            s = existing
+        } else {
+            // Data on a stream ngtcp2 did not announce (should not happen): track it anyway.
+            let sid = QUICStreamID(rawValue: id)
+            s = StreamState(id: sid, canSend: sid.isBidirectional, canReceive: true)
+            streams[id] = s
+        }
+        guard !s.receiveDone else {
+            pendingConnectionCredit += UInt64(data.count)
+            return
+        }
+        let wasEmpty = s.receive.isEmpty
+        if data.count > 0 { s.receive.append(data) }
+        if wasEmpty && data.count > 0 { recordEvent(.streamReadable(s.id)) }
+        if fin && !s.finReceived {
+            s.finReceived = true
+            recordEvent(.streamFinished(s.id))
+        }
+    }
+
+    fileprivate func onAcked(_ id: Int64, upTo offset: UInt64) {
+        guard let s = streams[id], let send = s.send else { return }
+        send.acknowledge(upTo: offset)
+        if s.wantsWritable && send.bufferedBytes <= configuration.streamSendBufferLimit / 2 {
+            s.wantsWritable = false
+            recordEvent(.streamWritable(s.id))
+        }
+    }
+
+    fileprivate func onStreamClose(_ id: Int64, errorCode: UInt64?) {
+        let sid = QUICStreamID(rawValue: id)
+        if !isLocalStream(sid) {
+            // Let the peer open a replacement (ngtcp2 does not do it for announced streams).
+            if sid.isBidirectional { pendingRemoteBidiCredit += 1 } else { pendingRemoteUniCredit += 1 }
+        }
+        guard let s = streams[id] else { return }
+        s.closed = true
+        s.sendClosed = true
+        sendQueueMembers.remove(id)
+        recordEvent(.streamClosed(sid, errorCode: errorCode))
+        forgetIfDone(s)
+    }
+
+    fileprivate func onStreamReset(_ id: Int64, errorCode: UInt64) {
+        guard let s = streams[id] else { return }
+        pendingConnectionCredit += UInt64(s.receive.count)
+        s.receive.removeAll()
+        s.receiveDone = true
+        recordEvent(.streamReset(s.id, errorCode: errorCode))
+    }
+
+
+    fileprivate func onExtendMaxStreamData(_ id: Int64) {
+        guard let s = streams[id], s.flowBlocked else { return }
+        s.flowBlocked = false
+        enqueueForSending(s)
+    }
+
+    fileprivate func onDatagram(_ data: UnsafeRawBufferPointer) {
+        guard queuedIncomingDatagrams < configuration.maxQueuedIncomingDatagrams else {
+            counters.datagramsDroppedIn += 1
+            return
+        }
+        queuedIncomingDatagrams += 1
+        recordEvent(.datagramReceived(Array(data)))
+    }
+
+    fileprivate func onDatagramLost() { counters.datagramsLost += 1 }
+    fileprivate func onStatelessReset() { statelessResetReceived = true }
+
+    private func isLocalStream(_ id: QUICStreamID) -> Bool { id.isClientInitiated != isServer }
+
+    fileprivate func newConnectionID(_ cid: UnsafeMutablePointer<ngtcp2_cid>, token: UnsafeMutablePointer<UInt8>,
+                                     length: Int) {
+        var bytes = [UInt8](repeating: 0, count: length)
+        QUICRandom.fill(&bytes)
+        cid.pointee = QUICConnectionID(bytes)!.ngtcp2CID
+        let t = QUICStatelessReset.token(secret: configuration.statelessResetSecret, connectionID: QUICConnectionID(bytes)!)
+        for i in 0..<t.count { token[i] = t[i] }
+        recordEvent(.connectionIDIssued(QUICConnectionID(bytes)!, statelessResetToken: t))
+    }
+
+    // MARK: - Callback table
+
+    /// ngtcp2 callbacks as capture-free C thunks; user_data is the unretained connection.
+    private static func makeCallbacks(isServer: Bool) -> ngtcp2_callbacks {
+        var cb = ngtcp2_callbacks()
+        cngtcp2_callbacks_set_crypto(&cb, isServer ? 1 : 0)
+        cb.handshake_completed = { _, userData in
+            connection(userData).onHandshakeCompleted()
+            return 0
+        }
+        cb.recv_stream_data = { _, flags, streamID, _, data, length, userData, _ in
+            let bytes = UnsafeRawBufferPointer(start: data, count: data == nil ? 0 : length)
+            connection(userData).onStreamData(streamID, fin: flags & UInt32(NGTCP2_STREAM_DATA_FLAG_FIN) != 0, data: bytes)
+            return 0
+        }
+        cb.acked_stream_data_offset = { _, streamID, offset, length, userData, _ in
+            connection(userData).onAcked(streamID, upTo: offset + length)
+            return 0
+        }
+        cb.stream_open = { _, streamID, userData in
+            connection(userData).onStreamOpen(streamID)
+            return 0
+        }
+        cb.stream_close = { _, flags, streamID, code, userData, _ in
+            let hasCode = flags & UInt32(NGTCP2_STREAM_CLOSE_FLAG_APP_ERROR_CODE_SET) != 0
+            connection(userData).onStreamClose(streamID, errorCode: hasCode ? code : nil)
+            return 0
+        }
+        cb.stream_reset = { _, streamID, _, code, userData, _ in
+            connection(userData).onStreamReset(streamID, errorCode: code)
+            return 0
+        }
+        cb.extend_max_stream_data = { _, streamID, _, userData, _ in
+            connection(userData).onExtendMaxStreamData(streamID)
+            return 0
+        }
+        cb.extend_max_local_streams_bidi = { _, _, userData in
+            connection(userData).recordEvent(.streamsAvailable(bidirectional: true))
+            return 0
+        }
+        cb.extend_max_local_streams_uni = { _, _, userData in
+            connection(userData).recordEvent(.streamsAvailable(bidirectional: false))
+            return 0
+        }
+        cb.recv_stateless_reset = { _, _, userData in
+            connection(userData).onStatelessReset()
+            return 0
+        }
+        cb.rand = { dest, length, _ in
+            if let dest, length > 0 { QUICRandom.fill(dest, length) }
+        }
+        cb.get_new_connection_id = { _, cid, token, length, userData in
+            guard let cid, let token else { return NGTCP2_ERR_CALLBACK_FAILURE }
+            connection(userData).newConnectionID(cid, token: token, length: length)
+            return 0
+        }
+        cb.remove_connection_id = { _, cid, userData in
+            if let cid { connection(userData).recordEvent(.connectionIDRetired(QUICConnectionID(cid.pointee))) }
+            return 0
+        }
+        cb.path_validation = { _, _, path, result, userData in
+            if let path, let p = QUICPath(path.pointee) {
+                connection(userData).recordEvent(.pathValidated(p, succeeded: result == NGTCP2_PATH_VALIDATION_RESULT_SUCCESS))
+            }
+            return 0
+        }
+        cb.recv_datagram = { _, _, data, length, userData in
+            connection(userData).onDatagram(UnsafeRawBufferPointer(start: data, count: data == nil ? 0 : length))
+            return 0
+        }
+        cb.lost_datagram = { _, _, userData in
+            connection(userData).onDatagramLost()
+            return 0
+        }
+        return cb
+    }
+}
+
+/// The connection behind an ngtcp2 callback's `user_data` (unretained: the connection owns the ngtcp2_conn).
+private func connection(_ userData: UnsafeMutableRawPointer?) -> QUICConnection {
+    Unmanaged<QUICConnection>.fromOpaque(userData!).takeUnretainedValue()
+}
+
+/// ngtcp2_crypto asks the TLS session's conn_ref for the ngtcp2_conn.
+private let getConnThunk: @convention(c) (UnsafeMutablePointer<ngtcp2_crypto_conn_ref>?) -> OpaquePointer? = { ref in
+    guard let userData = ref?.pointee.user_data else { return nil }
+    return Unmanaged<QUICConnection>.fromOpaque(userData).takeUnretainedValue().conn
+}

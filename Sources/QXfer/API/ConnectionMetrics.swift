@@ -1,0 +1,41 @@
+import Foundation
+
+/// What the path is doing, as the transport measures it.
+///
+/// On TCP this comes from the kernel's `TCP_INFO`; values the transport does not report are nil.
+public struct ConnectionMetrics: Sendable, Hashable, CustomStringConvertible {
+    /// Smoothed round-trip time.
+    public var smoothedRTT: Duration?
+    /// Round-trip time variation.
+    public var rttVariance: Duration?
+    /// Smallest round-trip time seen.
+    public var minimumRTT: Duration?
+    /// Congestion window, in bytes.
+    public var congestionWindow: Int?
+    /// Bytes sent and not yet acknowledged.
+    public var bytesInFlight: Int?
+    /// The most recent delivery-rate estimate, in bytes per second.
+    public var deliveryRate: Int?
+    /// Packets (segments) considered lost.
+    public var packetsLost: Int?
+    /// Packets (segments) retransmitted in total.
+    public var packetsRetransmitted: Int?
+    /// Payload bytes acknowledged by the peer.
+    public var bytesSent: Int?
+    /// Payload bytes received.
+    public var bytesReceived: Int?
+
+    public init() {}
+
+    public var description: String {
+        func ms(_ d: Duration?) -> String {
+            guard let d else { return "-" }
+            let (s, attos) = d.components
+            return String(format: "%.2fms", Double(s) * 1000 + Double(attos) / 1e15)
+        }
+        func n(_ v: Int?) -> String { v.map(String.init) ?? "-" }
+        return "srtt=\(ms(smoothedRTT)) rttvar=\(ms(rttVariance)) cwnd=\(n(congestionWindow)) "
+            + "inflight=\(n(bytesInFlight)) rate=\(n(deliveryRate))B/s lost=\(n(packetsLost)) "
+            + "retrans=\(n(packetsRetransmitted))"
+    }
+}

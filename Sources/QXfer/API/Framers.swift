@@ -1,0 +1,213 @@
+import Foundation
+import NIOCore
+import NIOFoundationCompat
+
+/// Type-length-value framing over a byte stream: each message carries a 32-bit type.
+///
+/// On the wire: type (UInt32, big-endian), length (UInt32, big-endian), then `length` bytes.
+/// A length above ``maximumMessageSize`` fails the connection before anything is allocated.
+///
+/// ```swift
+/// let connection = NetworkConnection(to: peer) { TLV { TLS() } }
+/// try await connection.send(payload, type: 7)
+/// let (content, metadata) = try await connection.receive()   // metadata.type == 7
+/// ```
+public struct TLV<Transport: ByteStreamProtocol>: NetworkProtocolStack {
+    /// The byte stream the frames travel on.
+    public var inner: Transport
+    /// The largest message accepted, in bytes (default 16 MiB).
+    public var maximumMessageSize: Int
+
+    public init(maximumMessageSize: Int = 16 << 20, @NetworkStackBuilder _ content: () -> Transport) {
+        precondition(maximumMessageSize >= 0 && maximumMessageSize <= Int(UInt32.max))
+        self.inner = content()
+        self.maximumMessageSize = maximumMessageSize
+    }
+
+    public var transport: TransportDescription { inner.transport }
+}
+
+/// What came with a TLV message.
+public struct TLVMetadata: Sendable, Hashable {
+    /// The message's type.
+    public let type: UInt32
+}
+
+/// Codable messages over a byte stream, each encoded as JSON or a property list.
+///
+/// On the wire: length (UInt32, big-endian), then the encoded message. A length above
+/// ``maximumMessageSize`` or a message that does not decode fails the connection.
+///
+/// ```swift
+/// let chat = NetworkConnection(to: peer) { Coder(Chat.self, using: .json) { TLS() } }
+/// try await chat.send(.hello(name: "ada"))
+/// for try await message in chat.messages { print(message) }
+/// ```
+public struct Coder<Message: Codable & Sendable, Transport: ByteStreamProtocol>: NetworkProtocolStack {
+    /// The byte stream the messages travel on.
+    public var inner: Transport
+    /// How messages are encoded.
+    public var format: CoderFormat
+    /// The largest encoded message accepted, in bytes (default 16 MiB).
+    public var maximumMessageSize: Int
+
+    public init(
+        _ type: Message.Type, using format: CoderFormat, maximumMessageSize: Int = 16 << 20,
+        @NetworkStackBuilder _ content: () -> Transport
+    ) {
+        precondition(maximumMessageSize >= 0 && maximumMessageSize <= Int(UInt32.max))
+        self.inner = content()
+        self.format = format
+        self.maximumMessageSize = maximumMessageSize
+    }
+
+    public var transport: TransportDescription { inner.transport }
+}
+
+/// An encoding for ``Coder``.
+public struct CoderFormat: Sendable, Hashable {
+    enum Kind: Sendable, Hashable { case json, propertyList }
+    let kind: Kind
+
+    /// JSON (`JSONEncoder`).
+    public static let json = CoderFormat(kind: .json)
+    /// Binary property lists (`PropertyListEncoder`).
+    public static let propertyList = CoderFormat(kind: .propertyList)
+
+    func encode<T: Encodable>(_ value: T) throws -> Data {
+        switch kind {
+        case .json: return try JSONEncoder().encode(value)
+        case .propertyList:
+            let encoder = PropertyListEncoder()
+            encoder.outputFormat = .binary
+            return try encoder.encode(value)
+        }
+    }
+
+    func decode<T: Decodable>(_ type: T.Type, from data: Data) throws -> T {
+        switch kind {
+        case .json: return try JSONDecoder().decode(type, from: data)
+        case .propertyList: return try PropertyListDecoder().decode(type, from: data)
+        }
+    }
+}
+
+// MARK: - Frames on a connection
+
+extension NetworkConnection {
+    /// Reads one length-prefixed body whose header is `headerSize` bytes and whose length is
+    /// the big-endian UInt32 at `lengthOffset`; nil at a clean end of stream between frames.
+    func receiveFrame(headerSize: Int, lengthOffset: Int, limit: Int) async throws -> (header: ByteBuffer, body: ByteBuffer)? {
+        let header: ByteBuffer
+        do {
+            header = try await receiveBuffer(atLeast: headerSize, atMost: headerSize).0
+        } catch let error as QXferError where error.code == .endOfStream {
+            return nil
+        }
+        let length = Int(header.getInteger(at: header.readerIndex + lengthOffset, endianness: .big, as: UInt32.self)!)
+        guard length <= limit else {
+            let error = QXferError(.malformedMessage, "the peer sent a \(length)-byte message; the limit is \(limit) bytes")
+            cancel()
+            throw error
+        }
+        if length == 0 { return (header, ByteBuffer()) }
+        do {
+            let body = try await receiveBuffer(atLeast: length, atMost: length).0
+            return (header, body)
+        } catch let error as QXferError where error.code == .endOfStream {
+            throw QXferError(.truncated, "the peer closed the connection in the middle of a message")
+        }
+    }
+}
+
+extension NetworkConnection where Stack: TLVStack {
+    /// Sends one TLV message.
+    public func send(_ content: some DataProtocol, type: UInt32) async throws {
+        let limit = parameters.stack.maximumMessageSize
+        guard content.count <= limit else {
+            throw QXferError(.invalidUse, "a \(content.count)-byte message exceeds the TLV limit of \(limit) bytes")
+        }
+        var buffer = ByteBuffer()
+        buffer.reserveCapacity(8 + content.count)
+        buffer.writeInteger(type, endianness: .big)
+        buffer.writeInteger(UInt32(content.count), endianness: .big)
+        buffer.writeBytes(content)
+        try await sendBuffer(buffer)
+    }
+
+    /// Receives one TLV message; throws ``QXferError/Code/endOfStream`` once the peer is done.
+    public func receive() async throws -> (content: Data, metadata: TLVMetadata) {
+        guard let message = try await nextMessage() else { throw QXferError(.endOfStream, "the peer finished sending") }
+        return message
+    }
+
+    /// The TLV messages as they arrive; ends when the peer finishes between messages.
+    public var messages: AsyncThrowingStream<(content: Data, metadata: TLVMetadata), any Error> {
+        AsyncThrowingStream(unfolding: { try await self.nextMessage() })
+    }
+
+    private func nextMessage() async throws -> (content: Data, metadata: TLVMetadata)? {
+        guard let (header, body) = try await receiveFrame(headerSize: 8, lengthOffset: 4, limit: parameters.stack.maximumMessageSize) else {
+            return nil
+        }
+        let type = header.getInteger(at: header.readerIndex, endianness: .big, as: UInt32.self)!
+        return (Data(buffer: body), TLVMetadata(type: type))
+    }
+}
+
+extension NetworkConnection where Stack: CoderStack {
+    /// Sends one Codable message.
+    public func send(_ message: Stack.Message) async throws {
+        let encoded = try parameters.stack.format.encode(message)
+        let limit = parameters.stack.maximumMessageSize
+        guard encoded.count <= limit else {
+            throw QXferError(.invalidUse, "an encoded \(encoded.count)-byte message exceeds the limit of \(limit) bytes")
+        }
+        var buffer = ByteBuffer()
+        buffer.reserveCapacity(4 + encoded.count)
+        buffer.writeInteger(UInt32(encoded.count), endianness: .big)
+        buffer.writeBytes(encoded)
+        try await sendBuffer(buffer)
+    }
+
+    /// Receives one Codable message; throws ``QXferError/Code/endOfStream`` once the peer is done.
+    public func receive() async throws -> Stack.Message {
+        guard let message = try await nextMessage() else { throw QXferError(.endOfStream, "the peer finished sending") }
+        return message
+    }
+
+    /// The Codable messages as they arrive; ends when the peer finishes between messages.
+    public var messages: AsyncThrowingStream<Stack.Message, any Error> {
+        AsyncThrowingStream(unfolding: { try await self.nextMessage() })
+    }
+
+    private func nextMessage() async throws -> Stack.Message? {
+        guard let (_, body) = try await receiveFrame(headerSize: 4, lengthOffset: 0, limit: parameters.stack.maximumMessageSize) else {
+            return nil
+        }
+        do {
+            return try parameters.stack.format.decode(Stack.Message.self, from: Data(buffer: body))
+        } catch {
+            cancel()
+            throw QXferError(.malformedMessage, "the peer sent a message that does not decode as \(Stack.Message.self)", underlying: error)
+        }
+    }
+}
+
+/// A stack whose top layer is ``TLV``, whatever transport is below it.
+public protocol TLVStack: NetworkProtocolStack {
+    /// The largest message accepted, in bytes.
+    var maximumMessageSize: Int { get }
+}
+extension TLV: TLVStack {}
+
+/// A stack whose top layer is ``Coder``, whatever transport is below it.
+public protocol CoderStack: NetworkProtocolStack {
+    /// The type of the messages.
+    associatedtype Message: Codable & Sendable
+    /// How messages are encoded.
+    var format: CoderFormat { get }
+    /// The largest encoded message accepted, in bytes.
+    var maximumMessageSize: Int { get }
+}
+extension Coder: CoderStack {}

@@ -1,0 +1,111 @@
+import NIOCore
+
+/// Hands bytes from a NIO pipeline to one async reader, with backpressure.
+///
+/// Reads from the socket stop while more than `highWatermark` bytes wait for the reader,
+/// and resume once it has taken them, so a slow reader slows the sender through TCP flow
+/// control instead of growing a buffer. All state lives on the channel's event loop.
+final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private let highWatermark: Int
+    private var queue = CircularBuffer<ByteBuffer>()
+    private var queuedBytes = 0
+    private var readHeldBack = false
+    private var end: Result<Void, any Error>?
+    private var waiter: EventLoopPromise<[ByteBuffer]?>?
+    private var context: ChannelHandlerContext?
+    /// Set when the bridge closes the channel itself (idle timeout), so readers and writers
+    /// report why.
+    private(set) var closeReason: QXferError?
+
+    init(highWatermark: Int = 1 << 20) {
+        self.highWatermark = highWatermark
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+    func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let buffer = unwrapInboundIn(data)
+        guard buffer.readableBytes > 0 else { return }
+        queuedBytes += buffer.readableBytes
+        queue.append(buffer)
+        deliver()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        finish(.success(()))
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        finish(.failure(error))
+        context.close(promise: nil)
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event as? IdleStateHandler.IdleStateEvent == .all {
+            closeReason = QXferError(.idleTimeout, "the connection was idle for too long and was closed")
+            finish(.failure(closeReason!))
+            context.close(promise: nil)
+            return
+        }
+        if case .some(.inputClosed) = event as? ChannelEvent {
+            finish(.success(()))
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if queuedBytes >= highWatermark {
+            readHeldBack = true
+        } else {
+            context.read()
+        }
+    }
+
+    /// Everything queued, or nil at the end of the stream; waits for data when none is queued.
+    func next(on eventLoop: any EventLoop) -> EventLoopFuture<[ByteBuffer]?> {
+        if !queue.isEmpty { return eventLoop.makeSucceededFuture(drain()) }
+        switch end {
+        case .success?: return eventLoop.makeSucceededFuture(nil)
+        case .failure(let error)?: return eventLoop.makeFailedFuture(error)
+        case nil:
+            precondition(waiter == nil, "one reader at a time")
+            let promise = eventLoop.makePromise(of: [ByteBuffer]?.self)
+            waiter = promise
+            return promise.futureResult
+        }
+    }
+
+    private func drain() -> [ByteBuffer] {
+        let buffers = Array(queue)
+        queue.removeAll(keepingCapacity: true)
+        queuedBytes = 0
+        if readHeldBack, let context {
+            readHeldBack = false
+            context.read()
+        }
+        return buffers
+    }
+
+    private func deliver() {
+        guard let waiter else { return }
+        self.waiter = nil
+        if !queue.isEmpty {
+            waiter.succeed(drain())
+        } else if case .failure(let error)? = end {
+            waiter.fail(error)
+        } else {
+            waiter.succeed(nil)
+        }
+    }
+
+    private func finish(_ result: Result<Void, any Error>) {
+        if end == nil { end = result }
+        deliver()
+    }
+}

@@ -1,0 +1,99 @@
+import NIOCore
+import NIOSSL
+import Synchronization
+
+/// Decides, during the handshake, whether the peer's certificate is trusted, and remembers
+/// why, so a refusal surfaces as a precise ``QXferError`` instead of a TLS alert code.
+///
+/// Runs on the event loop inside swift-nio-ssl's custom verification callback; the Mutex
+/// only hands the outcome to the task that awaits the handshake.
+final class PeerVerifier: Sendable {
+    enum Role: Sendable {
+        /// A client checking the server it reached at `hostKey` (`host:port`).
+        case client(PeerTrust, hostKey: String)
+        /// A listener checking a client.
+        case server(ClientAuthentication)
+    }
+
+    struct Outcome: Sendable {
+        var fingerprint: Fingerprint?
+        var trust: TrustDecision = .unauthenticated
+        var failure: QXferError?
+        /// A first contact to write to known hosts once the handshake has fully succeeded.
+        var pendingFirstUse: (KnownHosts, String)?
+    }
+
+    let role: Role
+    private let outcome = Mutex(Outcome())
+
+    init(_ role: Role) { self.role = role }
+
+    var result: Outcome { outcome.withLock { $0 } }
+
+    /// swift-nio-ssl's `NIOSSLCustomVerificationCallback`.
+    func verify(_ chain: [NIOSSLCertificate], _ promise: EventLoopPromise<NIOSSLVerificationResult>) {
+        guard let leaf = chain.first, let der = try? leaf.toDERBytes() else {
+            record(failure: QXferError(.untrustedPeer, "the peer presented no usable certificate"))
+            promise.succeed(.failed)
+            return
+        }
+        let fingerprint = Fingerprint(certificateDER: der)
+        outcome.withLock { $0.fingerprint = fingerprint }
+        switch decide(fingerprint) {
+        case .success(let trust):
+            outcome.withLock { $0.trust = trust }
+            promise.succeed(.certificateVerified)
+        case .failure(let error):
+            record(failure: error)
+            promise.succeed(.failed)
+        }
+    }
+
+    private func record(failure: QXferError) {
+        outcome.withLock { $0.failure = failure }
+    }
+
+    private func decide(_ presented: Fingerprint) -> Result<TrustDecision, QXferError> {
+        switch role {
+        case .client(let trust, let hostKey):
+            switch trust.kind {
+            case .anyCertificate:
+                return .success(.unauthenticated)
+            case .pinned(let pins):
+                if pins.contains(presented) { return .success(.pinned) }
+                let expected = pins.map(\.description).sorted().joined(separator: " or ")
+                return .failure(QXferError(
+                    .fingerprintMismatch,
+                    "REFUSED: \(hostKey) presented fingerprint \(presented), but \(expected) was pinned; "
+                        + "someone may be intercepting the connection, or the receiver has a new identity"))
+            case .knownHosts(let file, let trustOnFirstUse):
+                let entry: KnownHosts.Entry?
+                do { entry = try file.lookup(hostKey) } catch { return .failure(error as! QXferError) }
+                if let entry {
+                    if entry.fingerprint == presented { return .success(.knownHost) }
+                    return .failure(QXferError(
+                        .fingerprintMismatch,
+                        "REFUSED: \(hostKey) presented fingerprint \(presented), but \(file.path) line \(entry.line) "
+                            + "has \(entry.fingerprint); someone may be intercepting the connection. If the receiver "
+                            + "really has a new identity, delete that line or pass --fingerprint \(presented)"))
+                }
+                guard trustOnFirstUse else {
+                    return .failure(QXferError(
+                        .untrustedPeer,
+                        "\(hostKey) (fingerprint \(presented)) is not in \(file.path) and trust on first use is off"))
+                }
+                outcome.withLock { $0.pendingFirstUse = (file, hostKey) }
+                return .success(.firstUse(recordedIn: file.path))
+            }
+        case .server(let authentication):
+            switch authentication.kind {
+            case .none, .optional:
+                return .success(.unauthenticated)
+            case .required(let allowed):
+                if allowed.contains(presented) { return .success(.allowListed) }
+                return .failure(QXferError(
+                    .untrustedPeer, "refused a client with fingerprint \(presented): it is not on the allow-list"))
+            }
+        }
+    }
+}

@@ -1,0 +1,283 @@
+import Logging
+import NIOCore
+import NIOPosix
+import NIOSSL
+import NIOTLS
+
+/// The TCP+TLS stack: a TLS 1.3 channel from swift-nio-ssl, seen as a ``ByteStreamTransport``.
+final class TLSByteStream: ByteStreamTransport {
+    let channel: any Channel
+    let peer: PeerIdentity
+    private let bridge: NIOLoopBound<InboundBridge>
+
+    private init(channel: any Channel, bridge: NIOLoopBound<InboundBridge>, peer: PeerIdentity) {
+        self.channel = channel
+        self.bridge = bridge
+        self.peer = peer
+    }
+
+    func write(_ buffer: ByteBuffer) async throws {
+        do {
+            try await channel.writeAndFlush(buffer).get()
+        } catch {
+            throw await explain(error)
+        }
+    }
+
+    func read() async throws -> [ByteBuffer]? {
+        let bridge = self.bridge
+        do {
+            return try await channel.eventLoop.flatSubmit { bridge.value.next(on: bridge.eventLoop) }.get()
+        } catch {
+            throw await explain(error)
+        }
+    }
+
+    func close() {
+        channel.close(promise: nil)
+    }
+
+    func metrics() async -> ConnectionMetrics {
+        await SocketTuning.metrics(of: channel)
+    }
+
+    /// Turns a channel error into a one-line ``QXferError``, preferring the reason the bridge
+    /// recorded when it closed the channel itself.
+    private func explain(_ error: any Error) async -> QXferError {
+        let bridge = self.bridge
+        let reason = try? await channel.eventLoop.submit { bridge.value.closeReason }.get()
+        if let reason { return reason }
+        return TLSErrors.describe(error, during: "the connection")
+    }
+}
+
+extension TLSByteStream {
+    static let logger = Logger(label: "qxfer.tls")
+
+    /// Connects to `endpoint`, racing its addresses (Happy Eyeballs), and completes the handshake.
+    static func connect<Stack>(
+        to endpoint: Endpoint, tls: TLS, parameters: NetworkParameters<Stack>, timeout: Duration
+    ) async throws -> TLSByteStream {
+        let identity = try tls.identity ?? HostIdentity.loadOrCreate()
+        let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? tls.peerTrust
+        let hostKey = KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))
+        let context = try makeContext(identity: identity, tls: tls, role: .client)
+        let settings = SocketTuning.Settings(parameters, tcp: tls.tcp)
+        let idle = parameters.idleTimeout
+        let verifier = PeerVerifier(.client(trust, hostKey: hostKey))
+
+        let setup: Setup
+        do {
+            setup = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                .connectTimeout(TimeAmount(timeout))
+                .connect(host: endpoint.host, port: Int(endpoint.port)) { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        SocketTuning.apply(settings, to: channel)
+                        let tlsHandler = try NIOSSLClientHandler(
+                            context: context, serverHostname: nil, customVerificationCallback: verifier.verify)
+                        return try Setup.install(tlsHandler, verifier: verifier, tls: tls, idle: idle, on: channel)
+                    }
+                }
+        } catch {
+            throw QXferError(.connectFailed, "cannot connect to \(endpoint): \(TLSErrors.reason(error))", underlying: error)
+        }
+        let stream = try await setup.finishHandshake(verifier: verifier, peerName: endpoint.description, timeout: timeout)
+        // Record a first contact only now that the handshake, ALPN included, has succeeded.
+        if let (file, key) = verifier.result.pendingFirstUse, let fingerprint = stream.peer.fingerprint {
+            do {
+                try file.add(key, fingerprint)
+            } catch {
+                stream.close()
+                throw error
+            }
+        }
+        return stream
+    }
+
+    /// The pipeline of one connection: TLS, handshake observer, idle timer, bridge to async.
+    struct Setup: Sendable {
+        let channel: any Channel
+        let handshake: EventLoopFuture<String>
+        let bridge: NIOLoopBound<InboundBridge>
+        /// The listener's per-connection verifier (clients keep theirs on the stack).
+        var verifier: PeerVerifier?
+
+        static func install(
+            _ tlsHandler: some ChannelHandler, verifier: PeerVerifier, tls: TLS, idle: Duration?, on channel: any Channel
+        ) throws -> Setup {
+            let promise = channel.eventLoop.makePromise(of: String.self)
+            let bridge = InboundBridge()
+            let pipeline = channel.pipeline.syncOperations
+            try pipeline.addHandler(tlsHandler)
+            try pipeline.addHandler(HandshakeObserver(promise: promise, accepted: tls.applicationProtocols))
+            if let idle {
+                try pipeline.addHandler(IdleStateHandler(allTimeout: TimeAmount(idle)))
+            }
+            try pipeline.addHandler(bridge)
+            return Setup(channel: channel, handshake: promise.futureResult, bridge: NIOLoopBound(bridge, eventLoop: channel.eventLoop))
+        }
+
+        /// Waits for the handshake and turns its failure into the verifier's precise reason.
+        func finishHandshake(verifier: PeerVerifier, peerName: String, timeout: Duration) async throws -> TLSByteStream {
+            let timer = channel.eventLoop.scheduleTask(in: TimeAmount(timeout)) { [channel] in
+                channel.close(promise: nil)
+            }
+            defer { timer.cancel() }
+            let alpn: String
+            do {
+                alpn = try await handshake.get()
+            } catch {
+                channel.close(promise: nil)
+                if let failure = verifier.result.failure { throw failure }
+                if let error = error as? QXferError { throw error }
+                throw TLSErrors.describe(error, during: "the TLS handshake with \(peerName)")
+            }
+            let outcome = verifier.result
+            let peer = PeerIdentity(fingerprint: outcome.fingerprint, trust: outcome.trust, applicationProtocol: alpn)
+            return TLSByteStream(channel: channel, bridge: bridge, peer: peer)
+        }
+    }
+
+    enum Role { case client, server(ClientAuthentication) }
+
+    static func makeContext(identity: HostIdentity, tls: TLS, role: Role) throws -> NIOSSLContext {
+        do {
+            let certificate = try NIOSSLCertificate(bytes: identity.certificateDER, format: .der)
+            let key = try NIOSSLPrivateKey(bytes: Array(identity.privateKeyPEM.utf8), format: .pem)
+            var configuration: TLSConfiguration
+            switch role {
+            case .client:
+                configuration = .makeClientConfiguration()
+                configuration.certificateChain = [.certificate(certificate)]
+                configuration.privateKey = .privateKey(key)
+                configuration.certificateVerification = .noHostnameVerification
+            case .server(let authentication):
+                configuration = .makeServerConfiguration(certificateChain: [.certificate(certificate)], privateKey: .privateKey(key))
+                switch authentication.kind {
+                case .none: configuration.certificateVerification = .none
+                case .optional: configuration.certificateVerification = .optionalVerification
+                case .required: configuration.certificateVerification = .noHostnameVerification
+                }
+            }
+            // Trust is decided by fingerprint in PeerVerifier; no certificate authority is consulted.
+            configuration.trustRoots = .certificates([])
+            configuration.minimumTLSVersion = .tlsv13
+            configuration.maximumTLSVersion = .tlsv13
+            configuration.applicationProtocols = tls.applicationProtocols
+            return try NIOSSLContext(configuration: configuration)
+        } catch {
+            throw QXferError(.identity, "cannot use the host identity for TLS: \(error)", underlying: error)
+        }
+    }
+}
+
+/// Completes a promise with the negotiated ALPN once the handshake is done, refusing a peer
+/// that did not agree on one of ours: BoringSSL lets a handshake without ALPN succeed.
+final class HandshakeObserver: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+
+    private let promise: EventLoopPromise<String>
+    private let accepted: [String]
+    private var done = false
+
+    init(promise: EventLoopPromise<String>, accepted: [String]) {
+        self.promise = promise
+        self.accepted = accepted
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case .handshakeCompleted(let negotiated)? = event as? TLSUserEvent, !done {
+            done = true
+            if let negotiated, accepted.contains(negotiated) {
+                promise.succeed(negotiated)
+            } else {
+                promise.fail(QXferError(
+                    .protocolMismatch,
+                    "the peer does not speak \(accepted.joined(separator: " or ")) (it negotiated \(negotiated ?? "no application protocol"))"))
+                context.close(promise: nil)
+                return
+            }
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        fail(error)
+        context.fireErrorCaught(error)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        fail(QXferError(.handshakeFailed, "the peer closed the connection during the TLS handshake"))
+        context.fireChannelInactive()
+    }
+
+    private func fail(_ error: any Error) {
+        guard !done else { return }
+        done = true
+        promise.fail(error)
+    }
+}
+
+/// One-line descriptions of NIO and TLS errors.
+enum TLSErrors {
+    static func describe(_ error: any Error, during what: String) -> QXferError {
+        if let error = error as? QXferError { return error }
+        if let tls = error as? NIOSSLError {
+            switch tls {
+            case .uncleanShutdown:
+                return QXferError(.connectionClosed, "the peer closed \(what) abruptly", underlying: error)
+            case .handshakeFailed(let inner):
+                if let (code, text) = alert(inner) { return QXferError(code, text, underlying: error) }
+                return QXferError(.handshakeFailed, "\(what) failed: \(inner)", underlying: error)
+            default:
+                return QXferError(.handshakeFailed, "\(what) failed: \(tls)", underlying: error)
+            }
+        }
+        if let boring = error as? BoringSSLError, let (code, text) = alert(boring) {
+            return QXferError(code, text, underlying: error)
+        }
+        return QXferError(.connectionClosed, "\(what) was lost: \(reason(error))", underlying: error)
+    }
+
+    /// BoringSSL reports a peer's refusal as an alert buried in an error stack. In TLS 1.3 a
+    /// client learns that its certificate was refused only after its side of the handshake,
+    /// on its first read, so this applies to any TLS error.
+    static func alert(_ error: BoringSSLError) -> (QXferError.Code, String)? {
+        let text = "\(error)"
+        if text.contains("CERTIFICATE_REQUIRED") || text.contains("PEER_DID_NOT_RETURN_A_CERTIFICATE") {
+            return (.untrustedPeer, "the peer requires a client certificate")
+        }
+        if text.contains("ALERT_CERTIFICATE_UNKNOWN") || text.contains("ALERT_BAD_CERTIFICATE") {
+            return (.untrustedPeer, "the peer refused this host's certificate: its fingerprint is not on the peer's allow-list")
+        }
+        if text.contains("UNSUPPORTED_PROTOCOL") || text.contains("PROTOCOL_VERSION") {
+            return (.handshakeFailed, "the peer does not support TLS 1.3")
+        }
+        if text.contains("NO_APPLICATION_PROTOCOL") {
+            return (.protocolMismatch, "the peer does not speak qxfer/1")
+        }
+        return nil
+    }
+
+    static func reason(_ error: any Error) -> String {
+        if let io = error as? IOError { return String(cString: strerror(io.errnoCode)) }
+        if let connect = error as? NIOConnectionError {
+            if let first = connect.connectionErrors.first { return reason(first.error) }
+            if connect.dnsAAAAError != nil || connect.dnsAError != nil { return "the name does not resolve" }
+            return "no address to connect to"
+        }
+        if let channel = error as? ChannelError {
+            switch channel {
+            case .connectTimeout: return "timed out"
+            case .ioOnClosedChannel, .alreadyClosed: return "the connection is closed"
+            default: return "\(channel)"
+            }
+        }
+        return "\(error)"
+    }
+}
+
+#if canImport(Glibc)
+import Glibc
+#endif

@@ -1,0 +1,41 @@
+import ArgumentParser
+import Foundation
+import QXfer
+
+struct IdentityCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "id",
+        abstract: "Show this host's identity fingerprint, creating the identity on first run.",
+        discussion: """
+            The identity is a P-256 key and a self-signed certificate in the configuration \
+            folder (host-key.pem, host-cert.pem; files 0600, folder 0700). Peers pin the \
+            SHA-256 fingerprint of the certificate printed here. A damaged identity is an \
+            error, never silently replaced: replacing it would change the fingerprint every \
+            peer has pinned.
+            """
+    )
+
+    @OptionGroup var global: GlobalOptions
+
+    @Flag(help: "Print JSON: fingerprint, folder and whether it was just created.")
+    var json = false
+
+    func run() async throws {
+        global.bootstrapLogging()
+        let directory = global.config
+        let existed = HostIdentity.exists(in: directory)
+        let identity = try HostIdentity.loadOrCreate(in: directory)
+        if json {
+            let object: [String: Any] = [
+                "fingerprint": identity.fingerprint.description, "directory": directory.path, "created": !existed,
+            ]
+            let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+            print(String(decoding: data, as: UTF8.self))
+        } else {
+            if !existed {
+                FileHandle.standardError.write(Data("qxfer: created a new identity in \(directory.path)\n".utf8))
+            }
+            print(identity.fingerprint)
+        }
+    }
+}

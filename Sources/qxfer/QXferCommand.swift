@@ -1,0 +1,59 @@
+import ArgumentParser
+import Foundation
+import QXfer
+
+@main
+struct QXferCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "qxfer",
+        abstract: "Move files and live frames between two machines over TCP+TLS or QUIC.",
+        discussion: """
+            Every host has an identity (a key and a self-signed certificate) that peers pin by \
+            its SHA-256 fingerprint, like SSH host keys. Run 'qxfer id' to see yours.
+
+            Exit codes: 0 success, 64 usage, 65 malformed data from the peer, 69 network \
+            unavailable, 74 local I/O, 77 untrusted or refused peer, 78 identity or configuration.
+            """,
+        version: QXferVersion.string,
+        subcommands: [IdentityCommand.self]
+    )
+
+    /// Parses, runs, and turns every failure into one line on standard error and an exit code.
+    static func main() async {
+        do {
+            var command = try parseAsRoot()
+            if var command = command as? any AsyncParsableCommand {
+                try await command.run()
+            } else {
+                try command.run()
+            }
+        } catch let error as QXferError {
+            FileHandle.standardError.write(Data("qxfer: \(error.message)\n".utf8))
+            Foundation.exit(ExitCodes.code(for: error))
+        } catch {
+            let code = exitCode(for: error)
+            if code == .success || error is CleanExit {
+                exit(withError: error)  // --help, --version
+            }
+            FileHandle.standardError.write(Data("qxfer: \(message(for: error))\n".utf8))
+            Foundation.exit(code.rawValue)
+        }
+    }
+}
+
+enum QXferVersion {
+    static let string = "0.1.0"
+}
+
+/// Exit codes, from BSD's sysexits.h so scripts can tell failures apart.
+enum ExitCodes {
+    static func code(for error: QXferError) -> Int32 {
+        switch error.code {
+        case .fingerprintMismatch, .untrustedPeer, .protocolMismatch: 77  // EX_NOPERM
+        case .connectFailed, .connectionClosed, .idleTimeout, .handshakeFailed, .bindFailed: 69  // EX_UNAVAILABLE
+        case .malformedMessage, .truncated: 65  // EX_DATAERR
+        case .identity: 78  // EX_CONFIG
+        default: 1
+        }
+    }
+}

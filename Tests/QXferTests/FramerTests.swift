@@ -1,0 +1,120 @@
+import Foundation
+import Testing
+@testable import QXfer
+
+/// Framers over a scripted in-memory stream: exact bytes, any chunking, hostile lengths.
+@Suite("Framers in memory")
+struct FramerTests {
+    typealias TLVStack = TLV<TLS>
+
+    func tlvConnection(_ bytes: [UInt8], chunkSize: Int, limit: Int = 1024) -> (NetworkConnection<TLVStack>, ScriptedStream) {
+        let stream = ScriptedStream(bytes, chunkSize: chunkSize)
+        let connection = NetworkConnection(
+            accepted: stream, parameters: .parameters { TLV(maximumMessageSize: limit) { TLS() } }, remote: nil)
+        return (connection, stream)
+    }
+
+    /// What a sender writes for these messages.
+    func encodeTLV(_ messages: [(UInt32, [UInt8])], limit: Int = 1024) async throws -> [UInt8] {
+        let (sender, stream) = tlvConnection([], chunkSize: 1, limit: limit)
+        for (type, payload) in messages { try await sender.send(payload, type: type) }
+        return stream.written
+    }
+
+    @Test("TLV round trip, delivered one byte at a time, including empty and maximum-size messages")
+    func tlvRoundTrip() async throws {
+        let messages: [(UInt32, [UInt8])] = [(7, Array("hello".utf8)), (0, []), (UInt32.max, Array(repeating: 0xab, count: 1024))]
+        let wire = try await encodeTLV(messages)
+        #expect(Array(wire.prefix(13)) == [0, 0, 0, 7, 0, 0, 0, 5] + Array("hello".utf8))
+        for chunkSize in [1, 3, 8, 4096] {
+            let (receiver, _) = tlvConnection(wire, chunkSize: chunkSize)
+            var received: [(UInt32, [UInt8])] = []
+            for try await (content, metadata) in receiver.messages { received.append((metadata.type, Array(content))) }
+            #expect(received.map(\.0) == messages.map(\.0))
+            #expect(received.map(\.1) == messages.map(\.1))
+        }
+    }
+
+    @Test("A TLV length over the limit fails before allocating and closes the connection")
+    func tlvOverLimit() async throws {
+        let wire: [UInt8] = [0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff]
+        let (receiver, _) = tlvConnection(wire, chunkSize: 1)
+        let error = await #expect(throws: QXferError.self) { _ = try await receiver.receive() }
+        #expect(error?.code == .malformedMessage)
+        #expect(error?.message.contains("4294967295-byte") == true)
+        guard case .cancelled? = receiver.currentState else {
+            Issue.record("expected the connection to be closed, got \(String(describing: receiver.currentState))")
+            return
+        }
+    }
+
+    @Test("Sending a TLV message over the limit is refused locally")
+    func tlvSendOverLimit() async throws {
+        let (sender, stream) = tlvConnection([], chunkSize: 1, limit: 4)
+        await #expect(throws: QXferError.self) { try await sender.send([1, 2, 3, 4, 5], type: 1) }
+        #expect(stream.written.isEmpty)
+    }
+
+    @Test("A stream cut inside a TLV message is a truncation, cut between messages a clean end")
+    func tlvTruncated() async throws {
+        let wire = try await encodeTLV([(1, Array(repeating: 1, count: 100))])
+        let (cut, _) = tlvConnection(Array(wire.prefix(50)), chunkSize: 7)
+        let error = await #expect(throws: QXferError.self) { _ = try await cut.receive() }
+        #expect(error?.code == .truncated)
+
+        let (cutInHeader, _) = tlvConnection(Array(wire.prefix(5)), chunkSize: 2)
+        let headerError = await #expect(throws: QXferError.self) { _ = try await cutInHeader.receive() }
+        #expect(headerError?.code == .truncated)
+
+        let (whole, _) = tlvConnection(wire, chunkSize: 7)
+        _ = try await whole.receive()
+        let end = await #expect(throws: QXferError.self) { _ = try await whole.receive() }
+        #expect(end?.code == .endOfStream)
+    }
+
+    enum Chat: Codable, Sendable, Equatable {
+        case hello(name: String)
+        case line(String)
+    }
+
+    @Test("Coder round trip in JSON and property lists", arguments: [CoderFormat.json, .propertyList])
+    func coderRoundTrip(format: CoderFormat) async throws {
+        let outbound = ScriptedStream([], chunkSize: 1)
+        let sender = NetworkConnection(
+            accepted: outbound, parameters: .parameters { Coder(Chat.self, using: format) { TLS() } }, remote: nil)
+        let sent: [Chat] = [.hello(name: "ada"), .line(""), .line(String(repeating: "é", count: 3000))]
+        for message in sent { try await sender.send(message) }
+
+        let inbound = ScriptedStream(outbound.written, chunkSize: 5)
+        let receiver = NetworkConnection(
+            accepted: inbound, parameters: .parameters { Coder(Chat.self, using: format) { TLS() } }, remote: nil)
+        var received: [Chat] = []
+        for try await message in receiver.messages { received.append(message) }
+        #expect(received == sent)
+    }
+
+    @Test("A Coder message that does not decode fails the connection with a clear error")
+    func coderGarbage() async throws {
+        let garbage = Array("{not json".utf8)
+        let wire = [0, 0, 0, UInt8(garbage.count)] + garbage
+        let receiver = NetworkConnection(
+            accepted: ScriptedStream(wire, chunkSize: 1),
+            parameters: .parameters { Coder(Chat.self, using: .json) { TLS() } }, remote: nil)
+        let error = await #expect(throws: QXferError.self) { _ = try await receiver.receive() }
+        #expect(error?.code == .malformedMessage)
+    }
+
+    @Test("Integers arrive in network byte order; exact receives span chunks")
+    func integersAndExactReceives() async throws {
+        let receiver = NetworkConnection(
+            accepted: ScriptedStream([0x12, 0x34, 0x56, 0x78, 1, 2, 3, 4, 5], chunkSize: 1),
+            parameters: .parameters { TLS() }, remote: nil)
+        #expect(try await receiver.receive(as: UInt32.self).content == 0x1234_5678)
+        #expect(Array(try await receiver.receive(exactly: 0).content) == [])
+        #expect(Array(try await receiver.receive(exactly: 3).content) == [1, 2, 3])
+        let rest = try await receiver.receive(exactly: 2)
+        #expect(Array(rest.content) == [4, 5])
+        let end = await #expect(throws: QXferError.self) { _ = try await receiver.receive(atLeast: 1, atMost: 10) }
+        #expect(end?.code == .endOfStream)
+    }
+}

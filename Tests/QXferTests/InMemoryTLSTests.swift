@@ -1,0 +1,135 @@
+import Foundation
+import NIOCore
+import NIOEmbedded
+import NIOSSL
+import Synchronization
+import Testing
+@testable import QXfer
+
+/// The TLS stack's handshake and trust decisions with no socket: two `EmbeddedChannel`s
+/// joined by a loop that moves bytes until both are quiet.
+@Suite("TLS handshake in memory")
+struct InMemoryTLSTests {
+    func handshake(
+        clientTLS: TLS, serverTLS: TLS, trust: PeerTrust, hostKey: String = "test.invalid:4433"
+    ) throws -> (clientResult: Result<String, any Error>?, serverResult: Result<String, any Error>?, clientVerifier: PeerVerifier, serverVerifier: PeerVerifier) {
+        let client = EmbeddedChannel()
+        let server = EmbeddedChannel()
+        // No finish(): closing starts TLS close_notify, which waits for a peer nobody drives.
+        let clientVerifier = PeerVerifier(.client(trust, hostKey: hostKey))
+        let serverVerifier = PeerVerifier(.server(serverTLS.clientAuthentication))
+        let clientContext = try TLSByteStream.makeContext(identity: clientTLS.identity!, tls: clientTLS, role: .client)
+        let serverContext = try TLSByteStream.makeContext(
+            identity: serverTLS.identity!, tls: serverTLS, role: .server(serverTLS.clientAuthentication))
+        let clientSetup = try TLSByteStream.Setup.install(
+            try NIOSSLClientHandler(context: clientContext, serverHostname: nil, customVerificationCallback: clientVerifier.verify),
+            verifier: clientVerifier, tls: clientTLS, idle: nil, on: client)
+        let serverSetup = try TLSByteStream.Setup.install(
+            NIOSSLServerHandler(context: serverContext, customVerificationCallback: serverVerifier.verify),
+            verifier: serverVerifier, tls: serverTLS, idle: nil, on: server)
+        let clientResult = Mutex<Result<String, any Error>?>(nil)
+        let serverResult = Mutex<Result<String, any Error>?>(nil)
+        clientSetup.handshake.whenComplete { result in clientResult.withLock { $0 = result } }
+        serverSetup.handshake.whenComplete { result in serverResult.withLock { $0 = result } }
+
+        server.pipeline.fireChannelActive()
+        _ = try client.connect(to: try SocketAddress(ipAddress: "127.0.0.1", port: 4433)).wait()
+        // Shuttle bytes both ways until neither side has anything left to say.
+        var rounds = 0
+        while rounds < 100 {
+            rounds += 1
+            var moved = false
+            // The verification callback's promise resumes the handshake through the event loop.
+            client.embeddedEventLoop.run()
+            server.embeddedEventLoop.run()
+            while let bytes = try client.readOutbound(as: ByteBuffer.self) {
+                try? server.writeInbound(bytes)
+                moved = true
+            }
+            while let bytes = try server.readOutbound(as: ByteBuffer.self) {
+                try? client.writeInbound(bytes)
+                moved = true
+            }
+            if !moved { break }
+        }
+        return (clientResult.withLock { $0 }, serverResult.withLock { $0 }, clientVerifier, serverVerifier)
+    }
+
+    var serverTLS: TLS { TLS().identity(Identities.server) }
+    var clientTLS: TLS { TLS().identity(Identities.client) }
+
+    @Test("A pinned server completes the handshake, negotiates qxfer/1 and sees the client's fingerprint")
+    func pinnedHandshake() throws {
+        let outcome = try handshake(clientTLS: clientTLS, serverTLS: serverTLS, trust: .pinned(Identities.server.fingerprint))
+        #expect(try outcome.clientResult?.get() == "qxfer/1")
+        #expect(try outcome.serverResult?.get() == "qxfer/1")
+        #expect(outcome.clientVerifier.result.trust == .pinned)
+        #expect(outcome.clientVerifier.result.fingerprint == Identities.server.fingerprint)
+        #expect(outcome.serverVerifier.result.fingerprint == Identities.client.fingerprint)
+    }
+
+    @Test("A server whose fingerprint differs from the pin is refused, naming both fingerprints")
+    func wrongPin() throws {
+        let outcome = try handshake(clientTLS: clientTLS, serverTLS: serverTLS, trust: .pinned(Identities.stranger.fingerprint))
+        #expect(throws: (any Error).self) { try outcome.clientResult?.get() }
+        let failure = try #require(outcome.clientVerifier.result.failure)
+        #expect(failure.code == .fingerprintMismatch)
+        #expect(failure.message.contains(Identities.server.fingerprint.description))
+        #expect(failure.message.contains(Identities.stranger.fingerprint.description))
+    }
+
+    @Test("Mutual TLS admits a client on the allow-list")
+    func mutualTLSAccepted() throws {
+        let outcome = try handshake(
+            clientTLS: clientTLS,
+            serverTLS: serverTLS.clientAuthentication(.required(allowing: [Identities.client.fingerprint])),
+            trust: .pinned(Identities.server.fingerprint))
+        #expect(try outcome.serverResult?.get() == "qxfer/1")
+        #expect(outcome.serverVerifier.result.trust == .allowListed)
+    }
+
+    @Test("Mutual TLS refuses a client that is not on the allow-list")
+    func mutualTLSRefused() throws {
+        let outcome = try handshake(
+            clientTLS: TLS().identity(Identities.stranger),
+            serverTLS: serverTLS.clientAuthentication(.required(allowing: [Identities.client.fingerprint])),
+            trust: .pinned(Identities.server.fingerprint))
+        #expect(throws: (any Error).self) { try outcome.serverResult?.get() }
+        #expect(outcome.serverVerifier.result.failure?.code == .untrustedPeer)
+    }
+
+    @Test("A client that offers another application protocol is refused")
+    func alpnMismatch() throws {
+        let outcome = try handshake(
+            clientTLS: clientTLS.applicationProtocols(["h2"]), serverTLS: serverTLS,
+            trust: .pinned(Identities.server.fingerprint))
+        let clientError = #expect(throws: QXferError.self) { try outcome.clientResult?.get() }
+        #expect(clientError?.code == .protocolMismatch)
+        let serverError = #expect(throws: QXferError.self) { try outcome.serverResult?.get() }
+        #expect(serverError?.code == .protocolMismatch)
+    }
+
+    @Test("Known hosts: first use is allowed and pending, a match is known, a change is refused")
+    func knownHostsDecisions() throws {
+        let directory = TemporaryDirectory()
+        let file = KnownHosts(path: directory.file("known_hosts"))
+        let first = try handshake(clientTLS: clientTLS, serverTLS: serverTLS, trust: .knownHosts(file))
+        #expect(try first.clientResult?.get() == "qxfer/1")
+        #expect(first.clientVerifier.result.trust == .firstUse(recordedIn: file.path))
+        #expect(first.clientVerifier.result.pendingFirstUse?.1 == "test.invalid:4433")
+
+        try file.add("test.invalid:4433", Identities.server.fingerprint)
+        let known = try handshake(clientTLS: clientTLS, serverTLS: serverTLS, trust: .knownHosts(file))
+        #expect(known.clientVerifier.result.trust == .knownHost)
+
+        let impostor = try handshake(clientTLS: clientTLS, serverTLS: TLS().identity(Identities.stranger), trust: .knownHosts(file))
+        #expect(throws: (any Error).self) { try impostor.clientResult?.get() }
+        let failure = try #require(impostor.clientVerifier.result.failure)
+        #expect(failure.code == .fingerprintMismatch)
+        #expect(failure.message.contains("line 1"))
+
+        let noTOFU = try handshake(
+            clientTLS: clientTLS, serverTLS: serverTLS, trust: .knownHosts(file, trustOnFirstUse: false), hostKey: "other:1")
+        #expect(noTOFU.clientVerifier.result.failure?.code == .untrustedPeer)
+    }
+}
