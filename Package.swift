@@ -52,6 +52,7 @@ let package = Package(
             name: "QXfer",
             dependencies: [
                 "CQXferLinux",
+                "QUICEngine",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOFoundationCompat", package: "swift-nio"),
@@ -81,6 +82,19 @@ let package = Package(
             name: "qxfer-demo",
             dependencies: ["QXfer"],
             path: "samples/LoopbackDemo",
+            swiftSettings: strictSwift6
+        ),
+
+        .executableTarget(
+            name: "echo-tls",
+            dependencies: ["QXfer"],
+            path: "samples/EchoTLS",
+            swiftSettings: strictSwift6
+        ),
+        .executableTarget(
+            name: "echo-quic",
+            dependencies: ["QXfer"],
+            path: "samples/EchoQUIC",
             swiftSettings: strictSwift6
         ),
 

@@ -221,6 +221,9 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
                 case .tls(let tls):
                     return try await TLSByteStream.connect(
                         to: endpoint, tls: tls, parameters: parameters, timeout: deadline - clock.now)
+                case .quic(let quic):
+                    return try await QUICTransport.connect(
+                        to: endpoint, quic: quic, parameters: parameters, timeout: deadline - clock.now)
                 }
             } catch let error as QXferError where error.code == .connectFailed {
                 let remaining = deadline - clock.now

@@ -2,6 +2,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import NIOSSL
+import QUICEngine
 import Synchronization
 
 /// Accepts connections on a port and runs each in its own child task.
@@ -72,7 +73,92 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
         switch parameters.stack.transport.kind {
         case .tls(let tls):
             try await runTLS(tls, handler)
+        case .quic(let quic):
+            try await runQUIC(quic, handler)
         }
+    }
+
+    private func runQUIC(_ quic: QUIC, _ handler: @escaping @Sendable (NetworkConnection<Stack>) async throws -> Void) async throws {
+        let (accepted, continuation) = AsyncStream.makeStream(
+            of: (NIOLoopBound<QUICConnectionDriver>, PeerIdentity, Endpoint?).self, bufferingPolicy: .bufferingOldest(256))
+        let channel: any Channel
+        do {
+            let identity = try quic.identity ?? HostIdentity.loadOrCreate()
+            let parameters = self.parameters
+            var resetSecret = [UInt8](repeating: 0, count: 32)
+            for index in resetSecret.indices { resetSecret[index] = UInt8.random(in: 0...255) }
+            let secret = resetSecret
+            let server = QUICSocketHandler.Server(
+                makeConfiguration: {
+                    let verifier = PeerVerifier(.server(quic.clientAuthentication))
+                    let configuration = QUICTransport.configuration(
+                        quic, identity: identity, parameters: parameters, verifier: verifier, isServer: true, resetSecret: secret)
+                    return (configuration, verifier)
+                },
+                acceptedProtocols: quic.applicationProtocols,
+                accepted: { driver in
+                    let outcome = driver.verifier.result
+                    let peer = PeerIdentity(
+                        fingerprint: outcome.fingerprint, trust: outcome.trust,
+                        applicationProtocol: driver.engine.negotiatedALPN ?? "")
+                    let remote = driver.engine.path.remote.socketAddress.flatMap { address -> Endpoint? in
+                        guard let ip = address.ipAddress, let port = address.port else { return nil }
+                        return .hostPort(host: ip, port: UInt16(port))
+                    }
+                    if case .dropped = continuation.yield((NIOLoopBound(driver, eventLoop: driver.eventLoop), peer, remote)) {
+                        driver.close(code: 0x2, reason: "too many pending connections")
+                    }
+                })
+            let connectionIDLength = QUICConfiguration(certificateChainPEM: "", privateKeyPEM: "", verifyPeer: { _ in false }).connectionIDLength
+            let bootstrap = DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                .channelOption(.socketOption(.so_reuseaddr), value: 1)
+                .channelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try QUICTransport.tune(channel, parameters: parameters)
+                        try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: server, connectionIDLength: connectionIDLength))
+                    }
+                }
+            if let host {
+                channel = try await bootstrap.bind(host: host, port: Int(requestedPort)).get()
+            } else {
+                do {
+                    channel = try await bootstrap.bind(host: "::", port: Int(requestedPort)).get()
+                } catch {
+                    channel = try await bootstrap.bind(host: "0.0.0.0", port: Int(requestedPort)).get()
+                }
+            }
+        } catch {
+            let failure = (error as? QXferError)
+                ?? QXferError(.bindFailed, "cannot listen on UDP port \(requestedPort): \(TLSErrors.reason(error))", underlying: error)
+            resolvePort(.failure(failure))
+            throw failure
+        }
+        channel.closeFuture.whenComplete { _ in continuation.finish() }
+        resolvePort(.success(UInt16(channel.localAddress?.port ?? Int(requestedPort))))
+
+        let parameters = self.parameters
+        await withTaskCancellationHandler {
+            await withDiscardingTaskGroup { group in
+                for await (driver, peer, remote) in accepted {
+                    group.addTask {
+                        let stream = driver.eventLoop.flatSubmit {
+                            driver.value.acceptStream().flatMapThrowing { id -> QUICStreamID in
+                                guard let id else { throw driver.value.closeError ?? QXferError(.connectionClosed, "the peer closed the connection") }
+                                return id
+                            }
+                        }
+                        let transport = QUICStreamTransport(driver: driver, stream: stream, peer: peer)
+                        await Self.serve(NetworkConnection(accepted: transport, parameters: parameters, remote: remote), handler: handler)
+                    }
+                }
+            }
+        } onCancel: {
+            channel.eventLoop.execute {
+                (try? channel.pipeline.syncOperations.handler(type: QUICSocketHandler.self))?.shutdown()
+                continuation.finish()
+            }
+        }
+        try? await channel.close()
     }
 
     private func runTLS(_ tls: TLS, _ handler: @escaping @Sendable (NetworkConnection<Stack>) async throws -> Void) async throws {
@@ -148,7 +234,14 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
             logger.debug("refused \(remote?.description ?? "a client"): \(error)")
             return
         }
-        let connection = NetworkConnection(accepted: stream, parameters: parameters, remote: remote)
+        await serve(NetworkConnection(accepted: stream, parameters: parameters, remote: remote), handler: handler)
+    }
+
+    /// Runs the application's handler; its end, error or cancellation closes the connection.
+    private static func serve(
+        _ connection: NetworkConnection<Stack>, handler: @Sendable (NetworkConnection<Stack>) async throws -> Void
+    ) async {
+        let remote = connection.endpoint
         do {
             try await withTaskCancellationHandler {
                 try await handler(connection)

@@ -26,6 +26,7 @@ public protocol ByteStreamProtocol: NetworkProtocolStack {}
 public struct TransportDescription: Sendable {
     enum Kind: Sendable {
         case tls(TLS)
+        case quic(QUIC)
     }
     let kind: Kind
 }

@@ -5,8 +5,9 @@ import Synchronization
 /// Decides, during the handshake, whether the peer's certificate is trusted, and remembers
 /// why, so a refusal surfaces as a precise ``QXferError`` instead of a TLS alert code.
 ///
-/// Runs on the event loop inside swift-nio-ssl's custom verification callback; the Mutex
-/// only hands the outcome to the task that awaits the handshake.
+/// Runs on the event loop inside swift-nio-ssl's custom verification callback (TLS) or the
+/// engine's GnuTLS callback (QUIC); the Mutex only hands the outcome to the task that awaits
+/// the handshake.
 final class PeerVerifier: Sendable {
     enum Role: Sendable {
         /// A client checking the server it reached at `hostKey` (`host:port`).
@@ -37,15 +38,21 @@ final class PeerVerifier: Sendable {
             promise.succeed(.failed)
             return
         }
+        promise.succeed(evaluate(certificateDER: der) ? .certificateVerified : .failed)
+    }
+
+    /// Decides on a leaf certificate and records the outcome; true admits the peer.
+    /// The QUIC engine calls this directly from its TLS callback.
+    func evaluate(certificateDER der: [UInt8]) -> Bool {
         let fingerprint = Fingerprint(certificateDER: der)
         outcome.withLock { $0.fingerprint = fingerprint }
         switch decide(fingerprint) {
         case .success(let trust):
             outcome.withLock { $0.trust = trust }
-            promise.succeed(.certificateVerified)
+            return true
         case .failure(let error):
             record(failure: error)
-            promise.succeed(.failed)
+            return false
         }
     }
 

@@ -1,0 +1,356 @@
+import NIOCore
+import QUICEngine
+
+/// Drives one ``QUICConnection`` engine on a NIO event loop: feeds it datagrams and timer
+/// expiries, sends what it produces, and bridges its streams to async readers and writers.
+///
+/// Confined to its event loop; tasks reach it through `eventLoop.submit`/`flatSubmit`.
+/// Engine calls only happen here, never from inside an engine callback.
+final class QUICConnectionDriver {
+    let engine: QUICConnection
+    let eventLoop: any EventLoop
+    let verifier: PeerVerifier
+    let acceptedProtocols: [String]
+    /// Sends one transmit on the socket; returns false when the socket cannot take more now.
+    var send: ((QUICTransmit) -> Bool)?
+    /// Tells the socket to route (true) or stop routing (false) a connection ID here.
+    var route: ((QUICConnectionID, Bool) -> Void)?
+    /// Called once the connection is terminated, so the socket forgets it.
+    var onTerminated: (() -> Void)?
+    /// Pushes what `send` queued onto the wire.
+    var flush: (() -> Void)?
+
+    private(set) var handshake: EventLoopPromise<String>
+    private(set) var closeError: QXferError?
+    private var timer: Scheduled<Void>?
+    private var timerDeadline: QUICTime?
+    private var streams: [QUICStreamID: StreamState] = [:]
+    private var incomingStreams = CircularBuffer<QUICStreamID>()
+    private var incomingStreamWaiters = CircularBuffer<EventLoopPromise<QUICStreamID?>>()
+    private var terminated = false
+
+    struct StreamState {
+        var readWaiter: EventLoopPromise<[ByteBuffer]?>?
+        var pendingWrites = CircularBuffer<(ByteBuffer, EventLoopPromise<Void>)>()
+        var finishedReading = false
+        var error: QXferError?
+    }
+
+    init(engine: QUICConnection, eventLoop: any EventLoop, verifier: PeerVerifier, acceptedProtocols: [String]) {
+        self.engine = engine
+        self.eventLoop = eventLoop
+        self.verifier = verifier
+        self.acceptedProtocols = acceptedProtocols
+        self.handshake = eventLoop.makePromise(of: String.self)
+    }
+
+    static var now: QUICTime { QUICTime(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
+
+    // MARK: Input
+
+    /// Hands one received datagram to the engine; call ``process()`` after a batch.
+    func receive(_ datagram: UnsafeRawBufferPointer, path: QUICPath) {
+        guard !terminated else { return }
+        do {
+            try engine.handle(datagram: datagram, path: path, now: Self.now)
+        } catch {
+            // The engine queued a close event too; process() reports it.
+        }
+    }
+
+    /// Drains events, sends what is ready, and re-arms the timer. Call after every input.
+    func process() {
+        guard !terminated else { return }
+        drainEvents()
+        flushTransmits()
+        armTimer()
+    }
+
+    // MARK: Streams and datagrams, for the async side (on the event loop)
+
+    /// Opens a new bidirectional stream; nil while the peer's stream limit is reached.
+    func openStream() throws -> QUICStreamID? {
+        if let closeError { throw closeError }
+        guard let id = try engine.openStream(bidirectional: true) else { return nil }
+        streams[id] = StreamState()
+        return id
+    }
+
+    /// The next stream the peer opened; nil once the connection is closed.
+    func acceptStream() -> EventLoopFuture<QUICStreamID?> {
+        if let id = incomingStreams.popFirst() { return eventLoop.makeSucceededFuture(id) }
+        if closeError != nil { return eventLoop.makeSucceededFuture(nil) }
+        let promise = eventLoop.makePromise(of: QUICStreamID?.self)
+        incomingStreamWaiters.append(promise)
+        return promise.futureResult
+    }
+
+    /// Writes all of `buffer` on the stream, completing once the engine has taken it (it keeps
+    /// at most its send-buffer limit per stream, so this is where backpressure bites).
+    func write(_ buffer: ByteBuffer, on stream: QUICStreamID) -> EventLoopFuture<Void> {
+        if let error = closeError ?? streams[stream]?.error { return eventLoop.makeFailedFuture(error) }
+        let promise = eventLoop.makePromise(of: Void.self)
+        streams[stream, default: StreamState()].pendingWrites.append((buffer, promise))
+        pumpWrites(stream)
+        process()
+        return promise.futureResult
+    }
+
+    /// Ends the sending side of the stream (FIN) after what was written.
+    func finish(_ stream: QUICStreamID) -> EventLoopFuture<Void> {
+        write(ByteBuffer(), on: stream).flatMapThrowing {
+            try self.engine.finish(stream: stream)
+            self.process()
+        }
+    }
+
+    /// What has arrived on the stream, waiting for data if none has; nil after the peer's FIN.
+    func read(_ stream: QUICStreamID) -> EventLoopFuture<[ByteBuffer]?> {
+        precondition(streams[stream]?.readWaiter == nil, "one reader per stream")
+        let promise = eventLoop.makePromise(of: [ByteBuffer]?.self)
+        streams[stream, default: StreamState()].readWaiter = promise
+        serveReader(stream)
+        process()  // reading extended flow control: tell the peer
+        return promise.futureResult
+    }
+
+    /// Closes the connection with an application error code (0: no error).
+    func close(code: UInt64 = 0, reason: String = "") {
+        guard !terminated else { return }
+        engine.close(errorCode: code, reason: reason, now: Self.now)
+        process()
+    }
+
+    // MARK: Engine events
+
+    private func drainEvents() {
+        while let event = engine.pollEvent() {
+            switch event {
+            case .handshakeCompleted(let alpn):
+                if acceptedProtocols.contains(alpn) {
+                    handshake.succeed(alpn)
+                } else {
+                    engine.close(errorCode: 0x178, reason: "no application protocol", now: Self.now)
+                }
+            case .streamOpened(let id):
+                streams[id, default: StreamState()] = streams[id] ?? StreamState()
+                if let waiter = incomingStreamWaiters.popFirst() {
+                    waiter.succeed(id)
+                } else {
+                    incomingStreams.append(id)
+                }
+            case .streamReadable(let id), .streamFinished(let id):
+                serveReader(id)
+            case .streamReset(let id, let code):
+                failStream(id, QXferError(.connectionClosed, "the peer abandoned the stream (error \(code))"))
+            case .streamStopSending(let id, _):
+                failStream(id, QXferError(.connectionClosed, "the peer stopped reading the stream"))
+            case .streamWritable(let id):
+                pumpWrites(id)
+            case .streamClosed(let id, _):
+                serveReader(id)
+                if streams[id]?.readWaiter == nil && streams[id]?.pendingWrites.isEmpty != false {
+                    streams[id] = nil
+                }
+            case .connectionIDIssued(let id, _):
+                route?(id, true)
+            case .connectionIDRetired(let id):
+                route?(id, false)
+            case .connectionClosed(let reason):
+                closed(with: QUICErrors.describe(reason, verifier: verifier))
+            case .datagramReceived, .pathChanged, .pathValidated, .streamsAvailable:
+                break
+            }
+        }
+    }
+
+    private func serveReader(_ id: QUICStreamID) {
+        guard var state = streams[id], let waiter = state.readWaiter else { return }
+        if let error = state.error ?? closeError, engine.readableBytes(stream: id) == 0 {
+            state.readWaiter = nil
+            streams[id] = state
+            waiter.fail(error)
+            return
+        }
+        // maxLength 0 only asks whether the peer's FIN has been reached; it consumes nothing.
+        guard let result = try? engine.read(stream: id, maxLength: engine.readableBytes(stream: id) > 0 ? 4 << 20 : 0) else {
+            state.readWaiter = nil
+            state.finishedReading = true
+            streams[id] = state
+            waiter.succeed(nil)  // the engine forgot the stream: both sides are done
+            return
+        }
+        if !result.bytes.isEmpty {
+            state.readWaiter = nil
+            streams[id] = state
+            waiter.succeed([ByteBuffer(bytes: result.bytes)])
+        } else if result.isFinished {
+            state.readWaiter = nil
+            state.finishedReading = true
+            streams[id] = state
+            waiter.succeed(nil)
+        }
+    }
+
+    private func pumpWrites(_ id: QUICStreamID) {
+        guard var state = streams[id] else { return }
+        while var (buffer, promise) = state.pendingWrites.first {
+            if buffer.readableBytes == 0 {
+                state.pendingWrites.removeFirst()
+                promise.succeed(())
+                continue
+            }
+            let accepted: Int
+            do {
+                accepted = try buffer.withUnsafeReadableBytes { try engine.write(stream: id, bytes: $0) }
+            } catch {
+                state.pendingWrites.removeFirst()
+                promise.fail(QUICErrors.describe(error))
+                continue
+            }
+            buffer.moveReaderIndex(forwardBy: accepted)
+            if buffer.readableBytes == 0 {
+                state.pendingWrites.removeFirst()
+                promise.succeed(())
+            } else {
+                state.pendingWrites[state.pendingWrites.startIndex] = (buffer, promise)
+                break  // wait for streamWritable
+            }
+        }
+        streams[id] = state
+    }
+
+    private func failStream(_ id: QUICStreamID, _ error: QXferError) {
+        guard var state = streams[id] else { return }
+        state.error = error
+        let writes = state.pendingWrites
+        state.pendingWrites.removeAll()
+        streams[id] = state
+        for (_, promise) in writes { promise.fail(error) }
+        serveReader(id)
+    }
+
+    private func closed(with error: QXferError) {
+        guard closeError == nil else { return }
+        closeError = error
+        handshake.fail(error)
+        for id in Array(streams.keys) { failStream(id, error) }
+        while let waiter = incomingStreamWaiters.popFirst() { waiter.succeed(nil) }
+    }
+
+    // MARK: Output and timers
+
+    private func flushTransmits() {
+        while let transmit = engine.pollTransmit(now: Self.now) {
+            guard let send, send(transmit) else { break }
+        }
+        flush?()
+    }
+
+    private func armTimer() {
+        guard !engine.isTerminated, let next = engine.nextTimeout else {
+            terminate()
+            return
+        }
+        if timerDeadline == next { return }
+        timer?.cancel()
+        timerDeadline = next
+        timer = eventLoop.scheduleTask(deadline: .uptimeNanoseconds(next.nanoseconds)) { [self] in
+            timerDeadline = nil
+            timer = nil
+            engine.handleTimeout(now: Self.now)
+            process()
+        }
+    }
+
+    private func terminate() {
+        guard !terminated else { return }
+        drainEvents()
+        if closeError == nil { closed(with: QXferError(.connectionClosed, "the connection closed")) }
+        terminated = true
+        timer?.cancel()
+        timer = nil
+        for id in engine.sourceConnectionIDs { route?(id, false) }
+        onTerminated?()
+    }
+
+    /// Called by the socket when it closed: nothing can be sent any more.
+    func socketClosed() {
+        guard !terminated else { return }
+        closed(with: QXferError(.connectionClosed, "the connection's socket was closed"))
+        terminated = true
+        timer?.cancel()
+        timer = nil
+        onTerminated?()
+    }
+
+    /// Called by the socket when its writes can go on after backpressure.
+    func socketWritable() {
+        process()
+    }
+
+    /// Path measurements from `ngtcp2_conn_get_conn_stat` and the engine's counters.
+    var metrics: ConnectionMetrics {
+        let stats = engine.stats
+        var metrics = ConnectionMetrics()
+        metrics.smoothedRTT = stats.smoothedRTT
+        metrics.rttVariance = stats.rttVariance
+        metrics.minimumRTT = stats.minRTT
+        metrics.congestionWindow = Int(stats.congestionWindow)
+        metrics.bytesInFlight = Int(stats.bytesInFlight)
+        metrics.deliveryRate = Int(stats.deliveryRate)
+        metrics.packetsLost = Int(stats.streamPacketsLost)
+        metrics.bytesSent = Int(stats.bytesSent)
+        metrics.bytesReceived = Int(stats.bytesReceived)
+        return metrics
+    }
+}
+
+/// One-line descriptions of QUIC close reasons and engine errors.
+enum QUICErrors {
+    static func describe(_ reason: QUICCloseReason, verifier: PeerVerifier) -> QXferError {
+        if let failure = verifier.result.failure { return failure }
+        switch reason.kind {
+        case .idleTimeout:
+            return QXferError(.idleTimeout, "the connection was idle for too long (or the peer vanished) and was closed")
+        case .handshakeTimeout:
+            return QXferError(.connectFailed, "no QUIC answer from the peer (handshake timed out)")
+        case .statelessReset:
+            return QXferError(.connectionClosed, "the peer no longer knows this connection (stateless reset)")
+        case .versionNegotiation:
+            return QXferError(.handshakeFailed, "the peer does not support our QUIC version")
+        case .application:
+            if reason.code == 0 {
+                return QXferError(.connectionClosed, "the peer closed the connection")
+            }
+            return QXferError(.connectionClosed, "the peer closed the connection (error \(reason.code)\(reason.reason.isEmpty ? "" : ": " + reason.reason))")
+        default:
+            if reason.isCryptoError {
+                switch reason.code - QUICCloseReason.cryptoErrorBase {
+                case 42, 43, 44, 45, 46, 48, 49:
+                    return QXferError(.untrustedPeer, "the peer refused this host's certificate: its fingerprint is not on the peer's allow-list")
+                case 116:
+                    return QXferError(.untrustedPeer, "the peer requires a client certificate")
+                case 120:
+                    return QXferError(.protocolMismatch, "the peer does not speak qxfer/1")
+                case 70:
+                    return QXferError(.handshakeFailed, "the peer does not support TLS 1.3")
+                default:
+                    return QXferError(.handshakeFailed, "the QUIC handshake failed (TLS alert \(reason.code - QUICCloseReason.cryptoErrorBase))")
+                }
+            }
+            if reason.code == 0x178 || reason.reason == "no application protocol" {
+                return QXferError(.protocolMismatch, "the peer does not speak qxfer/1")
+            }
+            if reason.code == 0 && !reason.initiatedByPeer {
+                return QXferError(.cancelled, "the connection was closed")
+            }
+            return QXferError(.connectionClosed, "the QUIC connection closed: \(reason)")
+        }
+    }
+
+    static func describe(_ error: any Error) -> QXferError {
+        if let error = error as? QXferError { return error }
+        return QXferError(.connectionClosed, "QUIC: \(error)", underlying: error)
+    }
+}

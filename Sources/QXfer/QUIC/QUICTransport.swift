@@ -1,0 +1,267 @@
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import QUICEngine
+
+/// A QUIC stream seen as a ``ByteStreamTransport``: the connection's byte stream on QUIC.
+final class QUICStreamTransport: ByteStreamTransport {
+    let peer: PeerIdentity
+    private let driver: NIOLoopBound<QUICConnectionDriver>
+    private let stream: EventLoopFuture<QUICStreamID>
+    private let eventLoop: any EventLoop
+
+    init(driver: NIOLoopBound<QUICConnectionDriver>, stream: EventLoopFuture<QUICStreamID>, peer: PeerIdentity) {
+        self.driver = driver
+        self.stream = stream
+        self.peer = peer
+        self.eventLoop = driver.eventLoop
+    }
+
+    func write(_ buffer: ByteBuffer) async throws {
+        let driver = self.driver
+        try await stream.flatMap { driver.value.write(buffer, on: $0) }.get()
+    }
+
+    func read() async throws -> [ByteBuffer]? {
+        let driver = self.driver
+        return try await stream.flatMap { driver.value.read($0) }.get()
+    }
+
+    func close() {
+        let driver = self.driver
+        eventLoop.execute { driver.value.close() }
+    }
+
+    func metrics() async -> ConnectionMetrics {
+        let driver = self.driver
+        return (try? await eventLoop.submit { driver.value.metrics }.get()) ?? ConnectionMetrics()
+    }
+}
+
+/// Connecting and listening on QUIC.
+enum QUICTransport {
+    static let logger = Logger(label: "qxfer.quic")
+
+    /// The engine configuration for a stack and its parameters.
+    static func configuration<Stack>(
+        _ quic: QUIC, identity: HostIdentity, parameters: NetworkParameters<Stack>, verifier: PeerVerifier, isServer: Bool,
+        resetSecret: [UInt8]? = nil
+    ) -> QUICConfiguration {
+        var configuration = QUICConfiguration(
+            certificateChainPEM: identity.certificatePEM, privateKeyPEM: identity.privateKeyPEM,
+            verifyPeer: { verifier.evaluate(certificateDER: $0) })
+        configuration.applicationProtocols = quic.applicationProtocols
+        if isServer {
+            switch quic.clientAuthentication.kind {
+            case .none: configuration.clientAuthentication = .none
+            case .optional: configuration.clientAuthentication = .optional
+            case .required: configuration.clientAuthentication = .required
+            }
+        }
+        switch (parameters.congestionControl ?? (parameters.performanceMode == .default ? .cubic : .bbr)).name {
+        case "bbr": configuration.congestionControl = .bbr
+        case "reno": configuration.congestionControl = .reno
+        default: configuration.congestionControl = .cubic
+        }
+        if let idle = parameters.idleTimeout {
+            configuration.idleTimeout = idle
+        } else {
+            // "No idle timeout" on QUIC: keep the path alive, and notice a vanished peer in 30 s.
+            configuration.idleTimeout = .seconds(30)
+            configuration.keepAliveInterval = .seconds(10)
+        }
+        if parameters.performanceMode == .bulk {
+            configuration.maxStreamWindow = 16 << 20
+            configuration.maxConnectionWindow = 32 << 20
+        }
+        if let resetSecret { configuration.statelessResetSecret = resetSecret }
+        return configuration
+    }
+
+    /// Socket options for a QUIC UDP socket: big buffers, GRO, DSCP.
+    static func tune<Stack>(_ channel: any Channel, parameters: NetworkParameters<Stack>) throws {
+        guard let options = channel.syncOptions else { return }
+        try options.setOption(.socketOption(.so_rcvbuf), value: 4 << 20)
+        try options.setOption(.socketOption(.so_sndbuf), value: 4 << 20)
+        try options.setOption(.writeBufferWaterMark, value: .init(low: 256 << 10, high: 1 << 20))
+        try? options.setOption(.datagramReceiveOffload, value: true)
+        try? options.setOption(.datagramReceiveSegmentSize, value: true)
+        try options.setOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: 65536))
+        let trafficClass = parameters.serviceClass.trafficClass
+        if trafficClass != 0 {
+            try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IP), name: IP_TOS), value: SocketOptionValue(trafficClass))
+            try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IPV6), name: IPV6_TCLASS), value: SocketOptionValue(trafficClass))
+        }
+    }
+
+    // MARK: Client
+
+    /// Connects to `endpoint`: resolves it, races its addresses (RFC 8305: IPv6 first,
+    /// alternating families, a new attempt every 250 ms until one completes its handshake).
+    static func connect<Stack>(
+        to endpoint: Endpoint, quic: QUIC, parameters: NetworkParameters<Stack>, timeout: Duration
+    ) async throws -> QUICStreamTransport {
+        let identity = try quic.identity ?? HostIdentity.loadOrCreate()
+        let addresses = try await resolve(endpoint)
+        let hostKey = KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))
+        let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? quic.peerTrust
+
+        let winner: (QUICStreamTransport, PeerVerifier) = try await withThrowingTaskGroup(of: (QUICStreamTransport, PeerVerifier)?.self) { group in
+            var lastError: (any Error)?
+            var next = 0
+            var running = 0
+            func startNext() {
+                guard next < addresses.count else { return }
+                let address = addresses[next]
+                next += 1
+                running += 1
+                group.addTask {
+                    let verifier = PeerVerifier(.client(trust, hostKey: hostKey))
+                    return (try await attempt(address, quic: quic, identity: identity, parameters: parameters, verifier: verifier, timeout: timeout), verifier)
+                }
+                group.addTask {  // the stagger timer: nil result means "start the next one"
+                    try? await Task.sleep(for: .milliseconds(250))
+                    return nil
+                }
+            }
+            startNext()
+            while let result = await group.nextResult() {
+                switch result {
+                case .success(let won?):
+                    group.cancelAll()
+                    // Losers that completed anyway are closed by their own tasks' cancellation.
+                    return won
+                case .success(nil):
+                    startNext()
+                case .failure(let error):
+                    running -= 1
+                    lastError = error
+                    if let qxfer = error as? QXferError, qxfer.code != .connectFailed { group.cancelAll(); throw qxfer }
+                    startNext()
+                }
+                if running == 0 && next >= addresses.count {
+                    group.cancelAll()
+                    throw lastError ?? QXferError(.connectFailed, "cannot connect to \(endpoint)")
+                }
+            }
+            throw lastError ?? QXferError(.connectFailed, "cannot connect to \(endpoint)")
+        }
+        let (transport, verifier) = winner
+        if let (file, key) = verifier.result.pendingFirstUse, let fingerprint = transport.peer.fingerprint {
+            do {
+                try file.add(key, fingerprint)
+            } catch {
+                transport.close()
+                throw error
+            }
+        }
+        return transport
+    }
+
+    private static func attempt<Stack>(
+        _ remote: SocketAddress, quic: QUIC, identity: HostIdentity, parameters: NetworkParameters<Stack>,
+        verifier: PeerVerifier, timeout: Duration
+    ) async throws -> QUICStreamTransport {
+        var configuration = configuration(quic, identity: identity, parameters: parameters, verifier: verifier, isServer: false)
+        configuration.handshakeTimeout = min(timeout, .seconds(10))
+        let connectionIDLength = configuration.connectionIDLength
+        let channel: any Channel
+        do {
+            channel = try await DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                .channelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try tune(channel, parameters: parameters)
+                        try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: nil, connectionIDLength: connectionIDLength))
+                    }
+                }
+                .bind(host: remote.protocol == .inet6 ? "::" : "0.0.0.0", port: 0).get()
+        } catch {
+            throw QXferError(.connectFailed, "cannot open a UDP socket: \(TLSErrors.reason(error))", underlying: error)
+        }
+        let setup = channel.eventLoop.submit { () throws -> (NIOLoopBound<QUICConnectionDriver>, EventLoopFuture<String>) in
+            let handler = try channel.pipeline.syncOperations.handler(type: QUICSocketHandler.self)
+            guard let local = handler.localAddress, let remoteAddress = QUICSocketAddress(remote) else {
+                throw QXferError(.connectFailed, "cannot use the address \(remote)")
+            }
+            let engine = try QUICConnection(clientWith: configuration, path: QUICPath(local: local, remote: remoteAddress), now: QUICConnectionDriver.now)
+            let driver = QUICConnectionDriver(engine: engine, eventLoop: channel.eventLoop, verifier: verifier, acceptedProtocols: quic.applicationProtocols)
+            handler.attach(client: driver)
+            driver.process()
+            return (NIOLoopBound(driver, eventLoop: channel.eventLoop), driver.handshake.futureResult)
+        }
+        let driver: NIOLoopBound<QUICConnectionDriver>
+        let alpn: String
+        do {
+            let (bound, handshake) = try await setup.get()
+            driver = bound
+            alpn = try await withTaskCancellationHandler {
+                try await handshake.get()
+            } onCancel: {
+                channel.eventLoop.execute { bound.value.close() }
+            }
+        } catch {
+            channel.close(promise: nil)
+            if let failure = verifier.result.failure { throw failure }
+            if Task.isCancelled { throw CancellationError() }
+            throw (error as? QXferError) ?? QUICErrors.describe(error)
+        }
+        if Task.isCancelled {
+            channel.eventLoop.execute { driver.value.close() }
+            throw CancellationError()
+        }
+        let stream = try await channel.eventLoop.submit { () throws -> QUICStreamID in
+            guard let id = try driver.value.openStream() else {
+                throw QXferError(.handshakeFailed, "the peer allows no streams")
+            }
+            return id
+        }.get()
+        let outcome = verifier.result
+        let peer = PeerIdentity(fingerprint: outcome.fingerprint, trust: outcome.trust, applicationProtocol: alpn)
+        return QUICStreamTransport(driver: driver, stream: channel.eventLoop.makeSucceededFuture(stream), peer: peer)
+    }
+
+    /// Resolves a host name into addresses ordered for racing: IPv6 and IPv4 alternating,
+    /// IPv6 first (RFC 8305 section 4).
+    static func resolve(_ endpoint: Endpoint) async throws -> [SocketAddress] {
+        let host = endpoint.host
+        let port = Int(endpoint.port)
+        if let literal = try? SocketAddress(ipAddress: host, port: port) { return [literal] }
+        let found: [SocketAddress] = try await NIOThreadPool.singleton.runIfActive {
+            var hints = addrinfo()
+            hints.ai_socktype = Int32(SOCK_DGRAM.rawValue)
+            var list: UnsafeMutablePointer<addrinfo>?
+            let status = getaddrinfo(host, String(port), &hints, &list)
+            guard status == 0, let list else {
+                throw QXferError(.connectFailed, "cannot resolve \(host): \(String(cString: gai_strerror(status)))")
+            }
+            defer { freeaddrinfo(list) }
+            var addresses: [SocketAddress] = []
+            var cursor: UnsafeMutablePointer<addrinfo>? = list
+            while let entry = cursor {
+                if let address = entry.pointee.ai_addr {
+                    switch entry.pointee.ai_family {
+                    case AF_INET:
+                        address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { addresses.append(SocketAddress($0.pointee, host: host)) }
+                    case AF_INET6:
+                        address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { addresses.append(SocketAddress($0.pointee, host: host)) }
+                    default: break
+                    }
+                }
+                cursor = entry.pointee.ai_next
+            }
+            return addresses
+        }
+        var v6 = found.filter { $0.protocol == .inet6 }.makeIterator()
+        var v4 = found.filter { $0.protocol == .inet }.makeIterator()
+        var ordered: [SocketAddress] = []
+        while true {
+            let a = v6.next(), b = v4.next()
+            if a == nil && b == nil { break }
+            if let a, !ordered.contains(a) { ordered.append(a) }
+            if let b, !ordered.contains(b) { ordered.append(b) }
+        }
+        guard !ordered.isEmpty else { throw QXferError(.connectFailed, "\(host) has no address") }
+        return ordered
+    }
+}

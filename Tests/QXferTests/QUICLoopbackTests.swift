@@ -1,0 +1,124 @@
+import Foundation
+import Testing
+@testable import QXfer
+
+/// The same connection API over QUIC on real loopback sockets.
+@Suite("QUIC over loopback")
+struct QUICLoopbackTests {
+    /// An echo listener: returns every byte it receives, until the client finishes.
+    func echoListener(_ quic: QUIC) -> NetworkListener<QUIC> {
+        NetworkListener(on: 0, host: "127.0.0.1") { quic }
+    }
+
+    static let echo: @Sendable (NetworkConnection<QUIC>) async throws -> Void = { connection in
+        while true {
+            let chunk: Data
+            do {
+                chunk = try await connection.receive(atLeast: 1, atMost: 1 << 20).content
+            } catch let error as QXferError where error.code == .endOfStream {
+                return
+            }
+            try await connection.send(chunk)
+        }
+    }
+
+    @Test("A pinned QUIC connection echoes 8 MiB intact and reports metrics")
+    func echoTransfer() async throws {
+        let listener = echoListener(QUIC().identity(Identities.server))
+        try await withListener(listener, handler: Self.echo) { port in
+            let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
+                QUIC().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
+            }
+            let payload = (0..<(8 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 2_654_435_761 >> 13) }
+            async let sent: Void = {
+                for offset in stride(from: 0, to: payload.count, by: 256 << 10) {
+                    try await connection.send(payload[offset..<min(offset + (256 << 10), payload.count)])
+                }
+            }()
+            let received = try await connection.receive(exactly: payload.count).content
+            try await sent
+            #expect(Array(received) == payload)
+            #expect(connection.peer?.trust == .pinned)
+            #expect(connection.peer?.applicationProtocol == "qxfer/1")
+            let metrics = await connection.metrics
+            #expect((metrics.smoothedRTT ?? .zero) > .zero)
+            #expect((metrics.bytesSent ?? 0) >= payload.count)
+            connection.cancel()
+        }
+    }
+
+    @Test("A QUIC server whose fingerprint differs from the pin is refused")
+    func wrongPin() async throws {
+        let listener = echoListener(QUIC().identity(Identities.server))
+        try await withListener(listener, handler: Self.echo) { port in
+            let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
+                QUIC().identity(Identities.client).peerFingerprint(Identities.stranger.fingerprint)
+            }
+            let error = await #expect(throws: QXferError.self) { try await connection.send(Data("x".utf8)) }
+            #expect(error?.code == .fingerprintMismatch)
+            #expect(error?.message.contains(Identities.server.fingerprint.description) == true)
+        }
+    }
+
+    @Test("QUIC mutual TLS admits the allowed client and refuses a stranger")
+    func mutualTLS() async throws {
+        let listener = echoListener(
+            QUIC().identity(Identities.server).clientAuthentication(.required(allowing: [Identities.client.fingerprint])))
+        try await withListener(listener, handler: Self.echo) { port in
+            let allowed = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
+                QUIC().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
+            }
+            try await allowed.send(Data("ping".utf8))
+            #expect(try await allowed.receive(exactly: 4).content == Data("ping".utf8))
+            allowed.cancel()
+
+            let stranger = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
+                QUIC().identity(Identities.stranger).peerFingerprint(Identities.server.fingerprint)
+            }
+            let error = await #expect(throws: QXferError.self) {
+                try await stranger.send(Data("ping".utf8))
+                _ = try await stranger.receive(exactly: 4)
+            }
+            #expect(error?.code == .untrustedPeer)
+        }
+    }
+
+    @Test("Trust on first use works the same on QUIC")
+    func trustOnFirstUse() async throws {
+        let directory = TemporaryDirectory()
+        let file = KnownHosts(path: directory.file("known_hosts"))
+        let listener = echoListener(QUIC().identity(Identities.server))
+        try await withListener(listener, handler: Self.echo) { port in
+            for expected in [TrustDecision.firstUse(recordedIn: file.path), .knownHost] {
+                let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
+                    QUIC().identity(Identities.client).peerTrust(.knownHosts(file))
+                }
+                try await connection.send(Data("hi".utf8))
+                _ = try await connection.receive(exactly: 2)
+                #expect(connection.peer?.trust == expected)
+                connection.cancel()
+            }
+            #expect(try file.lookup("127.0.0.1:\(port)")?.fingerprint == Identities.server.fingerprint)
+        }
+    }
+
+    @Test("Framers run unchanged on QUIC")
+    func coderOverQUIC() async throws {
+        enum Chat: Codable, Sendable, Equatable { case hello(String), bye }
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") {
+            Coder(Chat.self, using: .json) { QUIC().identity(Identities.server) }
+        }
+        try await withListener(listener, handler: { connection in
+            for try await message in connection.messages { try await connection.send(message) }
+        }) { port in
+            let chat = NetworkConnection(to: .hostPort(host: "localhost", port: port)) {
+                Coder(Chat.self, using: .json) { QUIC().identity(Identities.client).peerFingerprint(Identities.server.fingerprint) }
+            }
+            try await chat.send(.hello("ada"))
+            #expect(try await chat.receive() == .hello("ada"))
+            try await chat.send(.bye)
+            #expect(try await chat.receive() == .bye)
+            chat.cancel()
+        }
+    }
+}
