@@ -151,6 +151,12 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
         }
     }
 
+    /// The transport if the connection is ready, without starting it.
+    func currentTransport() -> (any ByteStreamTransport)? {
+        if case .ready(let transport) = machine.withLock({ $0.phase }) { return transport }
+        return nil
+    }
+
     /// The ready transport; the first caller establishes it, later callers wait for that.
     func transport() async throws -> any ByteStreamTransport {
         let next: StartStep = machine.withLock { machine in

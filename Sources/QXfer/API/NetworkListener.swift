@@ -141,12 +141,7 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
             await withDiscardingTaskGroup { group in
                 for await (driver, peer, remote) in accepted {
                     group.addTask {
-                        let stream = driver.eventLoop.flatSubmit {
-                            driver.value.acceptStream().flatMapThrowing { id -> QUICStreamID in
-                                guard let id else { throw driver.value.closeError ?? QXferError(.connectionClosed, "the peer closed the connection") }
-                                return id
-                            }
-                        }
+                        let stream = driver.eventLoop.flatSubmit { driver.value.primaryStream }
                         let transport = QUICStreamTransport(driver: driver, stream: stream, peer: peer)
                         await Self.serve(NetworkConnection(accepted: transport, parameters: parameters, remote: remote), handler: handler)
                     }
@@ -173,6 +168,7 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
             let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .serverChannelOption(.backlog, value: 256)
+                .childChannelOption(.allowRemoteHalfClosure, value: true)
             let initializer: @Sendable (any Channel) -> EventLoopFuture<TLSByteStream.Setup> = { channel in
                 channel.eventLoop.makeCompletedFuture {
                     SocketTuning.apply(settings, to: channel)

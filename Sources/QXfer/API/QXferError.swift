@@ -33,6 +33,8 @@ public struct QXferError: Error, Hashable, CustomStringConvertible, Sendable {
         public static let idleTimeout = Code("idle-timeout")
         /// The connection was cancelled by its owner.
         public static let cancelled = Code("cancelled")
+        /// The transport cannot do this (QUIC's streams and datagrams on TCP+TLS).
+        public static let unsupported = Code("unsupported")
         /// The call is not valid in the connection's current state.
         public static let invalidUse = Code("invalid-use")
         /// The host identity or a trust file (known hosts) cannot be used.

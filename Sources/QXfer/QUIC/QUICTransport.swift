@@ -4,18 +4,23 @@ import NIOCore
 import NIOPosix
 import QUICEngine
 
-/// A QUIC stream seen as a ``ByteStreamTransport``: the connection's byte stream on QUIC.
+/// A QUIC stream seen as a ``ByteStreamTransport``.
+///
+/// The connection's primary stream (the client's first bidirectional stream) closes the whole
+/// connection when closed; any other stream closing resets just itself.
 final class QUICStreamTransport: ByteStreamTransport {
     let peer: PeerIdentity
     private let driver: NIOLoopBound<QUICConnectionDriver>
     private let stream: EventLoopFuture<QUICStreamID>
     private let eventLoop: any EventLoop
+    private let isPrimary: Bool
 
-    init(driver: NIOLoopBound<QUICConnectionDriver>, stream: EventLoopFuture<QUICStreamID>, peer: PeerIdentity) {
+    init(driver: NIOLoopBound<QUICConnectionDriver>, stream: EventLoopFuture<QUICStreamID>, peer: PeerIdentity, isPrimary: Bool = true) {
         self.driver = driver
         self.stream = stream
         self.peer = peer
         self.eventLoop = driver.eventLoop
+        self.isPrimary = isPrimary
     }
 
     func write(_ buffer: ByteBuffer) async throws {
@@ -28,14 +33,69 @@ final class QUICStreamTransport: ByteStreamTransport {
         return try await stream.flatMap { driver.value.read($0) }.get()
     }
 
-    func close() {
+    func finish() async throws {
         let driver = self.driver
-        eventLoop.execute { driver.value.close() }
+        try await stream.flatMap { driver.value.finish($0) }.get()
+    }
+
+    func reset(errorCode: UInt64) {
+        let driver = self.driver
+        stream.whenSuccess { driver.value.reset($0, errorCode: errorCode) }
+    }
+
+    func close() {
+        if isPrimary {
+            let driver = self.driver
+            eventLoop.execute { driver.value.close() }
+        } else {
+            reset(errorCode: 0)
+        }
     }
 
     func metrics() async -> ConnectionMetrics {
         let driver = self.driver
         return (try? await eventLoop.submit { driver.value.metrics }.get()) ?? ConnectionMetrics()
+    }
+
+    var multiplexer: (any StreamMultiplexer)? { QUICMultiplexer(driver: driver, peer: peer) }
+}
+
+/// A QUIC connection's other streams and its datagrams.
+struct QUICMultiplexer: StreamMultiplexer {
+    let driver: NIOLoopBound<QUICConnectionDriver>
+    let peer: PeerIdentity
+
+    func openStream() async throws -> any ByteStreamTransport {
+        let driver = self.driver
+        while true {
+            let opened = try await driver.eventLoop.submit { try driver.value.openStream() }.get()
+            if let id = opened {
+                return QUICStreamTransport(
+                    driver: driver, stream: driver.eventLoop.makeSucceededFuture(id), peer: peer, isPrimary: false)
+            }
+            try await driver.eventLoop.flatSubmit { driver.value.streamsAvailable() }.get()
+        }
+    }
+
+    func acceptStream() async throws -> (any ByteStreamTransport)? {
+        let driver = self.driver
+        guard let id = try await driver.eventLoop.flatSubmit({ driver.value.acceptStream() }).get() else { return nil }
+        return QUICStreamTransport(driver: driver, stream: driver.eventLoop.makeSucceededFuture(id), peer: peer, isPrimary: false)
+    }
+
+    func sendDatagram(_ payload: ByteBuffer) async throws {
+        let driver = self.driver
+        try await driver.eventLoop.submit { try driver.value.sendDatagram(payload) }.get()
+    }
+
+    func receiveDatagram() async throws -> ByteBuffer? {
+        let driver = self.driver
+        return try await driver.eventLoop.flatSubmit { driver.value.receiveDatagram() }.get().map { ByteBuffer(bytes: $0) }
+    }
+
+    func maximumDatagramSize() async -> Int? {
+        let driver = self.driver
+        return (try? await driver.eventLoop.submit { driver.value.engine.maxDatagramPayloadSize }.get()) ?? nil
     }
 }
 

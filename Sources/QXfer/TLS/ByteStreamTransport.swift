@@ -13,8 +13,29 @@ protocol ByteStreamTransport: Sendable {
     /// Whatever has arrived since the last call (at least one byte), or nil once the peer has
     /// finished sending. A single reader at a time.
     func read() async throws -> [ByteBuffer]?
+    /// Ends the sending direction after what was written; the peer's reads then end.
+    func finish() async throws
+    /// Abandons the stream in both directions with an application error code.
+    func reset(errorCode: UInt64)
     /// Closes both directions; idempotent, never waits.
     func close()
+    /// More streams and datagrams on the same connection; nil where the transport has only
+    /// one ordered byte stream (TCP+TLS).
+    var multiplexer: (any StreamMultiplexer)? { get }
     /// Path measurements.
     func metrics() async -> ConnectionMetrics
+}
+
+/// A connection that carries many streams and unreliable datagrams (QUIC).
+protocol StreamMultiplexer: Sendable {
+    /// Opens a new bidirectional stream, waiting while the peer's stream limit is reached.
+    func openStream() async throws -> any ByteStreamTransport
+    /// The next stream the peer opened; nil once the connection is closed.
+    func acceptStream() async throws -> (any ByteStreamTransport)?
+    /// Sends one unreliable datagram; throws if it is larger than ``maximumDatagramSize()``.
+    func sendDatagram(_ payload: ByteBuffer) async throws
+    /// The next datagram received; nil once the connection is closed.
+    func receiveDatagram() async throws -> ByteBuffer?
+    /// The largest datagram payload the path and the peer accept now; nil if the peer takes none.
+    func maximumDatagramSize() async -> Int?
 }

@@ -33,9 +33,23 @@ final class TLSByteStream: ByteStreamTransport {
         }
     }
 
+    func finish() async throws {
+        do {
+            try await channel.close(mode: .output)  // TLS close_notify, then TCP FIN
+        } catch {
+            throw await explain(error)
+        }
+    }
+
+    func reset(errorCode: UInt64) {
+        channel.close(promise: nil)
+    }
+
     func close() {
         channel.close(promise: nil)
     }
+
+    var multiplexer: (any StreamMultiplexer)? { nil }
 
     func metrics() async -> ConnectionMetrics {
         await SocketTuning.metrics(of: channel)
@@ -70,6 +84,7 @@ extension TLSByteStream {
         do {
             setup = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .connectTimeout(TimeAmount(timeout))
+                .channelOption(.allowRemoteHalfClosure, value: true)
                 .connect(host: endpoint.host, port: Int(endpoint.port)) { channel in
                     channel.eventLoop.makeCompletedFuture {
                         SocketTuning.apply(settings, to: channel)

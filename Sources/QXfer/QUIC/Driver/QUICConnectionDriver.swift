@@ -21,6 +21,8 @@ final class QUICConnectionDriver {
     var flush: (() -> Void)?
 
     private(set) var handshake: EventLoopPromise<String>
+    /// On a server, completed when the client opens its first bidirectional stream.
+    private let primary: EventLoopPromise<QUICStreamID>
     private(set) var closeError: QXferError?
     private var timer: Scheduled<Void>?
     private var timerDeadline: QUICTime?
@@ -28,6 +30,11 @@ final class QUICConnectionDriver {
     private var incomingStreams = CircularBuffer<QUICStreamID>()
     private var incomingStreamWaiters = CircularBuffer<EventLoopPromise<QUICStreamID?>>()
     private var terminated = false
+    private var incomingDatagrams = CircularBuffer<[UInt8]>()
+    private var datagramWaiter: EventLoopPromise<[UInt8]?>?
+    private var streamsAvailableWaiters = CircularBuffer<EventLoopPromise<Void>>()
+    /// Received datagrams kept for a slow reader; older ones are dropped beyond this.
+    static let incomingDatagramLimit = 256
 
     struct StreamState {
         var readWaiter: EventLoopPromise<[ByteBuffer]?>?
@@ -42,7 +49,11 @@ final class QUICConnectionDriver {
         self.verifier = verifier
         self.acceptedProtocols = acceptedProtocols
         self.handshake = eventLoop.makePromise(of: String.self)
+        self.primary = eventLoop.makePromise(of: QUICStreamID.self)
     }
+
+    /// The connection's primary stream as the server sees it: stream 0, once the client uses it.
+    var primaryStream: EventLoopFuture<QUICStreamID> { primary.futureResult }
 
     static var now: QUICTime { QUICTime(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
 
@@ -76,7 +87,44 @@ final class QUICConnectionDriver {
         return id
     }
 
-    /// The next stream the peer opened; nil once the connection is closed.
+    /// Waits until the peer raises its stream limit (or the connection closes).
+    func streamsAvailable() -> EventLoopFuture<Void> {
+        if let closeError { return eventLoop.makeFailedFuture(closeError) }
+        let promise = eventLoop.makePromise(of: Void.self)
+        streamsAvailableWaiters.append(promise)
+        return promise.futureResult
+    }
+
+    /// Abandons a stream in both directions (RESET_STREAM and STOP_SENDING).
+    func reset(_ stream: QUICStreamID, errorCode: UInt64) {
+        try? engine.reset(stream: stream, errorCode: errorCode)
+        try? engine.stopSending(stream: stream, errorCode: errorCode)
+        failStream(stream, QXferError(.cancelled, "the stream was reset"))
+        process()
+    }
+
+    /// Queues one unreliable datagram.
+    func sendDatagram(_ payload: ByteBuffer) throws {
+        if let closeError { throw closeError }
+        do {
+            try engine.sendDatagram(Array(payload.readableBytesView))
+        } catch {
+            throw QXferError(.invalidUse, "cannot send a \(payload.readableBytes)-byte datagram: \(error)")
+        }
+        process()
+    }
+
+    /// The next received datagram; nil once the connection is closed.
+    func receiveDatagram() -> EventLoopFuture<[UInt8]?> {
+        if let datagram = incomingDatagrams.popFirst() { return eventLoop.makeSucceededFuture(datagram) }
+        if closeError != nil { return eventLoop.makeSucceededFuture(nil) }
+        precondition(datagramWaiter == nil, "one datagram reader at a time")
+        let promise = eventLoop.makePromise(of: [UInt8]?.self)
+        datagramWaiter = promise
+        return promise.futureResult
+    }
+
+    /// The next stream the peer opened, other than the primary one; nil once the connection is closed.
     func acceptStream() -> EventLoopFuture<QUICStreamID?> {
         if let id = incomingStreams.popFirst() { return eventLoop.makeSucceededFuture(id) }
         if closeError != nil { return eventLoop.makeSucceededFuture(nil) }
@@ -134,7 +182,9 @@ final class QUICConnectionDriver {
                 }
             case .streamOpened(let id):
                 streams[id, default: StreamState()] = streams[id] ?? StreamState()
-                if let waiter = incomingStreamWaiters.popFirst() {
+                if id.rawValue == 0 {
+                    primary.succeed(id)  // the client's first bidirectional stream: the connection's own
+                } else if let waiter = incomingStreamWaiters.popFirst() {
                     waiter.succeed(id)
                 } else {
                     incomingStreams.append(id)
@@ -158,7 +208,17 @@ final class QUICConnectionDriver {
                 route?(id, false)
             case .connectionClosed(let reason):
                 closed(with: QUICErrors.describe(reason, verifier: verifier))
-            case .datagramReceived, .pathChanged, .pathValidated, .streamsAvailable:
+            case .datagramReceived(let payload):
+                if let waiter = datagramWaiter {
+                    datagramWaiter = nil
+                    waiter.succeed(payload)
+                } else {
+                    if incomingDatagrams.count >= Self.incomingDatagramLimit { incomingDatagrams.removeFirst() }
+                    incomingDatagrams.append(payload)
+                }
+            case .streamsAvailable:
+                while let waiter = streamsAvailableWaiters.popFirst() { waiter.succeed(()) }
+            case .pathChanged, .pathValidated:
                 break
             }
         }
@@ -234,8 +294,14 @@ final class QUICConnectionDriver {
         guard closeError == nil else { return }
         closeError = error
         handshake.fail(error)
+        primary.fail(error)
         for id in Array(streams.keys) { failStream(id, error) }
         while let waiter = incomingStreamWaiters.popFirst() { waiter.succeed(nil) }
+        while let waiter = streamsAvailableWaiters.popFirst() { waiter.fail(error) }
+        if let waiter = datagramWaiter {
+            datagramWaiter = nil
+            waiter.succeed(nil)
+        }
     }
 
     // MARK: Output and timers

@@ -1,0 +1,70 @@
+import Foundation
+import NIOCore
+import NIOFoundationCompat
+
+/// More streams and unreliable datagrams on one connection: QUIC's extras.
+///
+/// Each extra stream is itself a `NetworkConnection` of the same stack, so framers work on it
+/// unchanged (`Coder` on the connection means `Coder` on each stream). On TCP+TLS, which has
+/// a single ordered byte stream, these calls throw ``QXferError/Code/unsupported``; `finish()`
+/// works on both (on TLS it sends close_notify and half-closes the TCP connection).
+extension NetworkConnection {
+    /// Opens a new bidirectional stream, waiting while the peer's stream limit is reached.
+    public func openStream() async throws -> NetworkConnection<Stack> {
+        let multiplexer = try await requireMultiplexer("streams")
+        return NetworkConnection(accepted: try await multiplexer.openStream(), parameters: parameters, remote: endpoint)
+    }
+
+    /// The streams the peer opens, in order; ends when the connection closes.
+    public var incomingStreams: AsyncThrowingStream<NetworkConnection<Stack>, any Error> {
+        AsyncThrowingStream {
+            let multiplexer = try await self.requireMultiplexer("streams")
+            guard let stream = try await multiplexer.acceptStream() else { return nil }
+            return NetworkConnection(accepted: stream, parameters: self.parameters, remote: self.endpoint)
+        }
+    }
+
+    /// Ends the sending direction: the peer receives what was sent, then the end of the stream.
+    /// Receiving continues to work.
+    public func finish() async throws {
+        let transport = try await transport()
+        try await transport.finish()
+    }
+
+    /// Abandons this stream in both directions with an application error code. On the
+    /// connection's own stream, or on TLS, this closes the connection.
+    public func reset(errorCode: UInt64 = 0) {
+        if let transport = currentTransport() { transport.reset(errorCode: errorCode) }
+        cancel()
+    }
+
+    /// Sends one unreliable datagram (QUIC, RFC 9221): delivered at most once, possibly not at
+    /// all, never retransmitted. Throws if larger than ``maximumDatagramSize``.
+    public func sendDatagram(_ content: some DataProtocol) async throws {
+        let multiplexer = try await requireMultiplexer("datagrams")
+        try await multiplexer.sendDatagram(ByteBuffer(bytes: content))
+    }
+
+    /// The datagrams received, as they arrive; ends when the connection closes. A reader that
+    /// falls behind loses the oldest ones, as the network would.
+    public var datagrams: AsyncThrowingStream<Data, any Error> {
+        AsyncThrowingStream {
+            let multiplexer = try await self.requireMultiplexer("datagrams")
+            return try await multiplexer.receiveDatagram().map { Data(buffer: $0) }
+        }
+    }
+
+    /// The largest datagram payload the peer and the path accept now; nil if none.
+    public var maximumDatagramSize: Int? {
+        get async throws {
+            try await requireMultiplexer("datagrams").maximumDatagramSize()
+        }
+    }
+
+    private func requireMultiplexer(_ what: String) async throws -> any StreamMultiplexer {
+        guard let multiplexer = try await transport().multiplexer else {
+            throw QXferError(.unsupported, "\(what) need QUIC: the TLS stack carries one ordered byte stream")
+        }
+        return multiplexer
+    }
+}
