@@ -102,6 +102,204 @@ final class ScriptedStream: ByteStreamTransport, @unchecked Sendable {
         return [ByteBuffer(bytes: chunks.removeFirst())]
     }
 
+    func finish() async throws {}
+    func reset(errorCode: UInt64) {}
     func close() {}
     func metrics() async -> ConnectionMetrics { ConnectionMetrics() }
+    var multiplexer: (any StreamMultiplexer)? { nil }
+}
+
+// MARK: - Helpers for the loopback and interop tests
+
+/// Values a listener's handlers record for the test body to inspect (thread-safe).
+final class Recorder<Value: Sendable>: @unchecked Sendable {
+    // `values` is only touched under `lock`.
+    private let lock = NSLock()
+    private var values: [Value] = []
+    func append(_ value: Value) { lock.withLock { values.append(value) } }
+    var all: [Value] { lock.withLock { values } }
+    var count: Int { lock.withLock { values.count } }
+}
+
+/// A test failure raised when an operation did not finish in time (a hang, not a slowness check).
+struct HangError: Error, CustomStringConvertible {
+    let what: String
+    var description: String { "\(what) did not finish in time (hang)" }
+}
+
+/// Runs `operation` in its own task and gives up (cancelling it) after `limit`, so a hang fails
+/// the test instead of stalling the suite. Never waits for an operation that ignores cancellation.
+func within<T: Sendable>(
+    _ limit: Duration, _ what: String = "the operation", _ operation: @escaping @Sendable () async throws -> T
+) async throws -> T {
+    let task = Task { try await operation() }
+    let outcome = Recorder<Result<T, any Error>>()
+    let finished = AsyncStream<Void>.makeStream()
+    Task {
+        let result = await task.result
+        outcome.append(result)
+        finished.continuation.finish()
+    }
+    let timer = Task {
+        try? await Task.sleep(for: limit)
+        finished.continuation.finish()
+    }
+    for await _ in finished.stream {}
+    timer.cancel()
+    if let result = outcome.all.first { return try result.get() }
+    task.cancel()
+    throw HangError(what: what)
+}
+
+/// Collects every state a connection goes through, from before it starts until a final state.
+func collectStates<Stack>(_ connection: NetworkConnection<Stack>) -> Task<[ConnectionState], Never> {
+    let states = connection.states  // subscribed now, so nothing is missed
+    return Task {
+        var seen: [ConnectionState] = []
+        for await state in states { seen.append(state) }
+        return seen
+    }
+}
+
+extension ConnectionState {
+    /// The error of a `waiting` or `failed` state.
+    var error: QXferError? {
+        switch self {
+        case .waiting(let error), .failed(let error): error
+        default: nil
+        }
+    }
+    var isPreparing: Bool { if case .preparing = self { true } else { false } }
+    var isReady: Bool { if case .ready = self { true } else { false } }
+    var isWaiting: Bool { if case .waiting = self { true } else { false } }
+    var isFailed: Bool { if case .failed = self { true } else { false } }
+    var isCancelled: Bool { if case .cancelled = self { true } else { false } }
+}
+
+/// The error `body` throws, as a QXferError (nil if it did not throw; a non-QXferError is
+/// reported as code "foreign").
+func qxferError(_ body: () async throws -> Void) async -> QXferError? {
+    do {
+        try await body()
+        return nil
+    } catch let error as QXferError {
+        return error
+    } catch {
+        return QXferError(.init("foreign"), "\(type(of: error)): \(error)")
+    }
+}
+
+/// A TCP port on 127.0.0.1 that refuses connections: bound but not listening, held until closed.
+final class ClosedPort: Sendable {
+    let fd: Int32
+    let port: UInt16
+    init() throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer -> Bool in
+                bind(fd, pointer, length) == 0 && getsockname(fd, pointer, &length) == 0
+            }
+        }
+        guard fd >= 0, bound else {
+            if fd >= 0 { close(fd) }
+            throw HangError(what: "binding a closed port")
+        }
+        self.fd = fd
+        port = UInt16(bigEndian: address.sin_port)
+    }
+    deinit { close(fd) }
+}
+
+/// An external program run to completion with a time limit; killed if it overruns.
+struct Subprocess {
+    var status: Int32
+    var stdout: String
+    var stderr: String
+    var timedOut: Bool
+
+    /// The full path of `tool` on PATH, or nil.
+    static func which(_ tool: String) -> String? {
+        for directory in (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin").split(separator: ":") {
+            let path = "\(directory)/\(tool)"
+            if FileManager.default.isExecutableFile(atPath: path) { return path }
+        }
+        return nil
+    }
+
+    static func run(
+        _ executable: String, _ arguments: [String], stdin: Data? = nil, environment: [String: String]? = nil,
+        timeout: Duration = .seconds(20)
+    ) async throws -> Subprocess {
+        let scratch = TemporaryDirectory()
+        FileManager.default.createFile(atPath: scratch.file("out"), contents: nil)
+        FileManager.default.createFile(atPath: scratch.file("err"), contents: nil)
+        FileManager.default.createFile(atPath: scratch.file("in"), contents: stdin ?? Data())
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        if let environment { process.environment = environment }
+        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: scratch.file("out")))
+        let errors = try FileHandle(forWritingTo: URL(fileURLWithPath: scratch.file("err")))
+        let input = try FileHandle(forReadingFrom: URL(fileURLWithPath: scratch.file("in")))
+        defer { try? output.close(); try? errors.close(); try? input.close() }
+        process.standardOutput = output
+        process.standardError = errors
+        process.standardInput = input
+        let exited = AsyncStream<Void>.makeStream()
+        process.terminationHandler = { _ in exited.continuation.finish() }
+        try process.run()
+        let timer = Task {
+            try? await Task.sleep(for: timeout)
+            exited.continuation.finish()
+        }
+        for await _ in exited.stream {}
+        timer.cancel()
+        var timedOut = false
+        if process.isRunning {
+            timedOut = true
+            process.terminate()
+            try? await Task.sleep(for: .milliseconds(200))
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            process.waitUntilExit()
+        }
+        process.waitUntilExit()
+        return Subprocess(
+            status: process.terminationStatus,
+            stdout: (try? String(contentsOfFile: scratch.file("out"), encoding: .utf8)) ?? "",
+            stderr: (try? String(contentsOfFile: scratch.file("err"), encoding: .utf8)) ?? "",
+            timedOut: timedOut)
+    }
+}
+
+/// Like `openSockets(port:)`, but reads the whole of /proc/net/tcp{,6}.
+///
+/// `String(contentsOfFile:)` trusts the size procfs reports (0) and returns only the first page
+/// (about 27 sockets), so `openSockets(port:)` misses sockets once the machine has a few dozen.
+func socketCount(port: UInt16) -> Int {
+    var inodes = Set<Substring>()
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        guard let handle = FileHandle(forReadingAtPath: table),
+              let data = try? handle.readToEnd() else { continue }
+        try? handle.close()
+        for line in String(decoding: data, as: UTF8.self).split(separator: "\n").dropFirst() {
+            let fields = line.split(separator: " ")
+            guard fields.count > 9 else { continue }
+            let local = fields[1].split(separator: ":").last.flatMap { UInt16($0, radix: 16) }
+            let remote = fields[2].split(separator: ":").last.flatMap { UInt16($0, radix: 16) }
+            if (local == port || remote == port) && fields[9] != "0" { inodes.insert(fields[9]) }
+        }
+    }
+    guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return -1 }
+    var count = 0
+    for entry in entries {
+        guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/" + entry),
+              target.hasPrefix("socket:[") else { continue }
+        if inodes.contains(target.dropFirst("socket:[".count).dropLast()) { count += 1 }
+    }
+    return count
 }

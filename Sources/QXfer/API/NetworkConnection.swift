@@ -59,14 +59,13 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
     public var states: AsyncStream<ConnectionState> {
         let (stream, continuation) = AsyncStream.makeStream(of: ConnectionState.self, bufferingPolicy: .unbounded)
         let id = UUID()
-        machine.withLock { machine in
+        let alreadyFinal = machine.withLock { machine in
             if let state = machine.state { continuation.yield(state) }
-            if machine.state?.isFinal == true {
-                continuation.finish()
-            } else {
-                machine.observers[id] = continuation
-            }
+            if machine.state?.isFinal == true { return true }
+            machine.observers[id] = continuation
+            return false
         }
+        if alreadyFinal { continuation.finish() }
         continuation.onTermination = { [weak self] _ in
             _ = self?.machine.withLock { $0.observers.removeValue(forKey: id) }
         }
@@ -141,13 +140,15 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
         var state: ConnectionState?
         var observers: [UUID: AsyncStream<ConnectionState>.Continuation] = [:]
 
-        mutating func enter(_ newState: ConnectionState) {
+        /// Records and announces a state. Returns the observers to finish, which the caller
+        /// must do after releasing the lock: finishing runs their termination handlers, which
+        /// take the lock again.
+        mutating func enter(_ newState: ConnectionState) -> [AsyncStream<ConnectionState>.Continuation] {
             state = newState
-            for observer in observers.values {
-                observer.yield(newState)
-                if newState.isFinal { observer.finish() }
-            }
-            if newState.isFinal { observers.removeAll() }
+            for observer in observers.values { observer.yield(newState) }
+            guard newState.isFinal else { return [] }
+            defer { observers.removeAll() }
+            return Array(observers.values)
         }
     }
 
@@ -193,7 +194,7 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
                 let waiters: [CheckedContinuation<any ByteStreamTransport, any Error>]? = machine.withLock { machine in
                     guard case .starting(let waiters) = machine.phase else { return nil }
                     machine.phase = .ready(transport)
-                    machine.enter(.ready)
+                    _ = machine.enter(.ready)
                     return waiters
                 }
                 guard let waiters else {
@@ -220,7 +221,7 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
         let deadline = clock.now + parameters.connectTimeout
         var backoff = Duration.milliseconds(250)
         while true {
-            machine.withLock { $0.enter(.preparing) }
+            _ = machine.withLock { $0.enter(.preparing) }
             try Task.checkCancellation()
             do {
                 switch parameters.stack.transport.kind {
@@ -234,7 +235,7 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
             } catch let error as QXferError where error.code == .connectFailed {
                 let remaining = deadline - clock.now
                 guard remaining > .zero else { throw error }
-                machine.withLock { $0.enter(.waiting(error)) }
+                _ = machine.withLock { $0.enter(.waiting(error)) }
                 try await Task.sleep(for: min(backoff, remaining))
                 backoff = min(backoff * 2, .seconds(2))
                 if clock.now >= deadline { throw error }
@@ -245,18 +246,21 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
     /// Moves to a final state, closing the transport and failing anyone waiting to start.
     private func finish(_ final: ConnectionState, error: QXferError? = nil) {
         let reason = error ?? QXferError(.cancelled, "the connection was cancelled")
-        let (transport, waiters): ((any ByteStreamTransport)?, [CheckedContinuation<any ByteStreamTransport, any Error>]) =
-            machine.withLock { machine in
-                let previous = machine.phase
-                if case .finished = previous { return (nil, []) }
-                machine.phase = .finished(reason)
-                machine.enter(final)
-                switch previous {
-                case .ready(let transport): return (transport, [])
-                case .starting(let waiters): return (nil, waiters)
-                default: return (nil, [])
-                }
+        let (transport, waiters, observers): (
+            (any ByteStreamTransport)?, [CheckedContinuation<any ByteStreamTransport, any Error>],
+            [AsyncStream<ConnectionState>.Continuation]
+        ) = machine.withLock { machine in
+            let previous = machine.phase
+            if case .finished = previous { return (nil, [], []) }
+            machine.phase = .finished(reason)
+            let observers = machine.enter(final)
+            switch previous {
+            case .ready(let transport): return (transport, [], observers)
+            case .starting(let waiters): return (nil, waiters, observers)
+            default: return (nil, [], observers)
             }
+        }
+        for observer in observers { observer.finish() }
         transport?.close()
         for waiter in waiters { waiter.resume(throwing: reason) }
     }

@@ -1,0 +1,234 @@
+import Foundation
+import NIOCore
+import Testing
+@testable import QXfer
+
+/// QUIC's extras through the public API: many streams, datagrams, bounded memory, closing.
+@Suite("QUIC streams and datagrams")
+struct QUICStreamTests {
+    func client(_ port: UInt16, _ parameters: (NetworkParameters<QUIC>) -> NetworkParameters<QUIC> = { $0 }) -> NetworkConnection<QUIC> {
+        NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port), using: parameters(.parameters {
+            QUIC().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
+        }))
+    }
+
+    @Test("100 streams in parallel each echo their own bytes back")
+    func parallelStreams() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        try await withListener(listener, handler: { connection in
+            try await withThrowingDiscardingTaskGroup { group in
+                for try await stream in connection.incomingStreams {
+                    group.addTask {
+                        var received = Data()
+                        while true {
+                            do { received += try await stream.receive(atLeast: 1, atMost: 65536).content }
+                            catch let error as QXferError where error.code == .endOfStream { break }
+                        }
+                        try await stream.send(received)
+                        try await stream.finish()
+                    }
+                }
+            }
+        }) { port in
+            let connection = client(port)
+            try await connection.start()
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<100 {
+                    group.addTask {
+                        let stream = try await connection.openStream()
+                        let payload = Data((0..<(4096 + index * 37)).map { UInt8(truncatingIfNeeded: $0 ^ index) })
+                        try await stream.send(payload)
+                        try await stream.finish()
+                        let echoed = try await stream.receive(exactly: payload.count).content
+                        #expect(echoed == payload, "stream \(index)")
+                        let end = await #expect(throws: QXferError.self) { _ = try await stream.receive(atLeast: 1, atMost: 1) }
+                        #expect(end?.code == .endOfStream)
+                    }
+                }
+                try await group.waitForAll()
+            }
+            connection.cancel()
+        }
+    }
+
+    @Test("Datagrams arrive unreliably but intact, and oversize ones are refused")
+    func datagrams() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        try await withListener(listener, handler: { connection in
+            for try await datagram in connection.datagrams {
+                try await connection.sendDatagram(datagram)
+            }
+        }) { port in
+            let connection = client(port)
+            try await connection.start()
+            let maximum = try #require(try await connection.maximumDatagramSize)
+            #expect(maximum > 1000 && maximum < 1500)
+            await #expect(throws: QXferError.self) { try await connection.sendDatagram(Data(count: maximum + 1)) }
+            var echoed = Set<Data>()
+            var iterator = connection.datagrams.makeAsyncIterator()
+            for index in 0..<50 {
+                let payload = Data("datagram \(index)".utf8) + Data(count: index * 10)
+                try await connection.sendDatagram(payload)
+                if let back = try await iterator.next() { echoed.insert(back) }
+            }
+            // Loopback loses nothing in practice; what came back must be exactly what was sent.
+            #expect(echoed.count >= 45)
+            for datagram in echoed { #expect(datagram.starts(with: Data("datagram ".utf8))) }
+            connection.cancel()
+        }
+    }
+
+    @Test("A reader that does not read stalls the sender: memory stays bounded")
+    func slowReaderBoundsMemory() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        let gate = Gate()
+        try await withListener(listener, handler: { connection in
+            _ = try await connection.receive(exactly: 1)
+            await gate.wait()  // read nothing more until the test says so
+            var total = 1
+            while true {
+                do { total += try await connection.receive(atLeast: 1, atMost: 1 << 20).content.count }
+                catch let error as QXferError where error.code == .endOfStream { break }
+            }
+            try await connection.send(Data(String(total).utf8))
+        }) { port in
+            let connection = client(port)
+            let sent = Counter()
+            let chunk = Data(count: 1 << 20)
+            let sender = Task {
+                try await connection.send(Data([1]))
+                for _ in 0..<64 {
+                    try await connection.send(chunk)
+                    sent.add(chunk.count)
+                }
+                try await connection.finish()
+            }
+            try await Task.sleep(for: .seconds(2))
+            let stalledAt = sent.value
+            // Flow control (stream window 6 MiB at most) plus the engine's 1 MiB send buffer
+            // bound what can be in flight while the reader sleeps.
+            #expect(stalledAt <= 10 << 20, "sent \(stalledAt) bytes into a reader that reads nothing")
+            await gate.open()
+            try await sender.value
+            let reply = try await connection.receive(atLeast: 1, atMost: 32).content
+            #expect(String(decoding: reply, as: UTF8.self) == String(1 + 64 << 20))
+            connection.cancel()
+        }
+    }
+
+    @Test("An idle QUIC connection times out with a clear error")
+    func idleTimeout() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        try await withListener(listener, handler: { connection in
+            _ = try? await connection.receive(atLeast: 1, atMost: 10)
+            try? await Task.sleep(for: .seconds(30))
+        }) { port in
+            let connection = client(port) { $0.idleTimeout(.milliseconds(600)) }
+            try await connection.send(Data("x".utf8))
+            let clock = ContinuousClock()
+            let started = clock.now
+            let error = await #expect(throws: QXferError.self) { _ = try await connection.receive(atLeast: 1, atMost: 1) }
+            #expect(error?.code == .idleTimeout)
+            #expect(clock.now - started < .seconds(5))
+        }
+    }
+
+    @Test("A peer that vanishes ends the connection with an idle-timeout error, not a hang")
+    func vanishedPeer() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        try await withListener(listener, handler: { connection in
+            while true { try await connection.send(try await connection.receive(atLeast: 1, atMost: 100).content) }
+        }) { port in
+            let relay = try await UDPRelay.start(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)))
+            let connection = client(relay.port) { $0.idleTimeout(.seconds(1)) }
+            try await connection.send(Data("x".utf8))
+            _ = try await connection.receive(exactly: 1)
+            relay.blackhole()
+            let clock = ContinuousClock()
+            let started = clock.now
+            let error = await #expect(throws: QXferError.self) { _ = try await connection.receive(atLeast: 1, atMost: 1) }
+            #expect(error?.code == .idleTimeout)
+            #expect(clock.now - started < .seconds(5))
+            await relay.stop()
+        }
+    }
+
+    @Test("A transfer survives the client's address changing mid-way (NAT rebinding)")
+    func natRebinding() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        try await withListener(listener, handler: { connection in
+            var total = 0
+            while true {
+                do { total += try await connection.receive(atLeast: 1, atMost: 1 << 20).content.count }
+                catch let error as QXferError where error.code == .endOfStream { break }
+            }
+            try await connection.send(Data(String(total).utf8))
+        }) { port in
+            let relay = try await UDPRelay.start(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)))
+            let connection = client(relay.port)
+            let states = Task { var seen: [String] = []; for await state in connection.states { seen.append("\(state)") }; return seen }
+            let chunk = Data(count: 256 << 10)
+            for index in 0..<64 {
+                try await connection.send(chunk)
+                if index == 16 || index == 40 { try await relay.rebind() }  // the server now sees a new source port
+            }
+            try await connection.finish()
+            let reply = try await connection.receive(atLeast: 1, atMost: 32).content
+            #expect(String(decoding: reply, as: UTF8.self) == String(64 * chunk.count))
+            connection.cancel()
+            let seen = await states.value
+            #expect(!seen.contains { $0.hasPrefix("failed") }, "states: \(seen)")
+            await relay.stop()
+        }
+    }
+
+    @Test("On TLS, streams and datagrams are refused clearly and finish() half-closes")
+    func tlsDegrades() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { TLS().identity(Identities.server) }
+        try await withListener(listener, handler: { connection in
+            var received = Data()
+            while true {
+                do { received += try await connection.receive(atLeast: 1, atMost: 65536).content }
+                catch let error as QXferError where error.code == .endOfStream { break }
+            }
+            try await connection.send(Data("got \(received.count)".utf8))  // after the client's FIN
+        }) { port in
+            let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
+                TLS().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
+            }
+            let streamError = await #expect(throws: QXferError.self) { _ = try await connection.openStream() }
+            #expect(streamError?.code == .unsupported)
+            let datagramError = await #expect(throws: QXferError.self) { try await connection.sendDatagram(Data([1])) }
+            #expect(datagramError?.code == .unsupported)
+            try await connection.send(Data(count: 1000))
+            try await connection.finish()
+            let reply = try await connection.receive(atLeast: 1, atMost: 100).content
+            #expect(String(decoding: reply, as: UTF8.self) == "got 1000")
+            connection.cancel()
+        }
+    }
+}
+
+/// Opens once; waiters resume then.
+actor Gate {
+    private var isOpen = false
+    private var waiters: [CheckedContinuation<Void, Never>] = []
+    func wait() async {
+        if isOpen { return }
+        await withCheckedContinuation { waiters.append($0) }
+    }
+    func open() {
+        isOpen = true
+        for waiter in waiters { waiter.resume() }
+        waiters.removeAll()
+    }
+}
+
+/// A thread-safe byte counter.
+final class Counter: Sendable {
+    private let total = Mutex(0)
+    func add(_ count: Int) { total.withLock { $0 += count } }
+    var value: Int { total.withLock { $0 } }
+}
+
+import Synchronization

@@ -1,0 +1,93 @@
+import NIOCore
+import NIOPosix
+import Synchronization
+
+/// A UDP middlebox for tests: forwards datagrams between one client and a server, and can
+/// change its outward port mid-flow (a NAT rebinding) or drop everything (a vanished peer).
+final class UDPRelay: Sendable {
+    private let inside: any Channel
+    private let state: Mutex<State>
+    let server: SocketAddress
+
+    private struct State {
+        var outside: (any Channel)?
+        var client: SocketAddress?
+        var blackhole = false
+        var rebinds = 0
+    }
+
+    /// The port clients send to.
+    var port: UInt16 { UInt16(inside.localAddress!.port!) }
+
+    static func start(to server: SocketAddress) async throws -> UDPRelay {
+        let box = Mutex<UDPRelay?>(nil)
+        let inside = try await DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(Forwarder { envelope in
+                        box.withLock { $0 }?.fromClient(envelope)
+                    })
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        let relay = UDPRelay(inside: inside, server: server)
+        box.withLock { $0 = relay }
+        try await relay.rebind()
+        return relay
+    }
+
+    private init(inside: any Channel, server: SocketAddress) {
+        self.inside = inside
+        self.server = server
+        self.state = Mutex(State())
+    }
+
+    /// Moves the server-facing side to a new socket (new source port), as a NAT would.
+    func rebind() async throws {
+        let outside = try await DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(Forwarder { [weak self] envelope in
+                        self?.fromServer(envelope)
+                    })
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        let old = state.withLock { state -> (any Channel)? in
+            let old = state.outside
+            state.outside = outside
+            state.rebinds += 1
+            return old
+        }
+        try? await old?.close()
+    }
+
+    /// Drops every datagram from now on, both ways.
+    func blackhole() { state.withLock { $0.blackhole = true } }
+
+    func stop() async {
+        let outside = state.withLock { $0.outside }
+        try? await inside.close()
+        try? await outside?.close()
+    }
+
+    private func fromClient(_ envelope: AddressedEnvelope<ByteBuffer>) {
+        let outside: (any Channel)? = state.withLock { state in
+            state.client = envelope.remoteAddress
+            return state.blackhole ? nil : state.outside
+        }
+        outside?.writeAndFlush(AddressedEnvelope(remoteAddress: server, data: envelope.data), promise: nil)
+    }
+
+    private func fromServer(_ envelope: AddressedEnvelope<ByteBuffer>) {
+        guard let client = state.withLock({ $0.blackhole ? nil : $0.client }) else { return }
+        inside.writeAndFlush(AddressedEnvelope(remoteAddress: client, data: envelope.data), promise: nil)
+    }
+
+    private final class Forwarder: ChannelInboundHandler, Sendable {
+        typealias InboundIn = AddressedEnvelope<ByteBuffer>
+        let forward: @Sendable (AddressedEnvelope<ByteBuffer>) -> Void
+        init(_ forward: @escaping @Sendable (AddressedEnvelope<ByteBuffer>) -> Void) { self.forward = forward }
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) { forward(unwrapInboundIn(data)) }
+    }
+}
