@@ -47,6 +47,12 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
 
+        // XXH3-128 from Debian's libxxhash, for end-to-end file checks.
+        .target(
+            name: "CXXHash",
+            linkerSettings: [.linkedLibrary("xxhash")]
+        ),
+
         // The public connection API, the TCP+TLS stack and the host identity.
         .target(
             name: "QXfer",
@@ -63,6 +69,13 @@ let package = Package(
                 .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "Logging", package: "swift-log"),
             ],
+            swiftSettings: strictSwift6
+        ),
+
+        // File transfer (qxfer/1 send/recv), written only against the public API.
+        .target(
+            name: "QXferTransfer",
+            dependencies: ["QXfer", "CXXHash", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strictSwift6
         ),
 
@@ -98,6 +111,14 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
 
+        // bench/: qxfer-bench, bulk throughput of one connection (sink and source processes).
+        .executableTarget(
+            name: "qxfer-bench",
+            dependencies: ["QXfer"],
+            path: "bench/Throughput",
+            swiftSettings: strictSwift6
+        ),
+
         .testTarget(
             name: "QXferTests",
             dependencies: [
@@ -106,6 +127,11 @@ let package = Package(
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "QXferTransferTests",
+            dependencies: ["QXferTransfer", "QXfer"],
             swiftSettings: strictSwift6
         ),
         .testTarget(

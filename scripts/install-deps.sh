@@ -7,7 +7,7 @@ packages=(
   libxxhash-dev                                              # end-to-end checksums
   pkg-config
   gnutls-bin openssl                                         # interop peers in the tests
-  iproute2                                                   # network namespaces in the tests
+  iproute2 iputils-ping iperf3 jq bc                         # namespaces and the link emulator's self-test
 )
 if [ "$#" -gt 0 ]; then packages+=("$@"); fi
 

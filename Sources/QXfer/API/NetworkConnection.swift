@@ -207,7 +207,7 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
                 let error = (error as? QXferError)
                     ?? (error is CancellationError
                         ? QXferError(.cancelled, "the connection was cancelled")
-                        : TLSErrors.describe(error, during: "the connection"))
+                        : ChannelErrors.describe(error, during: "the connection"))
                 finish(error.code == .cancelled ? .cancelled : .failed(error), error: error)
                 throw error
             }
@@ -271,7 +271,7 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
             cancel()
             return QXferError(.cancelled, "the connection was cancelled")
         }
-        let described = TLSErrors.describe(error, during: "the connection")
+        let described = ChannelErrors.describe(error, during: "the connection")
         finish(.failed(described), error: described)
         return machine.withLock { machine in
             if case .finished(let reason) = machine.phase { return reason }

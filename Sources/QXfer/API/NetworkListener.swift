@@ -129,7 +129,7 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
             }
         } catch {
             let failure = (error as? QXferError)
-                ?? QXferError(.bindFailed, "cannot listen on UDP port \(requestedPort): \(TLSErrors.reason(error))", underlying: error)
+                ?? QXferError(.bindFailed, "cannot listen on UDP port \(requestedPort): \(ChannelErrors.reason(error))", underlying: error)
             resolvePort(.failure(failure))
             throw failure
         }
@@ -191,7 +191,7 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
             }
         } catch {
             let failure = (error as? QXferError)
-                ?? QXferError(.bindFailed, "cannot listen on port \(requestedPort): \(TLSErrors.reason(error))", underlying: error)
+                ?? QXferError(.bindFailed, "cannot listen on port \(requestedPort): \(ChannelErrors.reason(error))", underlying: error)
             resolvePort(.failure(failure))
             throw failure
         }

@@ -237,7 +237,7 @@ enum QUICTransport {
                 }
                 .bind(host: remote.protocol == .inet6 ? "::" : "0.0.0.0", port: 0).get()
         } catch {
-            throw QXferError(.connectFailed, "cannot open a UDP socket: \(TLSErrors.reason(error))", underlying: error)
+            throw QXferError(.connectFailed, "cannot open a UDP socket: \(ChannelErrors.reason(error))", underlying: error)
         }
         let setup = channel.eventLoop.submit { () throws -> (NIOLoopBound<QUICConnectionDriver>, EventLoopFuture<String>) in
             let handler = try channel.pipeline.syncOperations.handler(type: QUICSocketHandler.self)

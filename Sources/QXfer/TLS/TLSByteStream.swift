@@ -61,7 +61,7 @@ final class TLSByteStream: ByteStreamTransport {
         let bridge = self.bridge
         let reason = try? await channel.eventLoop.submit { bridge.value.closeReason }.get()
         if let reason { return reason }
-        return TLSErrors.describe(error, during: "the connection")
+        return ChannelErrors.describe(error, during: "the connection")
     }
 }
 
@@ -94,7 +94,7 @@ extension TLSByteStream {
                     }
                 }
         } catch {
-            throw QXferError(.connectFailed, "cannot connect to \(endpoint): \(TLSErrors.reason(error))", underlying: error)
+            throw QXferError(.connectFailed, "cannot connect to \(endpoint): \(ChannelErrors.reason(error))", underlying: error)
         }
         let stream = try await setup.finishHandshake(verifier: verifier, peerName: endpoint.description, timeout: timeout)
         // Record a first contact only now that the handshake, ALPN included, has succeeded.
@@ -145,7 +145,7 @@ extension TLSByteStream {
                 channel.close(promise: nil)
                 if let failure = verifier.result.failure { throw failure }
                 if let error = error as? QXferError { throw error }
-                throw TLSErrors.describe(error, during: "the TLS handshake with \(peerName)")
+                throw ChannelErrors.describe(error, during: "the TLS handshake with \(peerName)")
             }
             let outcome = verifier.result
             let peer = PeerIdentity(fingerprint: outcome.fingerprint, trust: outcome.trust, applicationProtocol: alpn)
@@ -235,7 +235,7 @@ final class HandshakeObserver: ChannelInboundHandler, RemovableChannelHandler {
 }
 
 /// One-line descriptions of NIO and TLS errors.
-enum TLSErrors {
+enum ChannelErrors {
     static func describe(_ error: any Error, during what: String) -> QXferError {
         if let error = error as? QXferError { return error }
         if let tls = error as? NIOSSLError {

@@ -1,0 +1,22 @@
+/// The limits of qxfer/1 (docs/PROTOCOL.md, "Limits"). Every length and count read from the
+/// network is checked against these before anything is allocated.
+public enum ProtocolLimits {
+    /// The largest message body, in bytes (16 MiB, the `TLV` framer's default).
+    public static let maximumMessageSize = 16 << 20
+    /// The largest FileData payload, in bytes (1 MiB).
+    public static let maximumChunkSize = 1 << 20
+    /// The most entries one Offer may carry.
+    public static let maximumEntries = 1_000_000
+    /// The most components in one relative path.
+    public static let maximumDepth = 64
+    /// The longest component, in bytes (Linux NAME_MAX).
+    public static let maximumNameLength = 255
+    /// The longest relative path, in bytes, counting one `/` between components (PATH_MAX - 1).
+    public static let maximumPathLength = 4095
+    /// The longest symlink target, in bytes.
+    public static let maximumLinkTargetLength = 4095
+    /// The longest error message, in bytes of UTF-8.
+    public static let maximumMessageTextLength = 1024
+    /// The longest digest, in bytes.
+    public static let maximumDigestLength = 64
+}
