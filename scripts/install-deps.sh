@@ -4,7 +4,7 @@ set -euo pipefail
 
 packages=(
   libngtcp2-dev libngtcp2-crypto-gnutls-dev libgnutls28-dev  # the QUIC stack
-  libxxhash-dev                                              # end-to-end checksums
+  libxxhash-dev xxhash                                       # end-to-end checksums (xxhsum checks the tests)
   pkg-config
   gnutls-bin openssl                                         # interop peers in the tests
   iproute2 iputils-ping iperf3 jq bc                         # namespaces and the link emulator's self-test

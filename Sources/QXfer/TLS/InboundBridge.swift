@@ -20,6 +20,9 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     /// Set when the bridge closes the channel itself (idle timeout), so readers and writers
     /// report why.
     private(set) var closeReason: QXferError?
+    /// The first error the pipeline reported (a TLS alert from the peer, typically): more
+    /// telling than the "channel closed" a concurrent write sees.
+    private(set) var firstError: (any Error)?
 
     init(highWatermark: Int = 1 << 20) {
         self.highWatermark = highWatermark
@@ -42,6 +45,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if firstError == nil { firstError = error }
         finish(.failure(error))
         context.close(promise: nil)
     }

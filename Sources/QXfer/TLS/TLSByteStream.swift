@@ -59,8 +59,11 @@ final class TLSByteStream: ByteStreamTransport {
     /// recorded when it closed the channel itself.
     private func explain(_ error: any Error) async -> QXferError {
         let bridge = self.bridge
-        let reason = try? await channel.eventLoop.submit { bridge.value.closeReason }.get()
-        if let reason { return reason }
+        let recorded = try? await channel.eventLoop.submit { () -> QXferError? in
+            if let reason = bridge.value.closeReason { return reason }
+            return bridge.value.firstError.map { ChannelErrors.describe($0, during: "the connection") }
+        }.get()
+        if let recorded = recorded ?? nil, recorded.code != .connectionClosed { return recorded }
         return ChannelErrors.describe(error, during: "the connection")
     }
 }

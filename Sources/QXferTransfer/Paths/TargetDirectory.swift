@@ -1,0 +1,195 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// An open file descriptor, closed when the last reference goes away.
+public final class Descriptor {
+    /// The raw descriptor.
+    public let fd: Int32
+    init(_ fd: Int32) { self.fd = fd }
+    deinit { close(fd) }
+}
+
+/// The directory files are received into, with every operation done relative to an open
+/// descriptor through `openat`/`mkdirat`/`symlinkat`/`renameat` and `O_NOFOLLOW` on every
+/// component: a symlink planted inside the directory (by a previous transfer or by another
+/// user) cannot redirect a write outside it, and a path that traverses one fails with
+/// ``TransferError/Code/unsafePath``.
+///
+/// The root itself is opened once, following symlinks (it is the user's own choice). Not
+/// thread-safe: use one instance from one task.
+public final class TargetDirectory {
+    /// The path the directory was opened with (for messages).
+    public let path: String
+    /// The directory's descriptor.
+    public let root: Descriptor
+
+    /// Opens an existing directory.
+    public init(path: String) throws(TransferError) {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw TransferError.posix("cannot open directory", path, errno: errno) }
+        self.path = path
+        self.root = Descriptor(fd)
+    }
+
+    /// Opens the directory that contains `path`, one component at a time with `O_NOFOLLOW`,
+    /// creating missing directories (mode 0700 until their final mode is applied) if `create`.
+    public func openParent(of path: SafePath, create: Bool) throws(TransferError) -> Descriptor {
+        try openDirectory(path.parentComponents, create: create, shown: path.description)
+    }
+
+    func openDirectory(_ components: ArraySlice<String>, create: Bool, shown: String) throws(TransferError) -> Descriptor {
+        var current = root
+        for component in components {
+            var fd = openat(current.fd, component, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            if fd < 0 && errno == ENOENT && create {
+                if mkdirat(current.fd, component, 0o700) != 0 && errno != EEXIST {
+                    throw TransferError.posix("cannot create directory for", shown, errno: errno)
+                }
+                fd = openat(current.fd, component, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            }
+            guard fd >= 0 else {
+                let err = errno
+                if err == ELOOP || err == ENOTDIR {
+                    throw TransferError(.unsafePath, "'\(shown)' passes through '\(component)', which is a symlink or not a directory")
+                }
+                throw TransferError.posix("cannot open directory for", shown, errno: err)
+            }
+            current = Descriptor(fd)
+        }
+        return current
+    }
+
+    /// Creates the directory `path` and any missing parents; an existing directory is fine,
+    /// anything else at that name is ``TransferError/Code/exists``.
+    public func createDirectory(_ path: SafePath) throws(TransferError) {
+        let parent = try openParent(of: path, create: true)
+        if mkdirat(parent.fd, path.name, 0o700) != 0 {
+            let err = errno
+            guard err == EEXIST else { throw TransferError.posix("cannot create directory", path.description, errno: err) }
+            guard case .directory = try kind(of: path.name, in: parent) else {
+                throw TransferError(.exists, "'\(path)' exists and is not a directory")
+            }
+        }
+    }
+
+    /// Opens a file `name` in `parent` without following a symlink.
+    func openFile(_ name: String, in parent: Descriptor, flags: Int32, mode: mode_t = 0o600, shown: String) throws(TransferError) -> Descriptor {
+        let fd = openat(parent.fd, name, flags | O_NOFOLLOW | O_CLOEXEC, mode)
+        guard fd >= 0 else {
+            let err = errno
+            if err == ELOOP { throw TransferError(.unsafePath, "'\(shown)' is a symlink; not following it") }
+            throw TransferError.posix("cannot open", shown, errno: err)
+        }
+        return Descriptor(fd)
+    }
+
+    /// Opens the file at `path` for reading, never through a symlink.
+    public func openForReading(_ path: SafePath) throws(TransferError) -> Descriptor {
+        let parent = try openParent(of: path, create: false)
+        return try openFile(path.name, in: parent, flags: O_RDONLY, shown: path.description)
+    }
+
+    /// Creates the symlink `path -> target` after ``SafePath/validateLinkTarget(_:)``; an
+    /// existing identical link is fine, anything else at that name is `exists`.
+    public func createSymlink(_ path: SafePath, target: String) throws(TransferError) {
+        try path.validateLinkTarget(target)
+        let parent = try openParent(of: path, create: true)
+        if symlinkat(target, parent.fd, path.name) != 0 {
+            let err = errno
+            guard err == EEXIST else { throw TransferError.posix("cannot create symlink", path.description, errno: err) }
+            var buffer = [CChar](repeating: 0, count: ProtocolLimits.maximumLinkTargetLength + 2)
+            let n = readlinkat(parent.fd, path.name, &buffer, buffer.count - 1)
+            let existing = n >= 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
+            guard existing == target else { throw TransferError(.exists, "'\(path)' exists and is not the same symlink") }
+        }
+    }
+
+    /// What is at a name, without following symlinks.
+    public enum EntryState: Equatable, Sendable {
+        case absent
+        case regularFile(size: UInt64)
+        case directory
+        case symlink
+        case other
+    }
+
+    /// What is at `path` now (parents are traversed with `O_NOFOLLOW`; a missing parent means absent).
+    public func state(of path: SafePath) throws(TransferError) -> EntryState {
+        let parent: Descriptor
+        do {
+            parent = try openDirectory(path.parentComponents, create: false, shown: path.description)
+        } catch where error.code == .io {
+            return .absent
+        }
+        return try kind(of: path.name, in: parent)
+    }
+
+    func kind(of name: String, in parent: Descriptor) throws(TransferError) -> EntryState {
+        var info = stat()
+        guard fstatat(parent.fd, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else {
+            let err = errno
+            if err == ENOENT { return .absent }
+            throw TransferError.posix("cannot stat", name, errno: err)
+        }
+        switch info.st_mode & S_IFMT {
+        case S_IFREG: return .regularFile(size: UInt64(info.st_size))
+        case S_IFDIR: return .directory
+        case S_IFLNK: return .symlink
+        default: return .other
+        }
+    }
+
+    /// Applies permission bits (`mode & 0o777`) and the modification time to a directory, after
+    /// its contents are written (writing into it would change its mtime again).
+    public func setDirectoryAttributes(_ path: SafePath, mode: UInt32, modificationTime: Int64) throws(TransferError) {
+        let fd = try openDirectory(path.components[...], create: false, shown: path.description)
+        try applyAttributes(fd, mode: mode, modificationTime: modificationTime, shown: path.description)
+    }
+
+    /// Sets a symlink's own modification time (its mode is meaningless on Linux).
+    public func setSymlinkTime(_ path: SafePath, modificationTime: Int64) throws(TransferError) {
+        let parent = try openParent(of: path, create: false)
+        var times = [timespec(nanoseconds: modificationTime), timespec(nanoseconds: modificationTime)]
+        guard utimensat(parent.fd, path.name, &times, AT_SYMLINK_NOFOLLOW) == 0 else {
+            throw TransferError.posix("cannot set the time of", path.description, errno: errno)
+        }
+    }
+
+    func applyAttributes(_ file: Descriptor, mode: UInt32, modificationTime: Int64, shown: String) throws(TransferError) {
+        guard fchmod(file.fd, mode_t(mode & 0o777)) == 0 else { throw TransferError.posix("cannot set the mode of", shown, errno: errno) }
+        var times = [timespec(nanoseconds: modificationTime), timespec(nanoseconds: modificationTime)]
+        guard futimens(file.fd, &times) == 0 else { throw TransferError.posix("cannot set the time of", shown, errno: errno) }
+    }
+
+    /// Bytes available to an unprivileged user on the directory's file system (`statvfs`).
+    public func availableSpace() throws(TransferError) -> UInt64 {
+        var info = statvfs()
+        guard fstatvfs(root.fd, &info) == 0 else { throw TransferError.posix("cannot statvfs", path, errno: errno) }
+        let (product, overflow) = UInt64(info.f_bavail).multipliedReportingOverflow(by: UInt64(info.f_frsize))
+        return overflow ? .max : product
+    }
+
+    /// Throws ``TransferError/Code/noSpace`` unless `bytes` fit in the free space.
+    public func checkFreeSpace(for bytes: UInt64) throws(TransferError) {
+        let available = try availableSpace()
+        guard bytes <= available else {
+            throw TransferError(.noSpace, "\(bytes) bytes offered but only \(available) bytes free in \(path)")
+        }
+    }
+}
+
+extension timespec {
+    /// A timespec from nanoseconds since the epoch (floor division, so negative times work).
+    init(nanoseconds: Int64) {
+        var seconds = nanoseconds / 1_000_000_000
+        var rest = nanoseconds % 1_000_000_000
+        if rest < 0 {
+            seconds -= 1
+            rest += 1_000_000_000
+        }
+        self.init(tv_sec: Int(seconds), tv_nsec: Int(rest))
+    }
+}

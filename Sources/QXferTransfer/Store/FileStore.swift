@@ -1,0 +1,292 @@
+internal import CXXHash
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// A file the receiver is to write: its checked path and what the offer says about it.
+public struct FileTarget: Sendable, Hashable {
+    public var path: SafePath
+    /// The offered size; nil for a stream of unknown size (not resumable).
+    public var size: UInt64?
+    public var mode: UInt32
+    public var modificationTime: Int64
+    public var algorithm: DigestAlgorithm
+
+    public init(path: SafePath, size: UInt64?, mode: UInt32, modificationTime: Int64, algorithm: DigestAlgorithm) {
+        self.path = path
+        self.size = size
+        self.mode = mode
+        self.modificationTime = modificationTime
+        self.algorithm = algorithm
+    }
+}
+
+/// Where writing of a file can start: an offset the receiver vouches for, the digest of the
+/// bytes before it (sent in Accept for the sender to check) and the hash state at that point.
+public struct ResumePoint {
+    /// Bytes already held and checked.
+    public let offset: UInt64
+    /// The digest of bytes `[0, offset)`; empty when `offset == 0`.
+    public let prefixDigest: [UInt8]
+    let hasher: any StreamingHasher
+
+    /// Start from nothing.
+    public static func start(_ algorithm: DigestAlgorithm) -> ResumePoint {
+        ResumePoint(offset: 0, prefixDigest: [], hasher: algorithm.makeHasher())
+    }
+}
+
+/// The receiving side's file store: partial data in a temp file beside the target, a resume
+/// journal, verification, then fsync and an atomic rename.
+///
+/// For a target `dir/NAME` the partial is `dir/.NAME.qxfer-partial` and the journal
+/// `dir/.NAME.qxfer-journal` (for names too long to take the affixes, `NAME` is replaced by
+/// `qxfer-` and 16 hex digits of its XXH3-64). The final name appears only after the digest
+/// matches, the data is fsynced, and never replaces an existing entry unless `overwrite`.
+/// Not thread-safe: use one instance from one task.
+public final class FileStore {
+    /// The directory files go into.
+    public let directory: TargetDirectory
+    /// Whether a verified file may replace an existing regular file (atomically).
+    public let overwrite: Bool
+    /// Bytes written between journal checkpoints (fdatasync of the data, then the journal).
+    public var checkpointInterval: UInt64
+
+    public init(directory: TargetDirectory, overwrite: Bool = false, checkpointInterval: UInt64 = 16 << 20) {
+        self.directory = directory
+        self.overwrite = overwrite
+        self.checkpointInterval = max(1, checkpointInterval)
+    }
+
+    /// The partial and journal names for a final name.
+    public static func tempNames(for name: String) -> (partial: String, journal: String) {
+        let suffixLength = ".qxfer-partial".utf8.count
+        let base: String
+        if 1 + name.utf8.count + suffixLength <= ProtocolLimits.maximumNameLength {
+            base = "." + name
+        } else {
+            let hash = XXH3Hasher.hash64(Array(name.utf8))
+            let hex = hexString((0..<8).map { UInt8(truncatingIfNeeded: hash >> (56 - 8 * UInt64($0))) })
+            base = ".qxfer-" + hex
+        }
+        return (base + ".qxfer-partial", base + ".qxfer-journal")
+    }
+
+    /// Checks that `bytes` more fit on the target file system (`statvfs`).
+    public func checkFreeSpace(for bytes: UInt64) throws(TransferError) {
+        try directory.checkFreeSpace(for: bytes)
+    }
+
+    /// The digest of an existing regular file at the target's path (for the `present` answer).
+    public func digestOfExisting(_ target: FileTarget) throws(TransferError) -> [UInt8] {
+        let fd = try directory.openForReading(target.path)
+        let hasher = target.algorithm.makeHasher()
+        _ = try FileStore.hash(fd, upTo: .max, into: hasher, shown: target.path.description)
+        return hasher.digest()
+    }
+
+    /// Reads the journal, re-hashes the prefix of the partial file it covers and returns the
+    /// offset it vouches for, or offset 0 when there is no journal, when it is damaged or
+    /// describes another version of the file (size, mtime, algorithm), or when the partial does
+    /// not hash to what the journal recorded.
+    public func resumeOffset(for target: FileTarget) throws(TransferError) -> ResumePoint {
+        guard target.size != nil else { return .start(target.algorithm) }
+        let names = FileStore.tempNames(for: target.path.name)
+        let parent: Descriptor
+        do {
+            parent = try directory.openDirectory(target.path.parentComponents, create: false, shown: target.path.description)
+        } catch where error.code == .io {
+            return .start(target.algorithm)
+        }
+        guard let journal = Journal.read(names.journal, in: parent), journal.matches(target), journal.offset > 0 else {
+            return .start(target.algorithm)
+        }
+        let partial: Descriptor
+        do {
+            partial = try directory.openFile(names.partial, in: parent, flags: O_RDONLY, shown: target.path.description)
+        } catch {
+            return .start(target.algorithm)
+        }
+        let hasher = target.algorithm.makeHasher()
+        let hashed = try FileStore.hash(partial, upTo: journal.offset, into: hasher, shown: target.path.description)
+        guard hashed == journal.offset else { return .start(target.algorithm) }
+        let digest = hasher.digest()
+        guard digest == journal.prefixDigest else { return .start(target.algorithm) }
+        return ResumePoint(offset: journal.offset, prefixDigest: digest, hasher: hasher)
+    }
+
+    /// Opens the partial file for writing from `resume` (truncating anything after it), or
+    /// from 0 when `resume` is nil. Creates missing parent directories.
+    public func openWriter(for target: FileTarget, resumingAt resume: ResumePoint? = nil) throws(TransferError) -> FileWriter {
+        let start = resume ?? .start(target.algorithm)
+        guard start.hasher.algorithm == target.algorithm else {
+            throw TransferError(.internal, "resume point for another algorithm")
+        }
+        if let size = target.size, start.offset > size {
+            throw TransferError(.internal, "resume offset beyond the file size")
+        }
+        switch try directory.state(of: target.path) {
+        case .absent: break
+        case .regularFile where overwrite: break
+        case .regularFile: throw TransferError(.exists, "'\(target.path)' already exists; not overwriting it")
+        default: throw TransferError(.exists, "'\(target.path)' exists and is not a regular file")
+        }
+        let parent = try directory.openParent(of: target.path, create: true)
+        let names = FileStore.tempNames(for: target.path.name)
+        let flags = start.offset == 0 ? (O_RDWR | O_CREAT | O_TRUNC) : O_RDWR
+        let file = try directory.openFile(names.partial, in: parent, flags: flags, mode: 0o600, shown: target.path.description)
+        guard ftruncate(file.fd, off_t(start.offset)) == 0 else {
+            throw TransferError.posix("cannot truncate the partial of", target.path.description, errno: errno)
+        }
+        let journalFile = try directory.openFile(names.journal, in: parent, flags: O_RDWR | O_CREAT, mode: 0o600, shown: target.path.description)
+        if start.offset == 0 && target.size != nil {
+            // Replaces any journal of an older attempt (it must not vouch for the new data) and
+            // allocates the journal's block now, so a disk that fills up later can still take
+            // the checkpoint that makes the partial resumable.
+            try Journal(target: target, offset: 0, prefixDigest: []).write(to: journalFile, shown: target.path.description)
+        }
+        return FileWriter(store: self, target: target, parent: parent, names: names, file: file, journal: journalFile, start: start)
+    }
+
+    /// Removes the partial and journal of a target, if any.
+    public func discardPartial(for target: FileTarget) {
+        let names = FileStore.tempNames(for: target.path.name)
+        guard let parent = try? directory.openDirectory(target.path.parentComponents, create: false, shown: target.path.description) else { return }
+        unlinkat(parent.fd, names.partial, 0)
+        unlinkat(parent.fd, names.journal, 0)
+    }
+
+    /// Hashes up to `limit` bytes of a file from its start; returns how many were read.
+    static func hash(_ file: Descriptor, upTo limit: UInt64, into hasher: any StreamingHasher, shown: String) throws(TransferError) -> UInt64 {
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        var done: UInt64 = 0
+        while done < limit {
+            let want = Int(min(UInt64(buffer.count), limit - done))
+            let n = buffer.withUnsafeMutableBytes { pread(file.fd, $0.baseAddress, want, off_t(done)) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw TransferError.posix("cannot read", shown, errno: errno)
+            }
+            if n == 0 { break }
+            buffer.withUnsafeBytes { hasher.update(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+            done += UInt64(n)
+        }
+        return done
+    }
+}
+
+/// Writes one file's data sequentially into its partial, checkpointing the journal, then
+/// verifies and commits it. Create with ``FileStore/openWriter(for:resumingAt:)``.
+public final class FileWriter {
+    /// The file being written.
+    public let target: FileTarget
+    /// Bytes written so far (the next expected offset).
+    public private(set) var offset: UInt64
+    /// The last offset the journal vouches for.
+    public private(set) var checkpointedOffset: UInt64
+    private let store: FileStore
+    private let parent: Descriptor
+    private let names: (partial: String, journal: String)
+    private var file: Descriptor?
+    private let journal: Descriptor
+    private let hasher: any StreamingHasher
+
+    init(store: FileStore, target: FileTarget, parent: Descriptor, names: (partial: String, journal: String), file: Descriptor, journal: Descriptor, start: ResumePoint) {
+        self.store = store
+        self.target = target
+        self.parent = parent
+        self.names = names
+        self.file = file
+        self.journal = journal
+        self.hasher = start.hasher
+        self.offset = start.offset
+        self.checkpointedOffset = start.offset
+    }
+
+    /// Appends `bytes`, which must start at ``offset`` and not run past the offered size. On a
+    /// write error (disk full: ``TransferError/Code/noSpace``) the data written so far is
+    /// checkpointed so the transfer can resume later, and the writer is closed.
+    public func write(_ bytes: [UInt8], at position: UInt64) throws(TransferError) {
+        guard let file else { throw TransferError(.internal, "write after the file was closed") }
+        guard position == offset else {
+            throw TransferError(.protocolViolation, "data for '\(target.path)' at offset \(position), expected \(offset)")
+        }
+        if let size = target.size, UInt64(bytes.count) > size - offset {
+            throw TransferError(.protocolViolation, "more data for '\(target.path)' than its offered \(size) bytes")
+        }
+        var written = 0
+        while written < bytes.count {
+            let n = bytes.withUnsafeBytes { pwrite(file.fd, $0.baseAddress! + written, bytes.count - written, off_t(offset) + off_t(written)) }
+            if n < 0 {
+                let err = errno
+                if err == EINTR { continue }
+                try? checkpoint()
+                self.file = nil
+                let error = TransferError.posix("cannot write", "'\(target.path)'", errno: err)
+                throw TransferError(error.code, "\(error.message) after \(checkpointedOffset) bytes; the partial file is kept for resuming")
+            }
+            written += n
+        }
+        bytes.withUnsafeBytes { hasher.update($0) }
+        offset += UInt64(bytes.count)
+        if target.size != nil, offset - checkpointedOffset >= store.checkpointInterval {
+            try checkpoint()
+        }
+    }
+
+    /// Makes the data written so far durable and records it in the journal: fdatasync of the
+    /// partial, then the journal (offset and prefix digest), then fdatasync of the journal.
+    public func checkpoint() throws(TransferError) {
+        guard let file, target.size != nil else { return }
+        guard fdatasync(file.fd) == 0 else { throw TransferError.posix("cannot sync", "'\(target.path)'", errno: errno) }
+        let record = Journal(target: target, offset: offset, prefixDigest: hasher.digest())
+        try record.write(to: journal, shown: target.path.description)
+        checkpointedOffset = offset
+    }
+
+    /// Verifies the size and digest the sender announced against what was written; on a match
+    /// applies mode and mtime, fsyncs the file, renames it to its final name (never replacing
+    /// an existing entry unless the store allows overwriting), fsyncs the directory and
+    /// removes the journal. On a mismatch removes the partial and journal, leaves any existing
+    /// target untouched and throws ``TransferError/Code/digestMismatch``.
+    public func finish(size: UInt64, digest: [UInt8]) throws(TransferError) {
+        guard let file else { throw TransferError(.internal, "finish after the file was closed") }
+        self.file = nil
+        let shown = target.path.description
+        if let offered = target.size, offered != size {
+            discard()
+            throw TransferError(.protocolViolation, "'\(shown)' was offered with \(offered) bytes but finished with \(size)")
+        }
+        guard size == offset else {
+            discard()
+            throw TransferError(.protocolViolation, "'\(shown)' finished at \(size) bytes but \(offset) were received")
+        }
+        guard digest == hasher.digest() else {
+            discard()
+            throw TransferError(.digestMismatch, "'\(shown)': \(target.algorithm.name) mismatch (sent \(hexString(digest)), received \(hexString(hasher.digest()))); nothing written")
+        }
+        try store.directory.applyAttributes(file, mode: target.mode, modificationTime: target.modificationTime, shown: shown)
+        guard fsync(file.fd) == 0 else { throw TransferError.posix("cannot sync", "'\(shown)'", errno: errno) }
+        let flags: UInt32 = store.overwrite ? 0 : 1  // RENAME_NOREPLACE
+        if cxxhash_renameat2(parent.fd, names.partial, parent.fd, target.path.name, flags) != 0 {
+            let err = errno
+            if err == EEXIST { throw TransferError(.exists, "'\(shown)' appeared while receiving; not overwriting it (data kept in \(names.partial))") }
+            throw TransferError.posix("cannot rename into place", "'\(shown)'", errno: err)
+        }
+        guard fsync(parent.fd) == 0 else { throw TransferError.posix("cannot sync the directory of", "'\(shown)'", errno: errno) }
+        unlinkat(parent.fd, names.journal, 0)
+    }
+
+    /// Stops writing and keeps the partial for a later resume (checkpointing what is written).
+    public func abandon() {
+        try? checkpoint()
+        file = nil
+    }
+
+    private func discard() {
+        unlinkat(parent.fd, names.partial, 0)
+        unlinkat(parent.fd, names.journal, 0)
+    }
+}

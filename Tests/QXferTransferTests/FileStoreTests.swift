@@ -1,0 +1,229 @@
+import Foundation
+import Testing
+@testable import QXferTransfer
+
+@Suite struct FileStoreTests {
+    func makeStore(_ path: String, interval: UInt64 = 64 << 10, overwrite: Bool = false) throws -> FileStore {
+        FileStore(directory: try TargetDirectory(path: path), overwrite: overwrite, checkpointInterval: interval)
+    }
+
+    func target(_ path: String, _ data: [UInt8], _ algorithm: DigestAlgorithm = .xxh3_128) throws -> FileTarget {
+        FileTarget(path: try SafePath(validating: path), size: UInt64(data.count), mode: 0o640, modificationTime: 1_600_000_000_987_654_321, algorithm: algorithm)
+    }
+
+    func write(_ writer: FileWriter, _ data: [UInt8], from start: Int, chunk: Int, checkFinalAbsent: String? = nil) throws {
+        var i = start
+        while i < data.count {
+            let n = min(chunk, data.count - i)
+            try writer.write(Array(data[i..<i + n]), at: UInt64(i))
+            if let path = checkFinalAbsent { #expect(!exists(path)) }
+            i += n
+        }
+    }
+
+    @Test(arguments: DigestAlgorithm.allCases) func completeWrite(_ algorithm: DigestAlgorithm) throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let store = try makeStore(temp.path)
+        let data = pattern(200_000, seed: 1)
+        let file = try target("sub/dir/data.bin", data, algorithm)
+        #expect(try store.resumeOffset(for: file).offset == 0)
+        let writer = try store.openWriter(for: file)
+        try write(writer, data, from: 0, chunk: 7_000, checkFinalAbsent: temp.sub("sub/dir/data.bin"))
+        #expect(exists(temp.sub("sub/dir/.data.bin.qxfer-partial")))
+        #expect(exists(temp.sub("sub/dir/.data.bin.qxfer-journal")))
+        try writer.finish(size: UInt64(data.count), digest: algorithm.digest(of: data))
+        #expect(readFile(temp.sub("sub/dir/data.bin")) == data)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: temp.sub("sub/dir")) == ["data.bin"])
+        var info = stat()
+        #expect(stat(temp.sub("sub/dir/data.bin"), &info) == 0)
+        #expect(info.st_mode & 0o7777 == 0o640)
+        #expect(Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec) == 1_600_000_000_987_654_321)
+    }
+
+    @Test func emptyFile() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let store = try makeStore(temp.path)
+        let writer = try store.openWriter(for: try target("empty", []))
+        try writer.finish(size: 0, digest: DigestAlgorithm.xxh3_128.digest(of: []))
+        #expect(readFile(temp.sub("empty")) == [])
+    }
+
+    /// A crash mid-way: the writer is dropped without any cleanup. A new store instance finds
+    /// the journal, re-hashes the prefix, resumes, and the final file is identical.
+    @Test func resumeAfterCrash() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let data = pattern(300 * 1024, seed: 9)
+        let file = try target("big", data)
+        do {
+            let store = try makeStore(temp.path)
+            let writer = try store.openWriter(for: file)
+            try write(writer, data[..<(215 * 1024)].map { $0 }, from: 0, chunk: 10 * 1024)
+            #expect(writer.checkpointedOffset == 210 * 1024)
+            // Crash: no abandon(), no finish(); bytes after the last checkpoint are not vouched for.
+        }
+        let store = try makeStore(temp.path)
+        let resume = try store.resumeOffset(for: file)
+        #expect(resume.offset == 210 * 1024)
+        #expect(resume.prefixDigest == DigestAlgorithm.xxh3_128.digest(of: Array(data[..<(210 * 1024)])))
+        // Another version of the file (different mtime) does not resume.
+        var changed = file
+        changed.modificationTime += 1
+        #expect(try store.resumeOffset(for: changed).offset == 0)
+        let writer = try store.openWriter(for: file, resumingAt: resume)
+        #expect(throws: TransferError(.protocolViolation, "")) { try writer.write([1], at: 0) }
+        try write(writer, data, from: Int(resume.offset), chunk: 33_333, checkFinalAbsent: temp.sub("big"))
+        try writer.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        #expect(readFile(temp.sub("big")) == data)
+        #expect(!exists(temp.sub(".big.qxfer-journal")) && !exists(temp.sub(".big.qxfer-partial")))
+    }
+
+    @Test func damagedPartialOrJournalResumesFromZero() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let data = pattern(200 * 1024, seed: 4)
+        let file = try target("f", data)
+        let store = try makeStore(temp.path)
+        let writer = try store.openWriter(for: file)
+        try write(writer, data[..<(150 * 1024)].map { $0 }, from: 0, chunk: 64 * 1024)
+        writer.abandon()
+        #expect(try store.resumeOffset(for: file).offset == 150 * 1024)
+
+        // One flipped byte in the held prefix: the journal no longer vouches for it.
+        let handle = try #require(FileHandle(forUpdatingAtPath: temp.sub(".f.qxfer-partial")))
+        try handle.seek(toOffset: 1000)
+        try handle.write(contentsOf: Data([0xFF]))
+        try handle.close()
+        #expect(try store.resumeOffset(for: file).offset == 0)
+
+        // A torn journal (bad check line) is ignored too.
+        var text = try #require(readFile(temp.sub(".f.qxfer-journal")))
+        text[text.count - 3] ^= 1
+        try Data(text).write(to: URL(fileURLWithPath: temp.sub(".f.qxfer-journal")))
+        #expect(Journal.read(".f.qxfer-journal", in: store.directory.root) == nil)
+        #expect(try store.resumeOffset(for: file).offset == 0)
+
+        // Starting over from 0 replaces the stale partial and journal.
+        let again = try store.openWriter(for: file)
+        try write(again, data, from: 0, chunk: 50_000)
+        try again.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        #expect(readFile(temp.sub("f")) == data)
+    }
+
+    @Test func digestMismatchLeavesNoFinalFileAndOldTargetIntact() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let data = pattern(100_000)
+        let store = try makeStore(temp.path, overwrite: true)
+        let writer = try store.openWriter(for: try target("new", data))
+        try write(writer, data, from: 0, chunk: 40_000)
+        var wrong = DigestAlgorithm.xxh3_128.digest(of: data)
+        wrong[0] ^= 1
+        #expect(throws: TransferError(.digestMismatch, "")) { try writer.finish(size: UInt64(data.count), digest: wrong) }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: temp.path) == [])
+
+        try Data("old".utf8).write(to: URL(fileURLWithPath: temp.sub("old")))
+        let over = try store.openWriter(for: try target("old", data))
+        try write(over, data, from: 0, chunk: 60_000)
+        #expect(throws: TransferError(.digestMismatch, "")) { try over.finish(size: UInt64(data.count), digest: wrong) }
+        #expect(readFile(temp.sub("old")) == Array("old".utf8))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: temp.path) == ["old"])
+
+        // A size other than the offered one is refused the same way.
+        let short = try store.openWriter(for: try target("short", data))
+        try write(short, data, from: 0, chunk: 60_000)
+        #expect(throws: TransferError(.protocolViolation, "")) { try short.finish(size: 5, digest: wrong) }
+        #expect(!exists(temp.sub("short")))
+    }
+
+    @Test func existingTargetsAreNotReplacedWithoutOverwrite() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let data = pattern(1000)
+        try Data(data).write(to: URL(fileURLWithPath: temp.sub("same")))
+        let store = try makeStore(temp.path)
+        let file = try target("same", data)
+        #expect(throws: TransferError(.exists, "")) { try store.openWriter(for: file) }
+        #expect(try store.digestOfExisting(file) == DigestAlgorithm.xxh3_128.digest(of: data))
+
+        // The name appears while receiving: renameat2(RENAME_NOREPLACE) refuses to clobber it.
+        let late = try target("late", data)
+        let writer = try store.openWriter(for: late)
+        try write(writer, data, from: 0, chunk: 500)
+        try Data("mine".utf8).write(to: URL(fileURLWithPath: temp.sub("late")))
+        #expect(throws: TransferError(.exists, "")) { try writer.finish(size: 1000, digest: DigestAlgorithm.xxh3_128.digest(of: data)) }
+        #expect(readFile(temp.sub("late")) == Array("mine".utf8))
+    }
+
+    @Test func writesBeyondTheOfferedSizeRejected() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let store = try makeStore(temp.path)
+        let writer = try store.openWriter(for: try target("x", pattern(10)))
+        try writer.write(pattern(8), at: 0)
+        #expect(throws: TransferError(.protocolViolation, "")) { try writer.write(pattern(3), at: 8) }
+    }
+
+    @Test func freeSpaceAndTempNames() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let store = try makeStore(temp.path)
+        try store.checkFreeSpace(for: 1)
+        #expect(throws: TransferError(.noSpace, "")) { try store.checkFreeSpace(for: .max) }
+        #expect(FileStore.tempNames(for: "a.txt") == (".a.txt.qxfer-partial", ".a.txt.qxfer-journal"))
+        let long = String(repeating: "n", count: 255)
+        let names = FileStore.tempNames(for: long)
+        #expect(names.partial.utf8.count <= 255 && names.journal.utf8.count <= 255)
+        #expect(names.partial != FileStore.tempNames(for: String(repeating: "m", count: 255)).partial)
+        // A 255-byte name can be received.
+        let data = pattern(5)
+        let writer = try store.openWriter(for: try target(long, data))
+        try writer.write(data, at: 0)
+        try writer.finish(size: 5, digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        #expect(readFile(temp.sub(long)) == data)
+    }
+
+    /// Disk full on a 1 MiB tmpfs: a clear no-space error, a resumable partial; after the file
+    /// system grows, the transfer resumes and completes. Needs root (mount); skipped otherwise.
+    @Test(.enabled(if: getuid() == 0, "needs root to mount a tmpfs"))
+    func diskFullGivesResumablePartial() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let mountPoint = temp.sub("small")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
+        guard run("/bin/mount", ["-t", "tmpfs", "-o", "size=1m", "tmpfs", mountPoint]) != nil else {
+            Issue.record("cannot mount a tmpfs")
+            return
+        }
+        defer { _ = run("/bin/umount", [mountPoint]) }
+        let data = pattern(2 << 20, seed: 21)
+        let file = try target("video.raw", data)
+        let store = try makeStore(mountPoint, interval: 128 << 10)
+        #expect(throws: TransferError(.noSpace, "")) { try store.checkFreeSpace(for: UInt64(data.count)) }
+        let writer = try store.openWriter(for: file)
+        var failure: TransferError?
+        do {
+            try write(writer, data, from: 0, chunk: 64 << 10)
+        } catch {
+            failure = error as? TransferError
+        }
+        let error = try #require(failure)
+        #expect(error.code == .noSpace)
+        #expect(error.message.contains("kept for resuming"))
+        #expect(!error.message.contains("\n"))
+        #expect(!exists(mountPoint + "/video.raw"))
+
+        let resume = try makeStore(mountPoint).resumeOffset(for: file)
+        #expect(resume.offset > 0 && resume.offset < UInt64(data.count))
+        #expect(resume.prefixDigest == DigestAlgorithm.xxh3_128.digest(of: Array(data[..<Int(resume.offset)])))
+
+        #expect(run("/bin/mount", ["-o", "remount,size=4m", mountPoint]) != nil)
+        let store2 = try makeStore(mountPoint)
+        let resumed = try store2.openWriter(for: file, resumingAt: try store2.resumeOffset(for: file))
+        try write(resumed, data, from: Int(resume.offset), chunk: 100_000)
+        try resumed.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        #expect(readFile(mountPoint + "/video.raw") == data)
+    }
+}
