@@ -43,32 +43,6 @@ func withListener<Stack, Result: Sendable>(
     }
 }
 
-/// The TCP sockets of this process whose local or remote port is `port`, from /proc.
-///
-/// Counting only this test's sockets keeps leak checks exact while other tests run in parallel.
-func openSockets(port: UInt16) -> Int {
-    var inodes = Set<String>()
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        guard let text = try? String(contentsOfFile: table, encoding: .utf8) else { continue }
-        for line in text.split(separator: "\n").dropFirst() {
-            let fields = line.split(separator: " ")
-            guard fields.count > 9 else { continue }
-            let local = fields[1].split(separator: ":").last.flatMap { UInt16($0, radix: 16) }
-            let remote = fields[2].split(separator: ":").last.flatMap { UInt16($0, radix: 16) }
-            if local == port || remote == port { inodes.insert(String(fields[9])) }
-        }
-    }
-    guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return -1 }
-    var count = 0
-    for entry in entries {
-        guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/" + entry),
-              target.hasPrefix("socket:[") else { continue }
-        let inode = target.dropFirst("socket:[".count).dropLast()
-        if inodes.contains(String(inode)) { count += 1 }
-    }
-    return count
-}
-
 /// Polls `condition` until it holds or `timeout` passes.
 func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) async -> Bool {
     let deadline = ContinuousClock.now + timeout
@@ -262,10 +236,8 @@ struct Subprocess {
         var timedOut = false
         if process.isRunning {
             timedOut = true
-            process.terminate()
-            try? await Task.sleep(for: .milliseconds(200))
-            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-            process.waitUntilExit()
+            // SIGKILL: children of the test runner may ignore SIGTERM.
+            kill(process.processIdentifier, SIGKILL)
         }
         process.waitUntilExit()
         return Subprocess(
@@ -276,10 +248,11 @@ struct Subprocess {
     }
 }
 
-/// Like `openSockets(port:)`, but reads the whole of /proc/net/tcp{,6}.
+/// The TCP sockets of this process whose local or remote port is `port`, from /proc: exact
+/// leak checks even while other tests run in parallel.
 ///
-/// `String(contentsOfFile:)` trusts the size procfs reports (0) and returns only the first page
-/// (about 27 sockets), so `openSockets(port:)` misses sockets once the machine has a few dozen.
+/// Reads /proc/net/tcp{,6} to the end: `String(contentsOfFile:)` trusts the size procfs
+/// reports (0) and returns only the first page (about 27 sockets).
 func socketCount(port: UInt16) -> Int {
     var inodes = Set<Substring>()
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {

@@ -60,7 +60,7 @@ public struct TCP: Sendable, Hashable {
 /// ``PeerTrust`` (a pinned fingerprint, or known hosts with trust on first use) and the
 /// server may require a client certificate from an allow-list (mutual TLS). ALPN `qxfer/1`
 /// is required on both sides.
-public struct TLS: ByteStreamProtocol, Hashable {
+public struct TLS: Hashable, ByteStreamProtocol {
     /// Options of the TCP layer below.
     public var tcp: TCP
     /// Application protocols offered (client) or accepted (server); one must match.
@@ -84,33 +84,41 @@ public struct TLS: ByteStreamProtocol, Hashable {
         copy.applicationProtocols = protocols
         return copy
     }
+}
 
+/// The trust settings that ``TLS`` and ``QUIC`` share, and the modifiers that set them.
+public protocol SecureTransport: ByteStreamProtocol {
+    /// The identity presented to the peer; nil loads or creates the host identity.
+    var identity: HostIdentity? { get set }
+    /// How a client decides whether to trust the server.
+    var peerTrust: PeerTrust { get set }
+    /// What a server asks of clients.
+    var clientAuthentication: ClientAuthentication { get set }
+}
+
+extension SecureTransport {
     /// Presents this identity instead of the host identity.
-    public func identity(_ identity: HostIdentity) -> TLS {
-        var copy = self
-        copy.identity = identity
-        return copy
-    }
+    public func identity(_ identity: HostIdentity) -> Self { with { $0.identity = identity } }
 
     /// Trusts the server only if it presents a certificate with this fingerprint.
-    public func peerFingerprint(_ fingerprint: Fingerprint) -> TLS {
-        peerTrust(.pinned(fingerprint))
-    }
+    public func peerFingerprint(_ fingerprint: Fingerprint) -> Self { peerTrust(.pinned(fingerprint)) }
 
     /// Sets how the server is authenticated.
-    public func peerTrust(_ trust: PeerTrust) -> TLS {
-        var copy = self
-        copy.peerTrust = trust
-        return copy
-    }
+    public func peerTrust(_ trust: PeerTrust) -> Self { with { $0.peerTrust = trust } }
 
     /// Sets what a listener asks of its clients.
-    public func clientAuthentication(_ authentication: ClientAuthentication) -> TLS {
+    public func clientAuthentication(_ authentication: ClientAuthentication) -> Self {
+        with { $0.clientAuthentication = authentication }
+    }
+
+    private func with(_ change: (inout Self) -> Void) -> Self {
         var copy = self
-        copy.clientAuthentication = authentication
+        change(&copy)
         return copy
     }
 }
+
+extension TLS: SecureTransport {}
 
 extension HostIdentity: Hashable {
     public static func == (lhs: HostIdentity, rhs: HostIdentity) -> Bool { lhs.fingerprint == rhs.fingerprint }

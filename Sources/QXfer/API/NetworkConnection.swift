@@ -120,6 +120,8 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
             do {
                 return try await self.inbound.receive(from: transport, atLeast: atLeast, atMost: atMost)
             } catch let error as QXferError where error.code == .endOfStream || error.code == .truncated {
+                // Our own cancel() also ends the stream: report that, not the peer finishing.
+                if case .finished(let reason) = self.machine.withLock({ $0.phase }) { throw reason }
                 throw error  // the connection itself is fine; the peer finished
             } catch {
                 throw self.fail(with: error)

@@ -36,28 +36,6 @@ public struct QUIC: ByteStreamProtocol, Hashable {
     }
 
     public var transport: TransportDescription { TransportDescription(kind: .quic(self)) }
-
-    /// Presents this identity instead of the host identity.
-    public func identity(_ identity: HostIdentity) -> QUIC {
-        var copy = self
-        copy.identity = identity
-        return copy
-    }
-
-    /// Trusts the server only if it presents a certificate with this fingerprint.
-    public func peerFingerprint(_ fingerprint: Fingerprint) -> QUIC { peerTrust(.pinned(fingerprint)) }
-
-    /// Sets how the server is authenticated.
-    public func peerTrust(_ trust: PeerTrust) -> QUIC {
-        var copy = self
-        copy.peerTrust = trust
-        return copy
-    }
-
-    /// Sets what a listener asks of its clients.
-    public func clientAuthentication(_ authentication: ClientAuthentication) -> QUIC {
-        var copy = self
-        copy.clientAuthentication = authentication
-        return copy
-    }
 }
+
+extension QUIC: SecureTransport {}

@@ -128,11 +128,18 @@ extension TLSByteStream {
             let pipeline = channel.pipeline.syncOperations
             try pipeline.addHandler(tlsHandler)
             try pipeline.addHandler(HandshakeObserver(promise: promise, accepted: tls.applicationProtocols))
-            if let idle {
-                try pipeline.addHandler(IdleStateHandler(allTimeout: TimeAmount(idle)))
-            }
             try pipeline.addHandler(bridge)
-            return Setup(channel: channel, handshake: promise.futureResult, bridge: NIOLoopBound(bridge, eventLoop: channel.eventLoop))
+            // The idle timer starts once the handshake is done: a slow handshake is the
+            // handshake timeout's business, not an idle connection.
+            let bound = NIOLoopBound(bridge, eventLoop: channel.eventLoop)
+            let handshake = promise.futureResult.flatMapThrowing { alpn in
+                if let idle {
+                    try channel.pipeline.syncOperations.addHandler(
+                        IdleStateHandler(allTimeout: TimeAmount(idle)), position: .before(bound.value))
+                }
+                return alpn
+            }
+            return Setup(channel: channel, handshake: handshake, bridge: bound)
         }
 
         /// Waits for the handshake and turns its failure into the verifier's precise reason.
@@ -179,6 +186,9 @@ extension TLSByteStream {
             }
             // Trust is decided by fingerprint in PeerVerifier; no certificate authority is consulted.
             configuration.trustRoots = .certificates([])
+            // Closing waits this long for the peer's close_notify; the default 5 s kept sockets
+            // open long after both sides were done.
+            configuration.shutdownTimeout = .milliseconds(500)
             configuration.minimumTLSVersion = .tlsv13
             configuration.maximumTLSVersion = .tlsv13
             configuration.applicationProtocols = tls.applicationProtocols
@@ -228,6 +238,12 @@ final class HandshakeObserver: ChannelInboundHandler, RemovableChannelHandler {
     func channelInactive(context: ChannelHandlerContext) {
         fail(QXferError(.handshakeFailed, "the peer closed the connection during the TLS handshake"))
         context.fireChannelInactive()
+    }
+
+    /// A connect attempt that fails (or loses the Happy Eyeballs race) before the channel is
+    /// active never sees channelInactive: the promise must not outlive the pipeline.
+    func handlerRemoved(context: ChannelHandlerContext) {
+        fail(QXferError(.connectFailed, "the connection attempt ended before the TLS handshake"))
     }
 
     private func fail(_ error: any Error) {

@@ -1,0 +1,278 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The `qxfer` executable as a user meets it: help, version, usage errors, and `qxfer id` creating,
+/// reusing and refusing to replace an identity. Every run gets its own HOME and XDG_CONFIG_HOME
+/// in a temporary folder, so nothing touches the real ~/.config.
+@Suite("qxfer command line")
+struct CLITests {
+    // MARK: Running the binary
+
+    /// The `qxfer` built beside this test bundle (SwiftPM puts every product of a build in one
+    /// folder), else the package's default debug build.
+    static let executable: String? = {
+        var candidates: [String] = []
+        let argument0 = URL(fileURLWithPath: CommandLine.arguments[0]).standardizedFileURL
+        candidates.append(argument0.deletingLastPathComponent().appendingPathComponent("qxfer").path)
+        if let me = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
+            candidates.append(URL(fileURLWithPath: me).deletingLastPathComponent().appendingPathComponent("qxfer").path)
+        }
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        candidates.append(root.appendingPathComponent(".build/debug/qxfer").path)
+        return candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
+    }()
+
+    struct Run {
+        var status: Int32
+        var stdout: String
+        var stderr: String
+        var stderrLines: [Substring] { stderr.split(separator: "\n", omittingEmptySubsequences: false).dropLast() }
+    }
+
+    /// A temporary folder removed when the value goes away.
+    final class Scratch: Sendable {
+        let path: String
+        init() {
+            let template = FileManager.default.temporaryDirectory.appendingPathComponent("qxfer-cli-XXXXXX").path
+            var bytes = Array(template.utf8CString)
+            path = bytes.withUnsafeMutableBufferPointer { String(cString: mkdtemp($0.baseAddress!)!) }
+        }
+        deinit { try? FileManager.default.removeItem(atPath: path) }
+        func file(_ name: String) -> String { path + "/" + name }
+    }
+
+    /// Runs qxfer with `arguments`; HOME and XDG_CONFIG_HOME point into `home` unless overridden.
+    static func qxfer(_ arguments: [String], home: Scratch, environment extra: [String: String] = [:]) async throws -> Run {
+        let executable = try #require(executable, "the qxfer executable was not found next to the tests")
+        var environment = ProcessInfo.processInfo.environment
+        environment["HOME"] = home.path
+        environment["XDG_CONFIG_HOME"] = home.file("xdg")
+        for (key, value) in extra { environment[key] = value }
+        return try await run(executable, arguments, environment: environment)
+    }
+
+    /// Runs a program to completion (killed after `timeout`), with output in temporary files.
+    static func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil,
+                    timeout: Duration = .seconds(30)) async throws -> Run {
+        let scratch = Scratch()
+        FileManager.default.createFile(atPath: scratch.file("out"), contents: nil)
+        FileManager.default.createFile(atPath: scratch.file("err"), contents: nil)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        if let environment { process.environment = environment }
+        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: scratch.file("out")))
+        let errors = try FileHandle(forWritingTo: URL(fileURLWithPath: scratch.file("err")))
+        defer { try? output.close(); try? errors.close() }
+        process.standardOutput = output
+        process.standardError = errors
+        process.standardInput = FileHandle(forReadingAtPath: "/dev/null")
+        let exited = AsyncStream<Void>.makeStream()
+        process.terminationHandler = { _ in exited.continuation.finish() }
+        try process.run()
+        let timer = Task {
+            try? await Task.sleep(for: timeout)
+            exited.continuation.finish()
+        }
+        for await _ in exited.stream {}
+        timer.cancel()
+        let timedOut = process.isRunning
+        if timedOut { kill(process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
+        #expect(!timedOut, "\(executable) \(arguments) did not finish and was killed")
+        return Run(
+            status: process.terminationStatus,
+            stdout: (try? String(contentsOfFile: scratch.file("out"), encoding: .utf8)) ?? "",
+            stderr: (try? String(contentsOfFile: scratch.file("err"), encoding: .utf8)) ?? "")
+    }
+
+    static func mode(_ path: String) throws -> Int {
+        try #require(try FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? Int)
+    }
+
+    static func modeIfPresent(_ path: String) -> Int? {
+        (try? FileManager.default.attributesOfItem(atPath: path))?[.posixPermissions] as? Int
+    }
+
+    static func isFingerprint(_ text: Substring) -> Bool {
+        text.count == 64 && text.allSatisfy { "0123456789abcdef".contains($0) }
+    }
+
+    // MARK: Help and version
+
+    @Test("The executable is found beside the test bundle")
+    func executableFound() throws {
+        let path = try #require(Self.executable)
+        let argument0 = URL(fileURLWithPath: CommandLine.arguments[0]).standardizedFileURL.deletingLastPathComponent()
+        #expect(path.hasPrefix(argument0.path), "found \(path), not beside \(argument0.path)")
+    }
+
+    @Test("qxfer --help lists the id subcommand and the exit codes")
+    func rootHelp() async throws {
+        let home = Scratch()
+        let run = try await Self.qxfer(["--help"], home: home)
+        #expect(run.status == 0)
+        #expect(run.stdout.contains("USAGE: qxfer"))
+        #expect(run.stdout.contains("SUBCOMMANDS:"))
+        let idLine = run.stdout.split(separator: "\n").first { $0.trimmingCharacters(in: .whitespaces).hasPrefix("id ") }
+        #expect(idLine?.contains("fingerprint") == true, "no 'id' line: \(run.stdout)")
+        #expect(run.stdout.contains("78 identity"))
+        #expect(!FileManager.default.fileExists(atPath: home.file("xdg")), "--help created a configuration folder")
+    }
+
+    @Test("qxfer id --help describes the identity and the --json, --config-dir and -v options")
+    func idHelp() async throws {
+        let run = try await Self.qxfer(["id", "--help"], home: Scratch())
+        #expect(run.status == 0)
+        #expect(run.stdout.contains("USAGE: qxfer id"))
+        #expect(run.stdout.contains("host-key.pem") && run.stdout.contains("host-cert.pem"))
+        #expect(run.stdout.contains("SHA-256 fingerprint"))
+        for option in ["--json", "--config-dir <dir>", "-v, --verbose"] {
+            #expect(run.stdout.contains(option), "\(option) is missing from: \(run.stdout)")
+        }
+    }
+
+    @Test("qxfer --version prints a version number")
+    func version() async throws {
+        let run = try await Self.qxfer(["--version"], home: Scratch())
+        #expect(run.status == 0)
+        let line = run.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(line.wholeMatch(of: /\d+\.\d+\.\d+([-+.][0-9A-Za-z.-]+)?/) != nil, "not a version: \(line)")
+    }
+
+    // MARK: Usage errors
+
+    @Test("An unknown option exits 64 with exactly one line on stderr", arguments: [["--bogus"], ["id", "--bogus"], ["bogus-command"]])
+    func usageError(arguments: [String]) async throws {
+        let run = try await Self.qxfer(arguments, home: Scratch())
+        #expect(run.status == 64)
+        #expect(run.stderrLines.count == 1, "stderr: \(run.stderr)")
+        #expect(run.stderr.hasPrefix("qxfer: "))
+        #expect(run.stdout.isEmpty)
+    }
+
+    // MARK: qxfer id
+
+    @Test("qxfer id creates a private identity, prints its fingerprint, prints the same again, and OpenSSL agrees")
+    func idCreatesAndReuses() async throws {
+        let home = Scratch()
+        let directory = home.file("config/nested")
+        let first = try await Self.qxfer(["id", "--config-dir", directory], home: home)
+        #expect(first.status == 0, "stderr: \(first.stderr)")
+        let fingerprint = Substring(first.stdout.trimmingCharacters(in: .newlines))
+        #expect(first.stdout == fingerprint + "\n")
+        #expect(Self.isFingerprint(fingerprint), "not 64 hex digits: \(first.stdout)")
+        #expect(first.stderr.contains(directory))  // says it created one
+        #expect(try Self.mode(directory) == 0o700)
+        #expect(try Self.mode(directory + "/host-key.pem") == 0o600)
+        #expect(try Self.mode(directory + "/host-cert.pem") == 0o600)
+        let key = try Data(contentsOf: URL(fileURLWithPath: directory + "/host-key.pem"))
+        #expect(String(decoding: key, as: UTF8.self).contains("PRIVATE KEY"))
+
+        let second = try await Self.qxfer(["id", "--config-dir", directory, "-v"], home: home)
+        #expect(second.status == 0)
+        #expect(second.stdout == first.stdout)
+        #expect(!second.stderr.contains("created"))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: directory + "/host-key.pem")) == key)
+
+        // Nothing went to the default folder.
+        #expect(!FileManager.default.fileExists(atPath: home.file("xdg")))
+        #expect(!FileManager.default.fileExists(atPath: home.file(".config")))
+
+        if let openssl = ["/usr/bin/openssl", "/usr/local/bin/openssl"].first(where: FileManager.default.isExecutableFile) {
+            let printed = try await Self.run(openssl, ["x509", "-in", directory + "/host-cert.pem", "-noout", "-fingerprint", "-sha256"])
+            #expect(printed.status == 0)
+            let hex = (printed.stdout.split(separator: "=").last ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
+                .replacingOccurrences(of: ":", with: "").lowercased()
+            #expect(hex == String(fingerprint))
+        }
+    }
+
+    @Test("qxfer id --json reports fingerprint, directory and whether it was created")
+    func idJSON() async throws {
+        let home = Scratch()
+        let directory = home.file("identity")
+        struct Report: Decodable { var fingerprint: String; var directory: String; var created: Bool }
+        let first = try await Self.qxfer(["id", "--json", "--config-dir", directory], home: home)
+        #expect(first.status == 0)
+        let created = try JSONDecoder().decode(Report.self, from: Data(first.stdout.utf8))
+        #expect(created.created)
+        #expect(created.directory == directory)
+        #expect(Self.isFingerprint(Substring(created.fingerprint)))
+        let again = try await Self.qxfer(["id", "--json", "--config-dir", directory], home: home)
+        let reused = try JSONDecoder().decode(Report.self, from: Data(again.stdout.utf8))
+        #expect(!reused.created)
+        #expect(reused.fingerprint == created.fingerprint)
+        let plain = try await Self.qxfer(["id", "--config-dir", directory], home: home)
+        #expect(plain.stdout == created.fingerprint + "\n")
+    }
+
+    @Test("Without --config-dir, qxfer id uses $XDG_CONFIG_HOME/qxfer, else ~/.config/qxfer")
+    func idDefaultFolder() async throws {
+        let home = Scratch()
+        let xdg = try await Self.qxfer(["id", "--json"], home: home, environment: ["XDG_CONFIG_HOME": home.file("xdg-here")])
+        #expect(xdg.status == 0, "stderr: \(xdg.stderr)")
+        #expect(xdg.stdout.contains("\"directory\":\"\(home.file("xdg-here/qxfer"))\"")
+            || xdg.stdout.contains("\"directory\":\"\(home.file("xdg-here/qxfer").replacingOccurrences(of: "/", with: "\\/"))\""),
+            "\(xdg.stdout)")
+        #expect(FileManager.default.fileExists(atPath: home.file("xdg-here/qxfer/host-cert.pem")))
+
+        let fallback = try await Self.qxfer(["id"], home: home, environment: ["XDG_CONFIG_HOME": ""])
+        #expect(fallback.status == 0, "stderr: \(fallback.stderr)")
+        #expect(FileManager.default.fileExists(atPath: home.file(".config/qxfer/host-cert.pem")))
+        #expect(fallback.stdout != xdg.stdout)  // a second, separate identity
+    }
+
+    // MARK: A damaged identity is never replaced
+
+    enum Damage: String, CaseIterable, Sendable {
+        case garbageCertificate, garbageKey, keyDeleted, certificateDeleted, foreignKey, looseKeyPermissions, looseCertificatePermissions
+    }
+
+    @Test("A damaged identity exits 78 with one line on stderr and leaves the files as they were", arguments: Damage.allCases)
+    func damagedIdentity(damage: Damage) async throws {
+        let home = Scratch()
+        let directory = home.file("identity")
+        let other = home.file("other")
+        #expect(try await Self.qxfer(["id", "--config-dir", directory], home: home).status == 0)
+        #expect(try await Self.qxfer(["id", "--config-dir", other], home: home).status == 0)
+        let key = directory + "/host-key.pem", certificate = directory + "/host-cert.pem"
+        switch damage {
+        case .garbageCertificate:
+            try Data("-----BEGIN CERTIFICATE-----\ngarbage\n-----END CERTIFICATE-----\n".utf8).write(to: URL(fileURLWithPath: certificate))
+        case .garbageKey:
+            try Data("not a key\n".utf8).write(to: URL(fileURLWithPath: key))
+        case .keyDeleted:
+            try FileManager.default.removeItem(atPath: key)
+        case .certificateDeleted:
+            try FileManager.default.removeItem(atPath: certificate)
+        case .foreignKey:
+            try FileManager.default.removeItem(atPath: key)
+            try FileManager.default.copyItem(atPath: other + "/host-key.pem", toPath: key)
+        case .looseKeyPermissions:
+            #expect(chmod(key, 0o644) == 0)
+        case .looseCertificatePermissions:
+            #expect(chmod(certificate, 0o644) == 0)
+        }
+        let keyBefore = FileManager.default.contents(atPath: key)
+        let certificateBefore = FileManager.default.contents(atPath: certificate)
+        let modesBefore = [key, certificate].map(Self.modeIfPresent)
+
+        for arguments in [["id", "--config-dir", directory], ["id", "--json", "--config-dir", directory]] {
+            let run = try await Self.qxfer(arguments, home: home)
+            #expect(run.status == 78, "\(damage): exit \(run.status), stdout \(run.stdout), stderr \(run.stderr)")
+            #expect(run.stderrLines.count == 1, "\(damage): stderr \(run.stderr)")
+            #expect(run.stderr.hasPrefix("qxfer: "))
+            #expect(run.stdout.isEmpty)
+        }
+        #expect(FileManager.default.contents(atPath: key) == keyBefore, "\(damage): the key was changed")
+        #expect(FileManager.default.contents(atPath: certificate) == certificateBefore, "\(damage): the certificate was changed")
+        #expect([key, certificate].map(Self.modeIfPresent) == modesBefore)
+        let leftovers = try FileManager.default.contentsOfDirectory(atPath: directory).filter { !$0.hasPrefix("host-") }
+        #expect(leftovers.isEmpty, "stray files: \(leftovers)")
+    }
+}
