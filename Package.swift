@@ -127,6 +127,7 @@ let package = Package(
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
+            exclude: ["Interop"],
             swiftSettings: strictSwift6
         ),
         .testTarget(

@@ -7,7 +7,7 @@ packages=(
   libxxhash-dev xxhash                                       # end-to-end checksums (xxhsum checks the tests)
   pkg-config
   gnutls-bin openssl                                         # interop peers in the tests
-  iproute2 iputils-ping iperf3 jq bc                         # namespaces and the link emulator's self-test
+  iproute2 iputils-ping iperf3 jq bc procps time             # namespaces, the link emulator's self-test, bench
 )
 if [ "$#" -gt 0 ]; then packages+=("$@"); fi
 
@@ -16,10 +16,16 @@ for package in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)
   [ "$status" = "install ok installed" ] || missing+=("$package")
 done
-[ "${#missing[@]}" -eq 0 ] && exit 0
-
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
-echo "installing: ${missing[*]}"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# aioquic, an independent QUIC implementation the interop tests talk to (PyPI only).
+if command -v python3 >/dev/null && ! python3 -c 'import aioquic' 2>/dev/null; then
+  echo "installing: aioquic (pip)"
+  python3 -m pip install -q aioquic 2>/dev/null || python3 -m pip install -q --break-system-packages aioquic
+fi

@@ -140,7 +140,7 @@ struct QUICStreamTests {
             while true { try await connection.send(try await connection.receive(atLeast: 1, atMost: 100).content) }
         }) { port in
             let relay = try await UDPRelay.start(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)))
-            let connection = client(relay.port) { $0.idleTimeout(.seconds(1)) }
+            let connection = client(relay.port) { $0.idleTimeout(.seconds(3)) }
             try await connection.send(Data("x".utf8))
             _ = try await connection.receive(exactly: 1)
             relay.blackhole()

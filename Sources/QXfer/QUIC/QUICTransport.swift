@@ -46,7 +46,7 @@ final class QUICStreamTransport: ByteStreamTransport {
     func close() {
         if isPrimary {
             let driver = self.driver
-            eventLoop.execute { driver.value.close() }
+            eventLoop.execute { driver.value.closeGracefully() }
         } else {
             reset(errorCode: 0)
         }

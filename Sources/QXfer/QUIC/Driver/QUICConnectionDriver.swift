@@ -74,6 +74,7 @@ final class QUICConnectionDriver {
         guard !terminated else { return }
         drainEvents()
         flushTransmits()
+        closeWhenDelivered()
         armTimer()
     }
 
@@ -162,11 +163,32 @@ final class QUICConnectionDriver {
         return promise.futureResult
     }
 
-    /// Closes the connection with an application error code (0: no error).
+    /// Closes the connection with an application error code (0: no error) at once; data
+    /// the peer has not acknowledged is lost.
     func close(code: UInt64 = 0, reason: String = "") {
         guard !terminated else { return }
+        closeDeadline = nil
         engine.close(errorCode: code, reason: reason, now: Self.now)
         process()
+    }
+
+    /// Closes the connection once every byte the application handed over has been
+    /// acknowledged (or `timeout` passed), as closing a TCP socket lets the kernel deliver
+    /// what it holds: a handler that sends its last reply and returns loses nothing.
+    func closeGracefully(timeout: TimeAmount = .seconds(10)) {
+        guard !terminated, closeError == nil, closeDeadline == nil else { return }
+        closeDeadline = .now() + timeout
+        process()
+    }
+
+    private var closeDeadline: NIODeadline?
+
+    private func closeWhenDelivered() {
+        guard let deadline = closeDeadline, !terminated else { return }
+        let unacknowledged = engine.openStreams.reduce(0) { $0 + engine.bufferedSendBytes(stream: $1) }
+        if unacknowledged == 0 || closeError != nil || NIODeadline.now() >= deadline {
+            close()
+        }
     }
 
     // MARK: Engine events
