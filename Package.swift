@@ -142,7 +142,7 @@ let package = Package(
         ),
         .testTarget(
             name: "QXferCLITests",
-            dependencies: ["qxfer"],
+            dependencies: ["qxfer", "echo-tls", "echo-quic"],
             swiftSettings: strictSwift6
         ),
     ]
