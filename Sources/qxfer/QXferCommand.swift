@@ -12,7 +12,7 @@ struct QXferCommand: AsyncParsableCommand {
             its SHA-256 fingerprint, like SSH host keys. Run 'qxfer id' to see yours.
 
             Exit codes: 0 success, 64 usage, 65 malformed data from the peer, 69 network \
-            unavailable, 74 local I/O, 77 untrusted or refused peer, 78 identity or configuration.
+            unavailable, 77 untrusted or refused peer, 78 identity or configuration.
             """,
         version: QXferVersion.string,
         subcommands: [IdentityCommand.self]
