@@ -12,17 +12,7 @@ import Glibc
 /// at least 1200 bytes), and a real client must still connect and be echoed afterwards.
 @Suite("QUIC listener under hostile datagrams")
 struct QUICHostileTests {
-    static let echo: @Sendable (NetworkConnection<QUIC>) async throws -> Void = { connection in
-        while true {
-            let chunk: Data
-            do {
-                chunk = try await connection.receive(atLeast: 1, atMost: 1 << 20).content
-            } catch let error as QXferError where error.code == .endOfStream {
-                return
-            }
-            try await connection.send(chunk)
-        }
-    }
+    static let echo: @Sendable (NetworkConnection<QUIC>) async throws -> Void = { try await echoUntilFinished($0) }
 
     /// One echo round trip by a real, pinned qxfer QUIC client.
     ///

@@ -38,18 +38,7 @@ struct QUICInteropTests {
         URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Interop/\(name)").path
     }
 
-    /// An echo handler that returns every byte until the client finishes its direction.
-    static let echo: @Sendable (NetworkConnection<QUIC>) async throws -> Void = { connection in
-        while true {
-            let chunk: Data
-            do {
-                chunk = try await connection.receive(atLeast: 1, atMost: 1 << 20).content
-            } catch let error as QXferError where error.code == .endOfStream {
-                return
-            }
-            try await connection.send(chunk)
-        }
-    }
+    static let echo: @Sendable (NetworkConnection<QUIC>) async throws -> Void = { try await echoUntilFinished($0) }
 
     /// The JSON line the aioquic client prints.
     struct ClientReport: Decodable {

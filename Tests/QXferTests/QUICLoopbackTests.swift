@@ -10,17 +10,7 @@ struct QUICLoopbackTests {
         NetworkListener(on: 0, host: "127.0.0.1") { quic }
     }
 
-    static let echo: @Sendable (NetworkConnection<QUIC>) async throws -> Void = { connection in
-        while true {
-            let chunk: Data
-            do {
-                chunk = try await connection.receive(atLeast: 1, atMost: 1 << 20).content
-            } catch let error as QXferError where error.code == .endOfStream {
-                return
-            }
-            try await connection.send(chunk)
-        }
-    }
+    static let echo: @Sendable (NetworkConnection<QUIC>) async throws -> Void = { try await echoUntilFinished($0) }
 
     @Test("A pinned QUIC connection echoes 8 MiB intact and reports metrics")
     func echoTransfer() async throws {

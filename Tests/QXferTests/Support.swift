@@ -43,6 +43,19 @@ func withListener<Stack, Result: Sendable>(
     }
 }
 
+/// An echo handler: returns every byte until the client finishes its direction.
+@Sendable func echoUntilFinished<Stack: ByteStreamProtocol>(_ connection: NetworkConnection<Stack>) async throws {
+    while true {
+        let chunk: Data
+        do {
+            chunk = try await connection.receive(atLeast: 1, atMost: 1 << 20).content
+        } catch let error as QXferError where error.code == .endOfStream {
+            return
+        }
+        try await connection.send(chunk)
+    }
+}
+
 /// Polls `condition` until it holds or `timeout` passes.
 func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) async -> Bool {
     let deadline = ContinuousClock.now + timeout
