@@ -183,6 +183,23 @@ struct QUICStreamTests {
         }
     }
 
+    @Test("An application close carries its code and reason to the peer, after the last reply")
+    func applicationClose() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        try await withListener(listener, handler: { connection in
+            _ = try await connection.receive(exactly: 5)
+            try await connection.send(Data("last words".utf8))
+            connection.close(errorCode: 0x42, reason: "shutting down")
+        }) { port in
+            let connection = client(port)
+            try await connection.send(Data("hello".utf8))
+            #expect(try await connection.receive(exactly: 10).content == Data("last words".utf8))
+            let error = await #expect(throws: QXferError.self) { _ = try await connection.receive(atLeast: 1, atMost: 1) }
+            #expect(error?.code == .connectionClosed)
+            #expect(error?.message.contains("error 66") == true && error?.message.contains("shutting down") == true, "\(String(describing: error))")
+        }
+    }
+
     @Test("On TLS, streams and datagrams are refused clearly and finish() half-closes")
     func tlsDegrades() async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { TLS().identity(Identities.server) }

@@ -38,4 +38,7 @@ protocol StreamMultiplexer: Sendable {
     func receiveDatagram() async throws -> ByteBuffer?
     /// The largest datagram payload the path and the peer accept now; nil if the peer takes none.
     func maximumDatagramSize() async -> Int?
+    /// Closes the whole connection with an application error code and reason for the peer,
+    /// once what was sent has been delivered.
+    func close(errorCode: UInt64, reason: String)
 }

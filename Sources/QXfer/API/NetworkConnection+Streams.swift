@@ -38,6 +38,15 @@ extension NetworkConnection {
         cancel()
     }
 
+    /// Closes the whole connection, telling the peer why: on QUIC the peer's pending and later
+    /// operations fail with a message carrying `errorCode` and `reason`, after what was
+    /// already sent has been delivered. TCP+TLS has no place for a code; there this is
+    /// ``cancel()``.
+    public func close(errorCode: UInt64, reason: String = "") {
+        currentTransport()?.multiplexer?.close(errorCode: errorCode, reason: reason)
+        cancel()
+    }
+
     /// Sends one unreliable datagram (QUIC, RFC 9221): delivered at most once, possibly not at
     /// all, never retransmitted. Throws if larger than ``maximumDatagramSize``.
     public func sendDatagram(_ content: some DataProtocol) async throws {

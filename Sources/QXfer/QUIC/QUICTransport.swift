@@ -93,6 +93,11 @@ struct QUICMultiplexer: StreamMultiplexer {
         return try await driver.eventLoop.flatSubmit { driver.value.receiveDatagram() }.get().map { ByteBuffer(bytes: $0) }
     }
 
+    func close(errorCode: UInt64, reason: String) {
+        let driver = self.driver
+        driver.eventLoop.execute { driver.value.closeGracefully(code: errorCode, reason: reason) }
+    }
+
     func maximumDatagramSize() async -> Int? {
         let driver = self.driver
         return (try? await driver.eventLoop.submit { driver.value.engine.maxDatagramPayloadSize }.get()) ?? nil

@@ -175,19 +175,21 @@ final class QUICConnectionDriver {
     /// Closes the connection once every byte the application handed over has been
     /// acknowledged (or `timeout` passed), as closing a TCP socket lets the kernel deliver
     /// what it holds: a handler that sends its last reply and returns loses nothing.
-    func closeGracefully(timeout: TimeAmount = .seconds(10)) {
+    func closeGracefully(code: UInt64 = 0, reason: String = "", timeout: TimeAmount = .seconds(10)) {
         guard !terminated, closeError == nil, closeDeadline == nil else { return }
         closeDeadline = .now() + timeout
+        closeCode = (code, reason)
         process()
     }
 
     private var closeDeadline: NIODeadline?
+    private var closeCode: (UInt64, String) = (0, "")
 
     private func closeWhenDelivered() {
         guard let deadline = closeDeadline, !terminated else { return }
         let unacknowledged = engine.openStreams.reduce(0) { $0 + engine.bufferedSendBytes(stream: $1) }
         if unacknowledged == 0 || closeError != nil || NIODeadline.now() >= deadline {
-            close()
+            close(code: closeCode.0, reason: closeCode.1)
         }
     }
 
