@@ -183,6 +183,31 @@ struct QUICStreamTests {
         }
     }
 
+    @Test("A client moves to a new local port, then a new local address, mid-transfer (migration)")
+    func clientMigration() async throws {
+        let listener = NetworkListener(on: 0) { QUIC().identity(Identities.server) }
+        try await withListener(listener, handler: { connection in
+            var total = 0
+            while true {
+                do { total += try await connection.receive(atLeast: 1, atMost: 1 << 20).content.count }
+                catch let error as QXferError where error.code == .endOfStream { break }
+            }
+            try await connection.send(Data(String(total).utf8))
+        }) { port in
+            let connection = client(port)
+            let chunk = Data(count: 256 << 10)
+            for index in 0..<64 {
+                try await connection.send(chunk)
+                if index == 16 { try await connection.migrate() }  // a new port
+                if index == 40 { try await connection.migrate(localHost: "127.0.0.2") }  // a new address
+            }
+            try await connection.finish()
+            let reply = try await connection.receive(atLeast: 1, atMost: 32).content
+            #expect(String(decoding: reply, as: UTF8.self) == String(64 * chunk.count))
+            connection.cancel()
+        }
+    }
+
     @Test("An application close carries its code and reason to the peer, after the last reply")
     func applicationClose() async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }

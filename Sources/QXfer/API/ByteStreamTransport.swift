@@ -38,6 +38,9 @@ protocol StreamMultiplexer: Sendable {
     func receiveDatagram() async throws -> ByteBuffer?
     /// The largest datagram payload the path and the peer accept now; nil if the peer takes none.
     func maximumDatagramSize() async -> Int?
+    /// Moves the connection to a new local socket (a new port, or `localHost`), as when a
+    /// device changes network; the peer validates the new path and the connection goes on.
+    func migrate(localHost: String?) async throws
     /// Closes the whole connection with an application error code and reason for the peer,
     /// once what was sent has been delivered.
     func close(errorCode: UInt64, reason: String)

@@ -38,6 +38,13 @@ extension NetworkConnection {
         cancel()
     }
 
+    /// Moves this connection to a new local socket — a new port, or the local address
+    /// `localHost` — as a device does when it changes network (QUIC connection migration).
+    /// Transfers carry on; the server validates the new path. QUIC clients only.
+    public func migrate(localHost: String? = nil) async throws {
+        try await requireMultiplexer("connection migration").migrate(localHost: localHost)
+    }
+
     /// Closes the whole connection, telling the peer why: on QUIC the peer's pending and later
     /// operations fail with a message carrying `errorCode` and `reason`, after what was
     /// already sent has been delivered. TCP+TLS has no place for a code; there this is

@@ -93,6 +93,44 @@ struct QUICMultiplexer: StreamMultiplexer {
         return try await driver.eventLoop.flatSubmit { driver.value.receiveDatagram() }.get().map { ByteBuffer(bytes: $0) }
     }
 
+    func migrate(localHost: String?) async throws {
+        let driver = self.driver
+        let remoteIsIPv6 = try await driver.eventLoop.submit { driver.value.engine.path.remote.isIPv6 }.get()
+        let connectionIDLength = try await driver.eventLoop.submit { driver.value.engine.sourceConnectionIDs.first?.bytes.count ?? 16 }.get()
+        let parameters = NetworkParameters<QUIC>(stack: QUIC())
+        // The new socket must live on the connection's own event loop: the driver is confined to it.
+        let channel = try await DatagramBootstrap(group: driver.eventLoop)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try QUICTransport.tune(channel, parameters: parameters)
+                    try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: nil, connectionIDLength: connectionIDLength))
+                }
+            }
+            .bind(host: localHost ?? (remoteIsIPv6 ? "::" : "0.0.0.0"), port: 0).get()
+        do {
+            try await driver.eventLoop.submit {
+                let driver = driver.value
+                let handler = try channel.pipeline.syncOperations.handler(type: QUICSocketHandler.self)
+                guard let local = handler.localAddress else { throw QXferError(.invalidUse, "the new socket has no address") }
+                let old = driver.socket
+                if let old, let oldHandler = try? old.pipeline.syncOperations.handler(type: QUICSocketHandler.self) {
+                    oldHandler.detach(client: driver)
+                }
+                handler.attach(client: driver)
+                do {
+                    try driver.engine.migrate(toLocalAddress: local, now: QUICConnectionDriver.now)
+                } catch {
+                    throw QXferError(.invalidUse, "cannot migrate the connection: \(error)")
+                }
+                driver.process()
+                old?.close(promise: nil)
+            }.get()
+        } catch {
+            try? await channel.close()
+            throw error
+        }
+    }
+
     func close(errorCode: UInt64, reason: String) {
         let driver = self.driver
         driver.eventLoop.execute { driver.value.closeGracefully(code: errorCode, reason: reason) }

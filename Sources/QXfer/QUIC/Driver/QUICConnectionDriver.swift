@@ -19,6 +19,8 @@ final class QUICConnectionDriver {
     var onTerminated: (() -> Void)?
     /// Pushes what `send` queued onto the wire.
     var flush: (() -> Void)?
+    /// The UDP socket this connection currently uses.
+    var socket: (any Channel)?
 
     private(set) var handshake: EventLoopPromise<String>
     /// On a server, completed when the client opens its first bidirectional stream.

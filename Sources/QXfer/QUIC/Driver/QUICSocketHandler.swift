@@ -59,6 +59,16 @@ final class QUICSocketHandler: ChannelInboundHandler {
         wire(driver)
     }
 
+    /// Lets go of a client connection that moves to another socket, so closing this one does
+    /// not end it.
+    func detach(client driver: QUICConnectionDriver) {
+        guard clientDriver === driver else { return }
+        clientDriver = nil
+        drivers[ObjectIdentifier(driver)] = nil
+        dirty[ObjectIdentifier(driver)] = nil
+        routes.removeAll()
+    }
+
     private func wire(_ driver: QUICConnectionDriver) {
         let key = ObjectIdentifier(driver)
         drivers[key] = driver
@@ -67,6 +77,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
         driver.route = { [unowned self, unowned driver] id, add in
             if add { self.routes[id] = driver } else if self.routes[id] === driver { self.routes[id] = nil }
         }
+        driver.socket = context?.channel
         driver.onTerminated = { [unowned self, unowned driver] in
             self.drivers[ObjectIdentifier(driver)] = nil
             self.dirty[ObjectIdentifier(driver)] = nil
