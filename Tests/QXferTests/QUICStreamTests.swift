@@ -208,6 +208,30 @@ struct QUICStreamTests {
         }
     }
 
+    @Test("A server that lost the connection (restarted) answers with a stateless reset: the client fails at once")
+    func statelessReset() async throws {
+        let first = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        let second = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        try await withListener(first, handler: echoUntilFinished) { firstPort in
+            try await withListener(second, handler: echoUntilFinished) { secondPort in
+                let relay = try await UDPRelay.start(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(firstPort)))
+                let connection = client(relay.port) { $0.idleTimeout(.seconds(30)) }
+                try await connection.send(Data("one".utf8))
+                _ = try await connection.receive(exactly: 3)
+                relay.retarget(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(secondPort)))
+                let clock = ContinuousClock()
+                let started = clock.now
+                let error = await #expect(throws: QXferError.self) {
+                    try await connection.send(Data("two".utf8))
+                    _ = try await connection.receive(exactly: 3)
+                }
+                #expect(error?.message.contains("stateless reset") == true, "\(String(describing: error))")
+                #expect(clock.now - started < .seconds(10))
+                await relay.stop()
+            }
+        }
+    }
+
     @Test("An application close carries its code and reason to the peer, after the last reply")
     func applicationClose() async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }

@@ -7,9 +7,9 @@ import Synchronization
 final class UDPRelay: Sendable {
     private let inside: any Channel
     private let state: Mutex<State>
-    let server: SocketAddress
 
     private struct State {
+        var server: SocketAddress
         var outside: (any Channel)?
         var client: SocketAddress?
         var blackhole = false
@@ -38,9 +38,11 @@ final class UDPRelay: Sendable {
 
     private init(inside: any Channel, server: SocketAddress) {
         self.inside = inside
-        self.server = server
-        self.state = Mutex(State())
+        self.state = Mutex(State(server: server))
     }
+
+    /// Sends the client's datagrams to another server from now on (as if the first restarted).
+    func retarget(to server: SocketAddress) { state.withLock { $0.server = server } }
 
     /// Moves the server-facing side to a new socket (new source port), as a NAT would.
     func rebind() async throws {
@@ -72,9 +74,9 @@ final class UDPRelay: Sendable {
     }
 
     private func fromClient(_ envelope: AddressedEnvelope<ByteBuffer>) {
-        let outside: (any Channel)? = state.withLock { state in
+        let (outside, server): ((any Channel)?, SocketAddress) = state.withLock { state in
             state.client = envelope.remoteAddress
-            return state.blackhole ? nil : state.outside
+            return (state.blackhole ? nil : state.outside, state.server)
         }
         outside?.writeAndFlush(AddressedEnvelope(remoteAddress: server, data: envelope.data), promise: nil)
     }

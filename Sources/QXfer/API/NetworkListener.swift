@@ -85,9 +85,9 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
         do {
             let identity = try quic.identity ?? HostIdentity.loadOrCreate()
             let parameters = self.parameters
-            var resetSecret = [UInt8](repeating: 0, count: 32)
-            for index in resetSecret.indices { resetSecret[index] = UInt8.random(in: 0...255) }
-            let secret = resetSecret
+            // Derived from the identity, so a restarted receiver can still tell stale clients
+            // that their connection is gone (RFC 9000 section 10.3).
+            let secret = identity.statelessResetSecret
             let server = QUICSocketHandler.Server(
                 makeConfiguration: {
                     let verifier = PeerVerifier(.server(quic.clientAuthentication))
@@ -108,7 +108,8 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
                     if case .dropped = continuation.yield((NIOLoopBound(driver, eventLoop: driver.eventLoop), peer, remote)) {
                         driver.close(code: 0x2, reason: "too many pending connections")
                     }
-                })
+                },
+                statelessResetSecret: secret)
             let connectionIDLength = QUICConfiguration(certificateChainPEM: "", privateKeyPEM: "", verifyPeer: { _ in false }).connectionIDLength
             let bootstrap = DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .channelOption(.socketOption(.so_reuseaddr), value: 1)

@@ -45,6 +45,15 @@ public struct HostIdentity: Sendable {
         }
     }
 
+    /// A secret for QUIC stateless-reset tokens that survives restarts: HKDF-SHA256 of the
+    /// private key, so it reveals nothing about the key and changes only with the identity.
+    var statelessResetSecret: [UInt8] {
+        let key = SymmetricKey(data: Array(privateKeyPEM.utf8))
+        let derived = HKDF<SHA256>.deriveKey(
+            inputKeyMaterial: key, salt: Array("qxfer stateless reset".utf8), info: [], outputByteCount: 32)
+        return derived.withUnsafeBytes { Array($0) }
+    }
+
     /// Whether `directory` already holds an identity (or part of one).
     public static func exists(in directory: ConfigDirectory = .standard) -> Bool {
         SecureFile.exists(directory.file(keyFile)) || SecureFile.exists(directory.file(certificateFile))

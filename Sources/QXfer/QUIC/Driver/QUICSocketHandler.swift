@@ -21,7 +21,15 @@ final class QUICSocketHandler: ChannelInboundHandler {
         var accepted: (QUICConnectionDriver) -> Void
         /// Connections beyond this many are ignored until others end.
         var maximumConnections = 4096
+        /// The secret stateless-reset tokens derive from (the engines use the same one).
+        var statelessResetSecret: [UInt8]
     }
+
+    /// Stateless resets this socket may still send in the current second: answers to
+    /// unknown connections must not become an amplifier.
+    private var resetBudget = 0
+    private var resetBudgetSecond: UInt64 = 0
+    static let resetsPerSecond = 100
 
     private let server: Server?
     private let connectionIDLength: Int
@@ -144,10 +152,12 @@ final class QUICSocketHandler: ChannelInboundHandler {
             if let driver = routes[header.destinationConnectionID] {
                 driver.receive(datagram, path: path)
                 dirty[ObjectIdentifier(driver)] = driver
-            } else if header.isLongHeader, drivers.count < server.maximumConnections,
-                let initial = QUICInitialPacket.accept(datagram: bytes)
-            {
-                accept(initial, datagram: datagram, path: path, server: server)
+            } else if header.isLongHeader {
+                if drivers.count < server.maximumConnections, let initial = QUICInitialPacket.accept(datagram: bytes) {
+                    accept(initial, datagram: datagram, path: path, server: server)
+                }
+            } else {
+                sendStatelessReset(for: header.destinationConnectionID, triggeredBy: bytes.count, to: path.remote, server: server)
             }
         case .unsupportedVersion(let header):
             if bytes.count >= 1200, let reply = QUICVersionNegotiation.write(for: header) {
@@ -175,6 +185,21 @@ final class QUICSocketHandler: ChannelInboundHandler {
         driver.handshake.futureResult.whenSuccess { [unowned driver] _ in accepted(driver) }
         driver.receive(datagram, path: path)
         dirty[ObjectIdentifier(driver)] = driver
+    }
+
+    /// Tells a peer that this endpoint no longer knows its connection (it restarted, or the
+    /// connection ended long ago), so the peer fails at once instead of at its idle timeout.
+    private func sendStatelessReset(for id: QUICConnectionID, triggeredBy length: Int, to remote: QUICSocketAddress, server: Server) {
+        let second = QUICConnectionDriver.now.nanoseconds / 1_000_000_000
+        if second != resetBudgetSecond {
+            resetBudgetSecond = second
+            resetBudget = Self.resetsPerSecond
+        }
+        guard resetBudget > 0 else { return }
+        let token = QUICStatelessReset.token(secret: server.statelessResetSecret, connectionID: id)
+        guard let reset = QUICStatelessReset.write(token: token, triggeringPacketLength: length) else { return }
+        resetBudget -= 1
+        sendRaw(reset, to: remote)
     }
 
     // MARK: Send
