@@ -85,17 +85,24 @@ extension TLSByteStream {
 
         let setup: Setup
         do {
-            setup = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            let bootstrap = ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .connectTimeout(TimeAmount(timeout))
                 .channelOption(.allowRemoteHalfClosure, value: true)
-                .connect(host: endpoint.host, port: Int(endpoint.port)) { channel in
-                    channel.eventLoop.makeCompletedFuture {
-                        SocketTuning.apply(settings, to: channel)
-                        let tlsHandler = try NIOSSLClientHandler(
-                            context: context, serverHostname: nil, customVerificationCallback: verifier.verify)
-                        return try Setup.install(tlsHandler, verifier: verifier, tls: tls, idle: idle, on: channel)
-                    }
+            let initializer: @Sendable (any Channel) -> EventLoopFuture<Setup> = { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    SocketTuning.apply(settings, to: channel)
+                    let tlsHandler = try NIOSSLClientHandler(
+                        context: context, serverHostname: nil, customVerificationCallback: verifier.verify)
+                    return try Setup.install(tlsHandler, verifier: verifier, tls: tls, idle: idle, on: channel)
                 }
+            }
+            if let literal = try? SocketAddress(ipAddress: endpoint.host, port: Int(endpoint.port)) {
+                // An address needs no resolver: asking DNS for the AAAA record of "127.0.0.1"
+                // can take seconds where no DNS server answers.
+                setup = try await bootstrap.connect(to: literal, channelInitializer: initializer)
+            } else {
+                setup = try await bootstrap.connect(host: endpoint.host, port: Int(endpoint.port), channelInitializer: initializer)
+            }
         } catch {
             throw QXferError(.connectFailed, "cannot connect to \(endpoint): \(ChannelErrors.reason(error))", underlying: error)
         }
