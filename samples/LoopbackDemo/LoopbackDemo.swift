@@ -33,6 +33,9 @@ struct LoopbackDemo {
         let bulk = NetworkListener(on: 0, host: "127.0.0.1") {
             TLS().identity(receiverIdentity)
         }
+        let bulkQUIC = NetworkListener(on: 0, host: "127.0.0.1") {
+            QUIC().identity(receiverIdentity)  // the one-line swap
+        }
 
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
@@ -45,25 +48,11 @@ struct LoopbackDemo {
                     }
                 }
             }
-            group.addTask {
-                try await bulk.run { connection in
-                    // Count bytes until the sender closes, then report the total as a UInt64.
-                    var total: UInt64 = 0
-                    while true {
-                        do {
-                            total += UInt64(try await connection.receive(atLeast: 1, atMost: 1 << 20).content.count)
-                        } catch let error as QXferError where error.code == .endOfStream {
-                            break
-                        }
-                        if total == 256 << 20 { break }
-                    }
-                    var reply = total.bigEndian
-                    try await connection.send(Data(bytes: &reply, count: 8))
-                }
-            }
+            group.addTask { try await bulk.run(countBytes) }
+            group.addTask { try await bulkQUIC.run(countBytes) }
             let notesPort = try await notes.port
             let bulkPort = try await bulk.port
-            print("receiver  listening on 127.0.0.1:\(notesPort) (messages) and :\(bulkPort) (bytes), TLS 1.3, ALPN qxfer/1")
+            print("receiver  listening on 127.0.0.1:\(notesPort) (messages) and :\(bulkPort) (bytes), TLS 1.3, ALPN qxfer/1; QUIC on UDP :\(try await bulkQUIC.port)")
             print("receiver  fingerprint \(receiverIdentity.fingerprint)")
             print("sender    fingerprint \(senderIdentity.fingerprint)")
 
@@ -111,24 +100,50 @@ struct LoopbackDemo {
             }
 
             // 5. Bytes: 256 MiB on a byte stream, with backpressure and the path's metrics.
-            let bytes = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: bulkPort), using: .parameters {
+            try await sendBulk(label: "5. TLS ", NetworkConnection(to: .hostPort(host: "127.0.0.1", port: bulkPort), using: .parameters {
                 TLS().identity(senderIdentity).peerFingerprint(receiverIdentity.fingerprint)
-            }.performanceMode(.bulk))
-            let chunk = Data(repeating: 0x5a, count: 1 << 20)
-            let clock = ContinuousClock()
-            let started = clock.now
-            for _ in 0..<256 { try await bytes.send(chunk) }
-            let total = try await bytes.receive(as: UInt64.self).content
-            let elapsed = clock.now - started
-            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-            print(String(format: "5. sent 256 MiB over TLS, receiver counted %llu bytes, %.0f MB/s", total, Double(total) / seconds / 1e6))
-            print("   metrics: \(await bytes.metrics)")
-            bytes.cancel()
+            }.performanceMode(.bulk)))
+
+            // 6. The same program over QUIC: only the stack line differs.
+            try await sendBulk(label: "6. QUIC", NetworkConnection(to: .hostPort(host: "127.0.0.1", port: try await bulkQUIC.port), using: .parameters {
+                QUIC().identity(senderIdentity).peerFingerprint(receiverIdentity.fingerprint)
+            }.performanceMode(.bulk)))
 
             group.cancelAll()
         }
         print("\ndone: listeners stopped, every connection closed")
     }
+}
+
+/// The receiving side of steps 5 and 6: counts bytes until the sender finishes, then replies
+/// with the total as a UInt64 in network byte order.
+@Sendable func countBytes<Stack: ByteStreamProtocol>(_ connection: NetworkConnection<Stack>) async throws {
+    var total: UInt64 = 0
+    while true {
+        do {
+            total += UInt64(try await connection.receive(atLeast: 1, atMost: 1 << 20).content.count)
+        } catch let error as QXferError where error.code == .endOfStream {
+            break
+        }
+    }
+    var reply = total.bigEndian
+    try await connection.send(Data(bytes: &reply, count: 8))
+}
+
+/// Sends 256 MiB, finishes, and prints the receiver's count, the rate and the path's metrics.
+func sendBulk<Stack: ByteStreamProtocol>(label: String, _ connection: NetworkConnection<Stack>) async throws {
+    let chunk = Data(repeating: 0x5a, count: 1 << 20)
+    let clock = ContinuousClock()
+    let started = clock.now
+    for _ in 0..<256 { try await connection.send(chunk) }
+    let metrics = await connection.metrics  // while the path is still open
+    try await connection.finish()
+    let total = try await connection.receive(as: UInt64.self).content
+    let elapsed = clock.now - started
+    let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+    print(String(format: "%@: sent 256 MiB, the receiver counted %llu bytes, %.0f MB/s", label, total, Double(total) / seconds / 1e6))
+    print("   metrics: \(metrics)")
+    connection.cancel()
 }
 
 /// A thread-safe counter for the listener's child tasks.
