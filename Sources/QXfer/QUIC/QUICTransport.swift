@@ -162,8 +162,10 @@ enum QUICTransport {
             case .required: configuration.clientAuthentication = .required
             }
         }
-        // BBR unless asked otherwise: bench/loopback.sh measured 352 MB/s with BBR against 272
-        // with CUBIC, and under random loss CUBIC collapses where BBR holds (DESIGN.md figures).
+        // BBR unless asked otherwise: on loopback the two are within noise of each other
+        // (bench/loopback.sh: 352 vs 272 MB/s in one run, 272 vs 314 in another), but under
+        // 1 % random loss CUBIC collapses where BBR holds (the brief's TCP figures: 57.6 MB/s
+        // against under 0.5), and lossy WAN links are what qxfer is for.
         switch (parameters.congestionControl ?? .bbr).name {
         case "bbr": configuration.congestionControl = .bbr
         case "reno": configuration.congestionControl = .reno
