@@ -179,8 +179,11 @@ enum QUICTransport {
             configuration.keepAliveInterval = .seconds(10)
         }
         if parameters.performanceMode == .bulk {
+            configuration.initialStreamWindow = 2 << 20
+            configuration.initialConnectionWindow = 4 << 20
             configuration.maxStreamWindow = 16 << 20
             configuration.maxConnectionWindow = 32 << 20
+            configuration.streamSendBufferLimit = 4 << 20
         }
         if let resetSecret { configuration.statelessResetSecret = resetSecret }
         return configuration
