@@ -12,6 +12,16 @@ struct QUICStreamTests {
         }))
     }
 
+    /// Counts bytes until the client finishes, then replies with the count as text.
+    static let countBytes: @Sendable (NetworkConnection<QUIC>) async throws -> Void = { connection in
+        var total = 0
+        while true {
+            do { total += try await connection.receive(atLeast: 1, atMost: 1 << 20).content.count }
+            catch let error as QXferError where error.code == .endOfStream { break }
+        }
+        try await connection.send(Data(String(total).utf8))
+    }
+
     @Test("100 streams in parallel each echo their own bytes back")
     func parallelStreams() async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
@@ -157,14 +167,7 @@ struct QUICStreamTests {
     @Test("A transfer survives the client's address changing mid-way (NAT rebinding)")
     func natRebinding() async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
-        try await withListener(listener, handler: { connection in
-            var total = 0
-            while true {
-                do { total += try await connection.receive(atLeast: 1, atMost: 1 << 20).content.count }
-                catch let error as QXferError where error.code == .endOfStream { break }
-            }
-            try await connection.send(Data(String(total).utf8))
-        }) { port in
+        try await withListener(listener, handler: Self.countBytes) { port in
             let relay = try await UDPRelay.start(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)))
             let connection = client(relay.port)
             let states = Task { var seen: [String] = []; for await state in connection.states { seen.append("\(state)") }; return seen }
@@ -186,14 +189,7 @@ struct QUICStreamTests {
     @Test("A client moves to a new local port, then a new local address, mid-transfer (migration)")
     func clientMigration() async throws {
         let listener = NetworkListener(on: 0) { QUIC().identity(Identities.server) }
-        try await withListener(listener, handler: { connection in
-            var total = 0
-            while true {
-                do { total += try await connection.receive(atLeast: 1, atMost: 1 << 20).content.count }
-                catch let error as QXferError where error.code == .endOfStream { break }
-            }
-            try await connection.send(Data(String(total).utf8))
-        }) { port in
+        try await withListener(listener, handler: Self.countBytes) { port in
             let connection = client(port)
             let chunk = Data(count: 256 << 10)
             for index in 0..<64 {
