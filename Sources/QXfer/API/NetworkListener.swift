@@ -88,13 +88,14 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
             // Derived from the identity, so a restarted receiver can still tell stale clients
             // that their connection is gone (RFC 9000 section 10.3).
             let secret = identity.statelessResetSecret
+            let makeConfiguration: @Sendable () -> (QUICConfiguration, PeerVerifier) = {
+                let verifier = PeerVerifier(.server(quic.clientAuthentication))
+                let configuration = QUICTransport.configuration(
+                    quic, identity: identity, parameters: parameters, verifier: verifier, isServer: true, resetSecret: secret)
+                return (configuration, verifier)
+            }
             let server = QUICSocketHandler.Server(
-                makeConfiguration: {
-                    let verifier = PeerVerifier(.server(quic.clientAuthentication))
-                    let configuration = QUICTransport.configuration(
-                        quic, identity: identity, parameters: parameters, verifier: verifier, isServer: true, resetSecret: secret)
-                    return (configuration, verifier)
-                },
+                makeConfiguration: makeConfiguration,
                 acceptedProtocols: quic.applicationProtocols,
                 accepted: { driver in
                     let outcome = driver.verifier.result
@@ -109,14 +110,15 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
                         driver.close(code: 0x2, reason: "too many pending connections")
                     }
                 },
-                statelessResetSecret: secret)
-            let connectionIDLength = QUICConfiguration(certificateChainPEM: "", privateKeyPEM: "", verifyPeer: { _ in false }).connectionIDLength
+                statelessResetSecret: secret,
+                connectionIDLength: makeConfiguration().0.connectionIDLength)
+            let trafficClass = parameters.serviceClass.trafficClass
             let bootstrap = DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .channelOption(.socketOption(.so_reuseaddr), value: 1)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try QUICTransport.tune(channel, parameters: parameters)
-                        try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: server, connectionIDLength: connectionIDLength))
+                        try QUICTransport.tune(channel, trafficClass: trafficClass)
+                        try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: server))
                     }
                 }
             if let host {

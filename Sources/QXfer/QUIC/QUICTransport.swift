@@ -95,18 +95,12 @@ struct QUICMultiplexer: StreamMultiplexer {
 
     func migrate(localHost: String?) async throws {
         let driver = self.driver
-        let remoteIsIPv6 = try await driver.eventLoop.submit { driver.value.engine.path.remote.isIPv6 }.get()
-        let connectionIDLength = try await driver.eventLoop.submit { driver.value.engine.sourceConnectionIDs.first?.bytes.count ?? 16 }.get()
-        let parameters = NetworkParameters<QUIC>(stack: QUIC())
+        let (remoteIsIPv6, trafficClass) = try await driver.eventLoop.submit {
+            (driver.value.engine.path.remote.isIPv6, driver.value.trafficClass)
+        }.get()
         // The new socket must live on the connection's own event loop: the driver is confined to it.
-        let channel = try await DatagramBootstrap(group: driver.eventLoop)
-            .channelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try QUICTransport.tune(channel, parameters: parameters)
-                    try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: nil, connectionIDLength: connectionIDLength))
-                }
-            }
-            .bind(host: localHost ?? (remoteIsIPv6 ? "::" : "0.0.0.0"), port: 0).get()
+        let channel = try await QUICTransport.openClientSocket(
+            on: driver.eventLoop, host: localHost ?? (remoteIsIPv6 ? "::" : "0.0.0.0"), trafficClass: trafficClass)
         do {
             try await driver.eventLoop.submit {
                 let driver = driver.value
@@ -190,7 +184,7 @@ enum QUICTransport {
     }
 
     /// Socket options for a QUIC UDP socket: big buffers, GRO, vectored reads, DSCP.
-    static func tune<Stack>(_ channel: any Channel, parameters: NetworkParameters<Stack>) throws {
+    static func tune(_ channel: any Channel, trafficClass: Int32) throws {
         guard let options = channel.syncOptions else { return }
         try options.setOption(.socketOption(.so_rcvbuf), value: 4 << 20)
         try options.setOption(.socketOption(.so_sndbuf), value: 4 << 20)
@@ -201,7 +195,6 @@ enum QUICTransport {
         // between the messages, so each needs room for a whole 64 KiB batch.
         try options.setOption(.datagramVectorReadMessageCount, value: 8)
         try options.setOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: 8 * 65536))
-        let trafficClass = parameters.serviceClass.trafficClass
         if trafficClass != 0 {
             try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IP), name: IP_TOS), value: SocketOptionValue(trafficClass))
             try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IPV6), name: IPV6_TCLASS), value: SocketOptionValue(trafficClass))
@@ -209,6 +202,18 @@ enum QUICTransport {
     }
 
     // MARK: Client
+
+    /// A client's UDP socket bound to `host` (any port) on `group`, with its QUIC handler.
+    static func openClientSocket(on group: any EventLoopGroup, host: String, trafficClass: Int32) async throws -> any Channel {
+        try await DatagramBootstrap(group: group)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try tune(channel, trafficClass: trafficClass)
+                    try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: nil))
+                }
+            }
+            .bind(host: host, port: 0).get()
+    }
 
     /// Connects to `endpoint`: resolves it, races its addresses (RFC 8305: IPv6 first,
     /// alternating families, a new attempt every 250 ms until one completes its handshake).
@@ -278,17 +283,11 @@ enum QUICTransport {
     ) async throws -> QUICStreamTransport {
         var configuration = configuration(quic, identity: identity, parameters: parameters, verifier: verifier, isServer: false)
         configuration.handshakeTimeout = min(timeout, .seconds(10))
-        let connectionIDLength = configuration.connectionIDLength
+        let trafficClass = parameters.serviceClass.trafficClass
         let channel: any Channel
         do {
-            channel = try await DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-                .channelInitializer { channel in
-                    channel.eventLoop.makeCompletedFuture {
-                        try tune(channel, parameters: parameters)
-                        try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: nil, connectionIDLength: connectionIDLength))
-                    }
-                }
-                .bind(host: remote.protocol == .inet6 ? "::" : "0.0.0.0", port: 0).get()
+            channel = try await openClientSocket(
+                on: MultiThreadedEventLoopGroup.singleton, host: remote.protocol == .inet6 ? "::" : "0.0.0.0", trafficClass: trafficClass)
         } catch {
             throw QXferError(.connectFailed, "cannot open a UDP socket: \(ChannelErrors.reason(error))", underlying: error)
         }
@@ -299,6 +298,7 @@ enum QUICTransport {
             }
             let engine = try QUICConnection(clientWith: configuration, path: QUICPath(local: local, remote: remoteAddress), now: QUICConnectionDriver.now)
             let driver = QUICConnectionDriver(engine: engine, eventLoop: channel.eventLoop, verifier: verifier, acceptedProtocols: quic.applicationProtocols)
+            driver.trafficClass = trafficClass
             handler.attach(client: driver)
             driver.process()
             return (NIOLoopBound(driver, eventLoop: channel.eventLoop), driver.handshake.futureResult)

@@ -21,6 +21,8 @@ final class QUICConnectionDriver {
     var flush: (() -> Void)?
     /// The UDP socket this connection currently uses.
     var socket: (any Channel)?
+    /// The DSCP byte its sockets carry, so a socket it migrates to is marked the same.
+    var trafficClass: Int32 = 0
 
     private(set) var handshake: EventLoopPromise<String>
     /// On a server, completed when the client opens its first bidirectional stream.
@@ -41,7 +43,6 @@ final class QUICConnectionDriver {
     struct StreamState {
         var readWaiter: EventLoopPromise<[ByteBuffer]?>?
         var pendingWrites = CircularBuffer<(ByteBuffer, EventLoopPromise<Void>)>()
-        var finishedReading = false
         var error: QXferError?
     }
 
@@ -261,7 +262,6 @@ final class QUICConnectionDriver {
         // maxLength 0 only asks whether the peer's FIN has been reached; it consumes nothing.
         guard let result = try? engine.read(stream: id, maxLength: engine.readableBytes(stream: id) > 0 ? 4 << 20 : 0) else {
             state.readWaiter = nil
-            state.finishedReading = true
             streams[id] = state
             waiter.succeed(nil)  // the engine forgot the stream: both sides are done
             return
@@ -272,7 +272,6 @@ final class QUICConnectionDriver {
             waiter.succeed([ByteBuffer(bytes: result.bytes)])
         } else if result.isFinished {
             state.readWaiter = nil
-            state.finishedReading = true
             streams[id] = state
             waiter.succeed(nil)
         }

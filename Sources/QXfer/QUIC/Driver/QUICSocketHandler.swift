@@ -23,6 +23,8 @@ final class QUICSocketHandler: ChannelInboundHandler {
         var maximumConnections = 4096
         /// The secret stateless-reset tokens derive from (the engines use the same one).
         var statelessResetSecret: [UInt8]
+        /// The length of the connection IDs the engines issue: short headers do not carry it.
+        var connectionIDLength: Int
     }
 
     /// Stateless resets this socket may still send in the current second: answers to
@@ -32,7 +34,6 @@ final class QUICSocketHandler: ChannelInboundHandler {
     static let resetsPerSecond = 100
 
     private let server: Server?
-    private let connectionIDLength: Int
     private var context: ChannelHandlerContext?
     private(set) var localAddress: QUICSocketAddress?
     private var routes: [QUICConnectionID: QUICConnectionDriver] = [:]
@@ -42,9 +43,9 @@ final class QUICSocketHandler: ChannelInboundHandler {
     /// The connection of a client socket, which has exactly one.
     private var clientDriver: QUICConnectionDriver?
 
-    init(server: Server?, connectionIDLength: Int) {
+    /// A listening socket with `server`, or a client's socket with nil.
+    init(server: Server?) {
         self.server = server
-        self.connectionIDLength = connectionIDLength
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -147,7 +148,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
         }
         guard let server else { return }
         let bytes = Array(datagram)
-        switch QUICPacketHeader.decode(datagram: bytes, shortHeaderConnectionIDLength: connectionIDLength) {
+        switch QUICPacketHeader.decode(datagram: bytes, shortHeaderConnectionIDLength: server.connectionIDLength) {
         case .supported(let header):
             if let driver = routes[header.destinationConnectionID] {
                 driver.receive(datagram, path: path)
