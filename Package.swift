@@ -18,6 +18,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift.git", from: "0.2.0"),
     ],
     targets: [
         // C shims: ngtcp2 0.12.1 + its GnuTLS crypto helper + GnuTLS, macros as inline functions.
@@ -79,11 +80,21 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
 
+        // Live frames: sources and sinks (synthetic, IVF, Y4M), the reliable / stream-per-frame /
+        // realtime modes, loss repair and latency statistics, over the public API only.
+        .target(
+            name: "QXferStream",
+            dependencies: ["QXfer", .product(name: "Histogram", package: "hdrhistogram-swift")],
+            swiftSettings: strictSwift6
+        ),
+
         // The command-line tool: composition only.
         .executableTarget(
             name: "qxfer",
             dependencies: [
                 "QXfer",
+                "QXferTransfer",
+                "QXferStream",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -133,6 +144,11 @@ let package = Package(
         .testTarget(
             name: "QXferTransferTests",
             dependencies: ["QXferTransfer", "QXfer"],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "QXferStreamTests",
+            dependencies: ["QXferStream", "QXfer"],
             swiftSettings: strictSwift6
         ),
         .testTarget(

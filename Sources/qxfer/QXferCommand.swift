@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import QXfer
+import QXferTransfer
 
 @main
 struct QXferCommand: AsyncParsableCommand {
@@ -11,11 +12,14 @@ struct QXferCommand: AsyncParsableCommand {
             Every host has an identity (a key and a self-signed certificate) that peers pin by \
             its SHA-256 fingerprint, like SSH host keys. Run 'qxfer id' to see yours.
 
-            Exit codes: 0 success, 64 usage, 65 malformed data from the peer, 69 network \
-            unavailable, 77 untrusted or refused peer, 78 identity or configuration.
+            Exit codes: 0 success, 64 usage, 65 verification failed (digest mismatch), 69 \
+            network unavailable or the peer went away, 73 target exists (not overwritten), \
+            74 local I/O error or disk full, 76 protocol error (malformed or unexpected data \
+            from the peer), 77 untrusted, refused or unsafe (peer refused, offer declined, \
+            path refused), 78 identity or configuration.
             """,
         version: QXferVersion.string,
-        subcommands: [IdentityCommand.self]
+        subcommands: [SendCommand.self, RecvCommand.self, IdentityCommand.self]
     )
 
     /// Parses, runs, and turns every failure into one line on standard error and an exit code.
@@ -28,6 +32,9 @@ struct QXferCommand: AsyncParsableCommand {
                 try command.run()
             }
         } catch let error as QXferError {
+            FileHandle.standardError.write(Data("qxfer: \(error.message)\n".utf8))
+            Foundation.exit(ExitCodes.code(for: error))
+        } catch let error as TransferError {
             FileHandle.standardError.write(Data("qxfer: \(error.message)\n".utf8))
             Foundation.exit(ExitCodes.code(for: error))
         } catch {
@@ -51,8 +58,20 @@ enum ExitCodes {
         switch error.code {
         case .fingerprintMismatch, .untrustedPeer, .protocolMismatch: 77  // EX_NOPERM
         case .connectFailed, .connectionClosed, .idleTimeout, .handshakeFailed, .bindFailed: 69  // EX_UNAVAILABLE
-        case .malformedMessage, .truncated: 65  // EX_DATAERR
+        case .malformedMessage, .truncated: 76  // EX_PROTOCOL
         case .identity: 78  // EX_CONFIG
+        default: 1
+        }
+    }
+
+    static func code(for error: TransferError) -> Int32 {
+        switch error.code {
+        case .digestMismatch: 65  // EX_DATAERR
+        case .cancelled: 69  // EX_UNAVAILABLE: the peer went away; run again to resume
+        case .exists: 73  // EX_CANTCREAT
+        case .io, .noSpace: 74  // EX_IOERR
+        case .malformed, .limitExceeded, .protocolViolation, .unsupported, .internal: 76  // EX_PROTOCOL
+        case .refused, .unsafePath: 77  // EX_NOPERM
         default: 1
         }
     }

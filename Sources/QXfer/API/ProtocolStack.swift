@@ -29,4 +29,11 @@ public struct TransportDescription: Sendable {
         case quic(QUIC)
     }
     let kind: Kind
+
+    /// Whether the transport carries many ordered streams side by side and unreliable
+    /// datagrams (QUIC), rather than one ordered byte stream (TCP+TLS). Applications that
+    /// can use either ask this once instead of catching ``QXferError/Code/unsupported``.
+    public var hasIndependentStreams: Bool {
+        if case .quic = kind { true } else { false }
+    }
 }

@@ -8,8 +8,13 @@ import Musl
 public final class Descriptor {
     /// The raw descriptor.
     public let fd: Int32
-    init(_ fd: Int32) { self.fd = fd }
-    deinit { close(fd) }
+    private let owned: Bool
+    /// Takes ownership of `fd` (closed on deinit), or borrows it (standard input) when not `owned`.
+    init(_ fd: Int32, owned: Bool = true) {
+        self.fd = fd
+        self.owned = owned
+    }
+    deinit { if owned { close(fd) } }
 }
 
 /// The directory files are received into, with every operation done relative to an open

@@ -1,0 +1,204 @@
+/// The receiver's state after it accepted an offer, sans-IO: it takes the messages of the
+/// control and data streams one at a time and returns the reply to send, writing the files
+/// through its ``FileStore``. Every rule of docs/PROTOCOL.md §1 and §3.3–3.5 about which
+/// message may come when is checked here; a breach is a `protocol-violation`.
+struct ReceivingSession {
+    private let offer: Offer
+    private let paths: [SafePath]
+    private let store: FileStore
+    private let progress: TransferProgress
+
+    /// Files still waiting for their FileDone, by entry.
+    private var pending: [UInt32: PendingFile] = [:]
+    /// QUIC: which entry each data stream carries, and which entries have a stream.
+    private var streamEntries: [InboundFunnel.Source: UInt32] = [:]
+    private var entriesWithStream: Set<UInt32> = []
+    /// Directories and symlinks, done after the files.
+    private var treeEntries: [Int] = []
+
+    private(set) var summary: TransferSummary
+    private(set) var bytesToReceive: UInt64 = 0
+
+    private enum PendingFile {
+        case receive(FileTarget, ResumePoint, FileWriter?)
+        case present(FileTarget, digest: [UInt8])
+    }
+
+    init(offer: Offer, paths: [SafePath], store: FileStore, progress: TransferProgress) {
+        self.offer = offer
+        self.paths = paths
+        self.store = store
+        self.progress = progress
+        self.summary = TransferSummary(succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: offer.algorithm, digests: [])
+    }
+
+    /// Whether every file has been answered.
+    var isFinished: Bool { pending.isEmpty }
+
+    /// Bytes the receiver held already from earlier attempts (resume).
+    var resumedBytes: UInt64 { summary.resumedBytes }
+
+    /// Records an entry that cannot be taken.
+    mutating func fail(_ entry: UInt32, _ error: TransferError) {
+        summary.failures.append((paths[Int(entry)].description, error))
+        progress.report(.failed(path: paths[Int(entry)].description, error: error))
+    }
+
+    /// Takes the accepted plans: which files to expect.
+    mutating func expect(_ plans: [Plan]) {
+        for (index, plan) in plans.enumerated() {
+            switch plan {
+            case .directory, .symlink:
+                treeEntries.append(index)
+            case .receive(let target, let resume):
+                pending[UInt32(index)] = .receive(target, resume, nil)
+                bytesToReceive += (target.size ?? 0) - resume.offset
+                summary.resumedBytes += resume.offset
+            case .present(let target, let digest):
+                pending[UInt32(index)] = .present(target, digest: digest)
+            case .skip(let error):
+                fail(UInt32(index), error)
+            }
+        }
+    }
+
+    /// Handles what a reader saw; returns the message to send on the control stream, if any.
+    mutating func handle(_ event: InboundFunnel.Event, from source: InboundFunnel.Source, usesStreams: Bool) throws -> Message? {
+        switch event {
+        case .failed(let error):
+            throw error
+        case .ended:
+            if source == .control {
+                throw TransferError(.cancelled, "the sender closed the connection with \(pending.count) files unfinished; run the same send again to resume")
+            }
+            if let entry = streamEntries.removeValue(forKey: source), pending[entry] != nil {
+                throw TransferError(.protocolViolation, "the data stream of '\(paths[Int(entry)])' ended before its FileDone")
+            }
+            return nil
+        case .message(let message):
+            switch message {
+            case .fileData(let data):
+                try bind(data.entry, to: source, usesStreams: usesStreams)
+                try receive(data)
+                return nil
+            case .fileDone(let done):
+                try bind(done.entry, to: source, usesStreams: usesStreams)
+                return try finish(done)
+            case .error(let refusal):
+                throw AlreadyCommunicated(error: TransferError(refusal.code, "the sender: \(refusal.message)"))
+            default:
+                throw TransferError(.protocolViolation, "the sender sent \(message.type) during the transfer")
+            }
+        }
+    }
+
+    /// On QUIC, data comes on data streams, one entry per stream, one stream per entry.
+    private mutating func bind(_ entry: UInt32, to source: InboundFunnel.Source, usesStreams: Bool) throws(TransferError) {
+        guard pending[entry] != nil else {
+            throw TransferError(.protocolViolation, "data for entry \(entry), which is not expected (unknown, not a file, skipped or finished)")
+        }
+        guard usesStreams else { return }
+        guard source != .control else { throw TransferError(.protocolViolation, "file data on the control stream") }
+        if let bound = streamEntries[source] {
+            guard bound == entry else { throw TransferError(.protocolViolation, "one data stream carries two entries (\(bound) and \(entry))") }
+        } else {
+            guard entriesWithStream.insert(entry).inserted else {
+                throw TransferError(.protocolViolation, "entry \(entry) arrives on two data streams")
+            }
+            streamEntries[source] = entry
+        }
+    }
+
+    private mutating func receive(_ data: FileData) throws {
+        guard case .receive(let target, let resume, var writer) = pending[data.entry] else {
+            throw TransferError(.protocolViolation, "file data for '\(paths[Int(data.entry)])', which the receiver already has")
+        }
+        if writer == nil {
+            writer = try open(target, resume, startingAt: data.offset)
+        }
+        try writer!.write(data.bytes, at: data.offset)
+        pending[data.entry] = .receive(target, resume, writer)
+        progress.add(transferred: data.bytes.count)
+        summary.transferredBytes += UInt64(data.bytes.count)
+    }
+
+    /// The first chunk starts where the receiver asked, or at 0 when the sender's data differs
+    /// from the held prefix (then what was held is discarded).
+    private func open(_ target: FileTarget, _ resume: ResumePoint, startingAt offset: UInt64) throws -> FileWriter {
+        let writer: FileWriter
+        if offset == resume.offset {
+            writer = try store.openWriter(for: target, resumingAt: resume)
+        } else if offset == 0 {
+            writer = try store.openWriter(for: target)
+        } else {
+            throw TransferError(.protocolViolation, "'\(target.path)' starts at offset \(offset); expected \(resume.offset) or 0")
+        }
+        progress.report(.started(path: target.path.description, size: target.size, offset: offset))
+        return writer
+    }
+
+    private mutating func finish(_ done: FileDone) throws -> Message {
+        guard done.algorithm == offer.algorithm else {
+            throw TransferError(.protocolViolation, "FileDone with \(done.algorithm.name), the offer said \(offer.algorithm.name)")
+        }
+        let shown = paths[Int(done.entry)].description
+        let outcome: Result<Void, TransferError>
+        switch pending.removeValue(forKey: done.entry)! {
+        case .present(_, let digest):
+            outcome = done.digest == digest
+                ? .success(())
+                : .failure(TransferError(.exists, "'\(shown)' exists with the same size but other content; not overwriting it"))
+        case .receive(let target, let resume, let writer):
+            do {
+                // A file with no FileData: empty, or already complete from an earlier attempt.
+                let writer = try writer ?? open(target, resume, startingAt: done.size == resume.offset ? resume.offset : 0)
+                try writer.finish(size: done.size, digest: done.digest)
+                outcome = .success(())
+            } catch let error as TransferError where [.digestMismatch, .exists, .io].contains(error.code) {
+                outcome = .failure(error)
+            }
+        }
+        switch outcome {
+        case .success:
+            summary.succeeded += 1
+            summary.digests.append((shown, hexString(done.digest)))
+            progress.report(.verified(path: shown, size: done.size, digest: hexString(done.digest)))
+            return .verified(entry: done.entry)
+        case .failure(let error):
+            fail(done.entry, error)
+            return .failed(EntryFailure(entry: done.entry, code: error.code, message: error.message))
+        }
+    }
+
+    /// After the last file: symlinks, then the modes and times of directories, deepest first
+    /// (writing inside a directory changes its time). Returns the Complete message.
+    mutating func finishTree() -> Complete {
+        for index in treeEntries where offer.entries[index].kind == .symlink {
+            let entry = offer.entries[index]
+            do {
+                try store.directory.createSymlink(paths[index], target: entry.linkTarget)
+                try store.directory.setSymlinkTime(paths[index], modificationTime: entry.modificationTime)
+                summary.succeeded += 1
+            } catch {
+                fail(UInt32(index), error)
+            }
+        }
+        let directories = treeEntries.filter { offer.entries[$0].kind == .directory }
+        for index in directories.sorted(by: { paths[$0].components.count > paths[$1].components.count }) {
+            let entry = offer.entries[index]
+            do {
+                try store.directory.setDirectoryAttributes(paths[index], mode: entry.mode, modificationTime: entry.modificationTime)
+                summary.succeeded += 1
+            } catch {
+                fail(UInt32(index), error)
+            }
+        }
+        return Complete(succeeded: UInt32(summary.succeeded), failed: UInt32(summary.failures.count))
+    }
+
+    /// Keeps what was written of unfinished files, checkpointed, for a later resume.
+    mutating func abandonOpenFiles() {
+        for case .receive(_, _, let writer?) in pending.values { writer.abandon() }
+        pending.removeAll()
+    }
+}

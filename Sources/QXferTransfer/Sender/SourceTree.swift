@@ -1,0 +1,160 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// What a sender offers: the entries of an ``Offer`` and, for each file, where its bytes come
+/// from. Built by walking the paths given on the command line with `lstat`.
+public struct SourceTree: Sendable {
+    /// Where an entry's bytes are read from.
+    public enum Source: Sendable, Hashable {
+        /// A regular file on disk (opened when its turn comes).
+        case file(path: String)
+        /// Standard input, read to its end (size unknown in advance).
+        case standardInput
+        /// A directory or symlink: no bytes.
+        case none
+    }
+
+    /// The entries in offer order: every directory before what it contains.
+    public private(set) var entries: [OfferEntry] = []
+    /// `sources[i]` feeds `entries[i]`.
+    public private(set) var sources: [Source] = []
+    /// Things found but not sent, one line each (sockets, devices, links leaving the tree…).
+    public private(set) var skipped: [String] = []
+
+    /// The bytes of all files of known size.
+    public var totalSize: UInt64 { entries.reduce(0) { $0 + $1.size } }
+
+    public init() {}
+
+    /// Walks `paths`: a file becomes one top-level entry, a directory a top-level directory
+    /// with everything inside it (recursively; symlinks inside are sent as links when their
+    /// target stays inside the tree, never followed), `-` standard input named `standardInputName`.
+    /// A path named on the command line is followed if it is a symlink: the user chose it.
+    public static func scan(_ paths: [String], standardInputName: String = "stdin") throws(TransferError) -> SourceTree {
+        var tree = SourceTree()
+        var topLevel = Set<String>()
+        for path in paths {
+            let name: String
+            if path == "-" {
+                name = standardInputName
+            } else {
+                name = try topLevelName(of: path)
+            }
+            guard topLevel.insert(name).inserted else {
+                throw TransferError(.unsafePath, "two of the paths to send are named '\(name)'; send them separately")
+            }
+            do {
+                _ = try SafePath(validating: [name])
+            } catch {
+                throw TransferError(.unsafePath, "cannot send '\(path)': \(error.message)")
+            }
+            if path == "-" {
+                tree.append(
+                    OfferEntry(kind: .file, flags: .sizeUnknown, path: [name], mode: 0o644, modificationTime: currentTime()),
+                    .standardInput)
+                continue
+            }
+            var info = stat()
+            guard stat(path, &info) == 0 else { throw TransferError.posix("cannot read", "'\(path)'", errno: errno) }
+            try tree.add(path: path, components: [name], info: info)
+        }
+        guard tree.entries.count <= ProtocolLimits.maximumEntries else {
+            throw TransferError(.limitExceeded, "\(tree.entries.count) entries to send; qxfer/1 allows \(ProtocolLimits.maximumEntries) per transfer")
+        }
+        return tree
+    }
+
+    private mutating func append(_ entry: OfferEntry, _ source: Source) {
+        entries.append(entry)
+        sources.append(source)
+    }
+
+    private mutating func add(path: String, components: [String], info: stat) throws(TransferError) {
+        guard components.count <= ProtocolLimits.maximumDepth else {
+            throw TransferError(.limitExceeded, "'\(path)' is nested deeper than \(ProtocolLimits.maximumDepth) levels")
+        }
+        let mode = UInt32(info.st_mode) & 0o7777
+        let mtime = Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec)
+        switch info.st_mode & S_IFMT {
+        case S_IFREG:
+            append(OfferEntry(kind: .file, path: components, size: UInt64(info.st_size), mode: mode, modificationTime: mtime), .file(path: path))
+        case S_IFDIR:
+            append(OfferEntry(kind: .directory, path: components, mode: mode, modificationTime: mtime), .none)
+            let (children, undecodable) = try SourceTree.list(path)
+            if undecodable > 0 {
+                skipped.append("'\(path)': \(undecodable) names that are not valid UTF-8; not sent")
+            }
+            for name in children {
+                let childPath = path + "/" + name
+                guard (try? SafePath(validating: [name])) != nil else {
+                    skipped.append("'\(childPath)': the name is not allowed in qxfer/1 (control characters or a reserved suffix); not sent")
+                    continue
+                }
+                var childInfo = stat()
+                guard lstat(childPath, &childInfo) == 0 else {
+                    throw TransferError.posix("cannot read", "'\(childPath)'", errno: errno)
+                }
+                try add(path: childPath, components: components + [name], info: childInfo)
+            }
+        case S_IFLNK:
+            let target = try SourceTree.readLink(path)
+            do {
+                try SafePath(validating: components).validateLinkTarget(target)
+            } catch {
+                skipped.append("'\(path)': symlink to '\(target)' leaves the tree; not sent")
+                return
+            }
+            append(OfferEntry(kind: .symlink, path: components, mode: mode, modificationTime: mtime, linkTarget: target), .none)
+        default:
+            skipped.append("'\(path)': not a regular file, directory or symlink; not sent")
+        }
+    }
+
+    /// The name the receiver sees for a path given on the command line: its last component
+    /// (`.` and `dir/` resolve to the directory's own name).
+    static func topLevelName(of path: String) throws(TransferError) -> String {
+        guard let resolved = realpath(path, nil) else { throw TransferError.posix("cannot read", "'\(path)'", errno: errno) }
+        defer { free(resolved) }
+        let full = String(cString: resolved)
+        guard let last = full.split(separator: "/").last else {
+            throw TransferError(.unsafePath, "cannot send the root directory itself; name what is inside it")
+        }
+        return String(last)
+    }
+
+    /// The names in a directory, sorted by bytes, without `.` and `..`, and how many names were
+    /// left out because they are not valid UTF-8 (qxfer/1 names are UTF-8).
+    static func list(_ path: String) throws(TransferError) -> (names: [String], undecodable: Int) {
+        guard let directory = opendir(path) else { throw TransferError.posix("cannot list", "'\(path)'", errno: errno) }
+        defer { closedir(directory) }
+        var names: [String] = []
+        var undecodable = 0
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(validating: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
+            }
+            guard let name else {
+                undecodable += 1
+                continue
+            }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return (names.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) }, undecodable)
+    }
+
+    static func readLink(_ path: String) throws(TransferError) -> String {
+        var buffer = [CChar](repeating: 0, count: ProtocolLimits.maximumLinkTargetLength + 2)
+        let n = readlink(path, &buffer, buffer.count - 1)
+        guard n >= 0 else { throw TransferError.posix("cannot read the symlink", "'\(path)'", errno: errno) }
+        return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    static func currentTime() -> Int64 {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
+    }
+}

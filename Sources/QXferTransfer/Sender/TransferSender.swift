@@ -1,0 +1,272 @@
+import Foundation
+import QXfer
+
+/// The sending side of qxfer/1 (docs/PROTOCOL.md), over any `TLV { TLS() }` or
+/// `TLV { QUIC() }` connection: offers a ``SourceTree``, sends what the receiver asks for,
+/// each file from its resume offset with a digest computed while reading, and collects the
+/// receiver's verdicts.
+///
+/// On QUIC every file travels on its own stream, several in parallel; on TCP+TLS, which has
+/// one ordered byte stream, the same messages follow each other on the connection.
+public struct TransferSender: Sendable {
+    /// What to send.
+    public var tree: SourceTree
+    /// The end-to-end digest.
+    public var algorithm: DigestAlgorithm
+    /// Files sent at the same time over QUIC (each on its own stream).
+    public var parallelFiles: Int
+    /// Counters and events for a progress display.
+    public let progress: TransferProgress
+
+    public init(tree: SourceTree, algorithm: DigestAlgorithm = .xxh3_128, parallelFiles: Int = 8, progress: TransferProgress = TransferProgress()) {
+        self.tree = tree
+        self.algorithm = algorithm
+        self.parallelFiles = max(1, parallelFiles)
+        self.progress = progress
+    }
+
+    /// Runs the whole transfer on `connection` (connecting it if needed) and returns how it
+    /// ended. Throws ``TransferError`` when the receiver declines or either side fails, and
+    /// the connection's `QXferError` when the network does.
+    public func run<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
+        do {
+            return try await exchange(over: connection)
+        } catch let reported as AlreadyCommunicated {
+            connection.cancel()
+            throw reported.error
+        } catch let error as TransferError {
+            await connection.sendFinalError(error)
+            throw error
+        } catch {
+            connection.cancel()
+            throw error
+        }
+    }
+
+    private func exchange<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
+        let offer = Offer(algorithm: algorithm, entries: tree.entries)
+        progress.report(.offered(entries: offer.entries.count, bytes: tree.totalSize, sizeUnknown: tree.entries.contains { $0.flags.contains(.sizeUnknown) }))
+        try await connection.send(.offer(offer))
+
+        let answers = try await receiveAnswers(from: connection)
+        var jobs: [FileJob] = []
+        var failures: [(path: String, error: TransferError)] = []
+        var resumed: UInt64 = 0
+        var toSend: UInt64 = 0
+        for (index, (entry, answer)) in zip(offer.entries, answers).enumerated() {
+            let path = entry.path.joined(separator: "/")
+            switch answer.disposition {
+            case .skip:
+                failures.append((path, TransferError(TransferError.Code(rawValue: answer.code), "the receiver skipped it")))
+            case .send, .present:
+                guard entry.kind == .file else { continue }
+                jobs.append(FileJob(index: UInt32(index), entry: entry, source: tree.sources[index], answer: answer))
+                if answer.disposition == .send {
+                    resumed += answer.offset
+                    toSend += entry.size - answer.offset
+                }
+            }
+        }
+        let skipped = failures
+        let present = jobs.count(where: { $0.answer.disposition == .present })
+        progress.report(.accepted(bytes: toSend, resumed: resumed, present: present, skipped: failures.count))
+        for failure in failures { progress.report(.failed(path: failure.path, error: failure.error)) }
+
+        let digests = Locked<[UInt32: String]>([:])
+        let fileJobs = jobs
+        let usesStreams = connection.parameters.stack.transport.hasIndependentStreams
+        return try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                if usesStreams {
+                    try await sendInParallel(fileJobs, over: connection, digests: digests)
+                } else {
+                    for job in fileJobs {
+                        let digest = try await send(job, on: connection)
+                        digests.withLock { $0[job.index] = digest }
+                    }
+                }
+            }
+            // The verdicts come back on the control stream while data still flows.
+            var outcome = Outcome(expected: Set(fileJobs.map(\.index)))
+            var summary = TransferSummary(succeeded: 0, failures: skipped, transferredBytes: 0, resumedBytes: resumed, algorithm: algorithm, digests: [])
+            while true {
+                guard let message = try await connection.receiveMessage() else {
+                    throw TransferError(.protocolViolation, "the receiver closed the connection before reporting the result")
+                }
+                switch message {
+                case .verified(let entry):
+                    try outcome.settle(entry)
+                    let path = offer.entries[Int(entry)].path.joined(separator: "/")
+                    let digest = digests.withLock { $0[entry] } ?? ""
+                    summary.digests.append((path, digest))
+                    progress.report(.verified(path: path, size: offer.entries[Int(entry)].size, digest: digest))
+                case .failed(let failure):
+                    try outcome.settle(failure.entry)
+                    let path = offer.entries[Int(failure.entry)].path.joined(separator: "/")
+                    let error = TransferError(failure.code, "the receiver: \(failure.message)")
+                    summary.failures.append((path, error))
+                    progress.report(.failed(path: path, error: error))
+                case .complete(let complete):
+                    guard outcome.expected.isEmpty else {
+                        throw TransferError(.protocolViolation, "the receiver completed with \(outcome.expected.count) files unanswered")
+                    }
+                    try await group.waitForAll()
+                    summary.succeeded = Int(complete.succeeded)
+                    summary.transferredBytes = progress.transferredBytes
+                    if complete.failed > summary.failures.count {
+                        summary.failures.append(("", TransferError(.io, "the receiver reports \(complete.failed) failed entries")))
+                    }
+                    // Done: the receiver waits for us to close.
+                    try? await connection.finish()
+                    connection.cancel()
+                    return summary
+                case .error(let refusal):
+                    throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver: \(refusal.message)"))
+                default:
+                    throw TransferError(.protocolViolation, "the receiver sent \(message.type) during the transfer")
+                }
+            }
+        }
+    }
+
+    /// Reads Accept (or Decline) and checks it fits the offer.
+    private func receiveAnswers<Stack: TLVStack>(from connection: NetworkConnection<Stack>) async throws -> [EntryAnswer] {
+        guard let message = try await connection.receiveMessage() else {
+            throw TransferError(.refused, "the receiver closed the connection without answering the offer")
+        }
+        switch message {
+        case .accept(let accept):
+            guard accept.answers.count == tree.entries.count else {
+                throw TransferError(.protocolViolation, "the receiver answered \(accept.answers.count) entries of \(tree.entries.count)")
+            }
+            for (entry, answer) in zip(tree.entries, accept.answers) {
+                let offsetFits = answer.offset == 0 || (entry.kind == .file && !entry.flags.contains(.sizeUnknown) && answer.offset <= entry.size)
+                let presentFits = answer.disposition != .present || (entry.kind == .file && !entry.flags.contains(.sizeUnknown))
+                guard offsetFits, presentFits, answer.prefixDigest.isEmpty || answer.prefixDigest.count == algorithm.digestLength else {
+                    throw TransferError(.protocolViolation, "the receiver's answer for '\(entry.path.joined(separator: "/"))' does not fit the offer")
+                }
+            }
+            return accept.answers
+        case .decline(let refusal):
+            throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver declined: \(refusal.message)"))
+        case .error(let refusal):
+            throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver: \(refusal.message)"))
+        default:
+            throw TransferError(.protocolViolation, "the receiver answered the offer with \(message.type)")
+        }
+    }
+
+    /// QUIC: one stream per file, up to ``parallelFiles`` at once.
+    private func sendInParallel<Stack: TLVStack>(_ jobs: [FileJob], over connection: NetworkConnection<Stack>, digests: Locked<[UInt32: String]>) async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            var running = 0
+            for job in jobs {
+                if running == parallelFiles {
+                    try await group.next()
+                    running -= 1
+                }
+                group.addTask {
+                    let stream = try await connection.openStream()
+                    let digest = try await send(job, on: stream)
+                    try await stream.finish()
+                    digests.withLock { $0[job.index] = digest }
+                }
+                running += 1
+            }
+            try await group.waitForAll()
+        }
+    }
+
+    /// Sends one file's FileData from the agreed offset and its FileDone; returns the digest.
+    private func send<Stack: TLVStack>(_ job: FileJob, on stream: NetworkConnection<Stack>) async throws -> String {
+        let path = job.entry.path.joined(separator: "/")
+        let file = try job.open()
+        let hasher = algorithm.makeHasher()
+        var offset: UInt64 = 0
+        let size = job.entry.flags.contains(.sizeUnknown) ? nil : job.entry.size
+
+        if job.answer.disposition == .present {
+            // The receiver has a file of this size: send only the digest of ours.
+            let hashed = try FileStore.hash(file, upTo: job.entry.size, into: hasher, shown: path)
+            guard hashed == job.entry.size else { throw TransferError(.io, "'\(path)' changed size while being sent") }
+        } else {
+            if job.answer.offset > 0 {
+                // Resume only if our first bytes are the ones the receiver holds.
+                let hashed = try FileStore.hash(file, upTo: job.answer.offset, into: hasher, shown: path)
+                if hashed == job.answer.offset && hasher.digest() == job.answer.prefixDigest {
+                    offset = job.answer.offset
+                } else {
+                    return try await send(job.restarted, on: stream)
+                }
+            }
+            progress.report(.started(path: path, size: size, offset: offset))
+            var body = FileDataBody(capacity: ProtocolLimits.maximumChunkSize)
+            while size.map({ offset < $0 }) ?? true {
+                let want = Int(min(UInt64(ProtocolLimits.maximumChunkSize), (size ?? .max) - offset))
+                let count = try body.fill(entry: job.index, offset: offset, from: file, capacity: want, sequential: job.source == .standardInput)
+                if count == 0 {
+                    guard size == nil else { throw TransferError(.io, "'\(path)' shrank while being sent") }
+                    break
+                }
+                body.withPayload { hasher.update($0) }
+                try await stream.send(body)
+                offset += UInt64(count)
+                progress.add(transferred: count)
+            }
+        }
+        let digest = hasher.digest()
+        try await stream.send(.fileDone(FileDone(entry: job.index, size: size ?? offset, algorithm: algorithm, digest: digest)))
+        return hexString(digest)
+    }
+}
+
+/// One file to send and the receiver's answer for it.
+private struct FileJob: Sendable {
+    var index: UInt32
+    var entry: OfferEntry
+    var source: SourceTree.Source
+    var answer: EntryAnswer
+
+    /// The same job from byte 0 (the receiver's resume prefix does not match our file).
+    var restarted: FileJob {
+        var job = self
+        job.answer = .sendAll
+        return job
+    }
+
+    func open() throws(TransferError) -> Descriptor {
+        switch source {
+        case .standardInput:
+            return Descriptor(STDIN_FILENO, owned: false)
+        case .file(let path):
+            let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { throw TransferError.posix("cannot open", "'\(path)'", errno: errno) }
+            return Descriptor(fd)
+        case .none:
+            throw TransferError(.internal, "no data source for '\(entry.path.joined(separator: "/"))'")
+        }
+    }
+}
+
+/// Tracks which files still await the receiver's verdict.
+private struct Outcome {
+    var expected: Set<UInt32>
+    mutating func settle(_ entry: UInt32) throws(TransferError) {
+        guard expected.remove(entry) != nil else {
+            throw TransferError(.protocolViolation, "the receiver answered entry \(entry) twice or without it being sent")
+        }
+    }
+}
+
+extension NetworkConnection where Stack: TLVStack {
+    /// Tells the peer why we stop (best effort, briefly), then closes.
+    func sendFinalError(_ error: TransferError) async {
+        _ = try? await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await self.send(.error(Refusal(error))) }
+            group.addTask { try await Task.sleep(for: .seconds(2)) }
+            try await group.next()
+            group.cancelAll()
+        }
+        close(errorCode: UInt64(error.code.rawValue), reason: error.message)
+    }
+}

@@ -1,0 +1,84 @@
+import Foundation
+import QXfer
+
+/// qxfer/1 messages over any `TLV { … }` connection or stream of the public API: the TLV
+/// framer carries exactly the protocol's frames (type UInt32, length UInt32, body), bounds the
+/// length before allocating, and the codec checks everything inside.
+extension NetworkConnection where Stack: TLVStack {
+    /// Sends one message.
+    func send(_ message: Message) async throws {
+        try await send(MessageCodec.encodeBody(message), type: message.type.rawValue)
+    }
+
+    /// Sends one FileData frame whose body (entry, offset, then the bytes) was built in place
+    /// by ``FileDataBody``, so the file's bytes are copied only into the transport's buffer.
+    func send(_ body: FileDataBody) async throws {
+        try await send(body.bytes, type: MessageType.fileData.rawValue)
+    }
+
+    /// The next message, or nil when the peer finished the stream between messages.
+    func receiveMessage() async throws -> Message? {
+        let received: (content: Data, metadata: TLVMetadata)
+        do {
+            received = try await receive()
+        } catch let error as QXferError where error.code == .endOfStream {
+            return nil
+        }
+        return try MessageCodec.decode(type: received.metadata.type, body: received.content)
+    }
+}
+
+/// A FileData body assembled in one buffer: a 12-byte header, then up to one chunk read
+/// straight from the file.
+struct FileDataBody {
+    static let headerSize = 12
+    private(set) var bytes: Data
+
+    init(capacity: Int) {
+        bytes = Data(count: FileDataBody.headerSize + capacity)
+    }
+
+    /// Fills the header and reads up to `capacity` bytes of `fd` at `offset` after it; returns
+    /// the number read (0 at the end of the file). The body is then exactly header + bytes read.
+    /// `sequential` reads with `read` (pipes, standard input) instead of `pread`.
+    mutating func fill(entry: UInt32, offset: UInt64, from file: Descriptor, capacity: Int, sequential: Bool = false) throws(TransferError) -> Int {
+        if bytes.count != FileDataBody.headerSize + capacity { bytes.count = FileDataBody.headerSize + capacity }
+        var n = -1
+        var err: Int32 = 0
+        bytes.withUnsafeMutableBytes { raw in
+            raw.storeBytes(of: entry.bigEndian, toByteOffset: 0, as: UInt32.self)
+            raw.storeBytes(of: offset.bigEndian, toByteOffset: 4, as: UInt64.self)
+            repeat {
+                let start = raw.baseAddress! + FileDataBody.headerSize
+                n = sequential ? read(file.fd, start, capacity) : pread(file.fd, start, capacity, off_t(offset))
+                err = errno
+            } while n < 0 && err == EINTR
+        }
+        guard n >= 0 else { throw TransferError.posix("cannot read", "a file being sent", errno: err) }
+        bytes.count = FileDataBody.headerSize + n
+        return n
+    }
+
+    /// The file bytes in the body.
+    func withPayload<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
+        bytes.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[FileDataBody.headerSize...])) }
+    }
+}
+
+extension MessageCodec {
+    /// Decodes a body received as `Data` (what the TLV framer returns). FileData, the bulk of
+    /// every transfer, is taken apart in place so its bytes are copied once.
+    public static func decode(type: UInt32, body: Data) throws(TransferError) -> Message {
+        let header = FileDataBody.headerSize
+        if type == MessageType.fileData.rawValue, body.count > header, body.count - header <= ProtocolLimits.maximumChunkSize {
+            let (entry, offset) = body.withUnsafeBytes {
+                (UInt32(bigEndian: $0.loadUnaligned(as: UInt32.self)), UInt64(bigEndian: $0.loadUnaligned(fromByteOffset: 4, as: UInt64.self)))
+            }
+            let count = body.count - header
+            guard offset <= UInt64.max - UInt64(count) else { throw TransferError(.malformed, "FileData offset overflows") }
+            return .fileData(FileData(entry: entry, offset: offset, bytes: [UInt8](body[(body.startIndex + header)...])))
+        }
+        // Everything else, including malformed FileData, takes the general path and its errors.
+        return try decode(type: type, body: [UInt8](body))
+    }
+}

@@ -1,0 +1,72 @@
+import Synchronization
+
+/// Something that happened in a transfer, for a progress display or a JSON log.
+public enum TransferEvent: Sendable {
+    /// The offer was sent (sender) or received (receiver).
+    case offered(entries: Int, bytes: UInt64, sizeUnknown: Bool)
+    /// The receiver accepted: `bytes` will travel; `resumed` bytes were already there and
+    /// checked; `present` files exist identically and only their digests are compared.
+    case accepted(bytes: UInt64, resumed: UInt64, present: Int, skipped: Int)
+    /// A file starts at `offset` (non-zero when resuming).
+    case started(path: String, size: UInt64?, offset: UInt64)
+    /// A file arrived and its digest matched.
+    case verified(path: String, size: UInt64, digest: String)
+    /// An entry could not be completed; the others carry on.
+    case failed(path: String, error: TransferError)
+}
+
+/// Byte counters shared between the tasks of a transfer and whoever draws its progress.
+public final class TransferProgress: Sendable {
+    private struct Counters {
+        var totalBytes: UInt64 = 0
+        var transferredBytes: UInt64 = 0
+        var resumedBytes: UInt64 = 0
+    }
+    private let counters = Mutex(Counters())
+    private let onEvent: @Sendable (TransferEvent) -> Void
+
+    /// `onEvent` is called for every ``TransferEvent``, from whichever task produced it.
+    public init(onEvent: @escaping @Sendable (TransferEvent) -> Void = { _ in }) {
+        self.onEvent = onEvent
+    }
+
+    /// Bytes that will cross the network (known sizes), once the receiver has accepted.
+    public var totalBytes: UInt64 { counters.withLock { $0.totalBytes } }
+    /// File bytes sent or received so far in this run.
+    public var transferredBytes: UInt64 { counters.withLock { $0.transferredBytes } }
+    /// Bytes the receiver already held from an earlier attempt.
+    public var resumedBytes: UInt64 { counters.withLock { $0.resumedBytes } }
+
+    func report(_ event: TransferEvent) {
+        if case .accepted(let bytes, let resumed, _, _) = event {
+            counters.withLock {
+                $0.totalBytes = bytes
+                $0.resumedBytes = resumed
+            }
+        }
+        onEvent(event)
+    }
+
+    func add(transferred bytes: Int) {
+        counters.withLock { $0.transferredBytes += UInt64(bytes) }
+    }
+}
+
+/// How a transfer ended, for the summary line and the exit code.
+public struct TransferSummary: Sendable {
+    /// Entries verified (files) or created (directories, symlinks).
+    public var succeeded: Int
+    /// Entries skipped or failed, with why.
+    public var failures: [(path: String, error: TransferError)]
+    /// File bytes that crossed the network in this run.
+    public var transferredBytes: UInt64
+    /// Bytes not sent again because the receiver held them from an earlier attempt.
+    public var resumedBytes: UInt64
+    /// The digest algorithm used.
+    public var algorithm: DigestAlgorithm
+    /// The digest of each verified file, by path.
+    public var digests: [(path: String, digest: String)]
+
+    /// Whether every entry arrived.
+    public var isComplete: Bool { failures.isEmpty }
+}

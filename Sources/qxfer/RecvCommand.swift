@@ -1,0 +1,156 @@
+import ArgumentParser
+import Foundation
+import QXfer
+import QXferTransfer
+
+struct RecvCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "recv",
+        abstract: "Receive files sent with 'qxfer send', over QUIC and TCP+TLS on one port number.",
+        discussion: """
+            Each offer is shown (the sender's fingerprint, the files, the total size) and \
+            accepted only when you answer yes, unless --yes. Names are checked before anything \
+            is written: nothing can land outside the folder. Data goes to a hidden partial file \
+            beside its target and gets the final name only after its digest matches; an \
+            interrupted file is resumed by sending it again.
+
+            An existing file of the same size is compared by digest and left alone; one of \
+            another size is kept and reported (use --overwrite to replace it once the new one \
+            is verified).
+            """
+    )
+
+    @OptionGroup var global: GlobalOptions
+
+    @Option(help: "The port, for both UDP (QUIC) and TCP (TLS).")
+    var port: UInt16 = defaultTransferPort
+
+    @Option(help: "The address to listen on (default: all).")
+    var host: String?
+
+    @Option(help: "The folder to receive into.")
+    var dir = "."
+
+    @Flag(help: "Accept every offer without asking.")
+    var yes = false
+
+    @Option(parsing: .upToNextOption, help: ArgumentHelp("Admit only senders with these certificate fingerprints (mutual TLS).", valueName: "sha256"))
+    var allow: [String] = []
+
+    @Flag(help: "Exit after one transfer, with its result as the exit code.")
+    var once = false
+
+    @Flag(help: "Replace existing files of another size (after the new one is verified).")
+    var overwrite = false
+
+    @Flag(help: "Print JSON event lines on standard output.")
+    var json = false
+
+    func validate() throws {
+        for fingerprint in allow where Fingerprint(parsing: fingerprint) == nil {
+            throw ValidationError("'\(fingerprint)' is not a SHA-256 fingerprint (64 hex digits, colons allowed)")
+        }
+        var info = stat()
+        guard stat(dir, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+            throw ValidationError("'\(dir)' is not a folder")
+        }
+    }
+
+    func run() async throws {
+        global.bootstrapLogging()
+        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let authentication: ClientAuthentication = allow.isEmpty ? .optional : .required(allowing: allow.compactMap { Fingerprint(parsing: $0) })
+        let tls = NetworkListener(on: port, host: host, using: .parameters {
+            TLV { TLS().identity(identity).clientAuthentication(authentication) }
+        }.performanceMode(.bulk))
+        let reporter = TransferReporter(json: json, role: .receiver)
+        let prompt = OfferPrompt(acceptAll: yes, reporter: reporter)
+        let receiver = TransferReceiver(directory: dir, overwrite: overwrite, confirm: { await prompt.ask($0) })
+        let (results, finished) = AsyncStream.makeStream(of: Result<TransferSummary, any Error>.self)
+
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await tls.run { try await handle($0, receiver, reporter, finished) } }
+            // QUIC takes the same number on UDP (the one TCP got, when asked for any port).
+            let boundPort = try await tls.port
+            let quic = NetworkListener(on: boundPort, host: host, using: .parameters {
+                TLV { QUIC().identity(identity).clientAuthentication(authentication) }
+            }.performanceMode(.bulk))
+            group.addTask { try await quic.run { try await handle($0, receiver, reporter, finished) } }
+            _ = try await quic.port
+            reporter.listening(name: ProcessInfo.processInfo.hostName, port: boundPort, addresses: localAddresses(), fingerprint: identity.fingerprint, folder: dir)
+            guard once else {
+                try await group.next()
+                return
+            }
+            for await result in results {
+                group.cancelAll()
+                if case .failure(let error) = result { throw error }
+                if let failure = try result.get().failures.first { throw failure.error }
+                return
+            }
+        }
+    }
+
+    /// One connection: one transfer, its report, its result.
+    private func handle<Stack: TLVStack>(
+        _ connection: NetworkConnection<Stack>, _ receiver: TransferReceiver, _ reporter: TransferReporter,
+        _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
+    ) async throws {
+        // Each connection gets its own counters, so concurrent transfers do not mix.
+        var receiver = receiver
+        receiver.progress = TransferProgress(onEvent: reporter.handle)
+        do {
+            let running = receiver
+            let outcome = try await reporter.showProgress(of: running.progress, metrics: { await connection.metrics }) {
+                try await running.run(over: connection)
+            }
+            reporter.finish(outcome)
+            finished.yield(.success(outcome.result))
+        } catch {
+            reporter.failed(error, peer: connection.peer?.fingerprint)
+            finished.yield(.failure(error))
+        }
+    }
+
+    /// The machine's non-loopback addresses, for the banner.
+    private func localAddresses() -> [String] {
+        var list: UnsafeMutablePointer<ifaddrs>?
+        guard getifaddrs(&list) == 0, let first = list else { return [] }
+        defer { freeifaddrs(list) }
+        var addresses: [String] = []
+        for entry in sequence(first: first, next: { $0.pointee.ifa_next }) {
+            guard let address = entry.pointee.ifa_addr, entry.pointee.ifa_flags & UInt32(IFF_LOOPBACK) == 0 else { continue }
+            let family = Int32(address.pointee.sa_family)
+            guard family == AF_INET || family == AF_INET6 else { continue }
+            var host = [CChar](repeating: 0, count: Int(NI_MAXHOST))
+            let length = socklen_t(family == AF_INET ? MemoryLayout<sockaddr_in>.size : MemoryLayout<sockaddr_in6>.size)
+            if getnameinfo(address, length, &host, socklen_t(host.count), nil, 0, NI_NUMERICHOST) == 0 {
+                addresses.append(String(decoding: host.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            }
+        }
+        return addresses
+    }
+}
+
+/// Asks the user about each offer, one at a time, on the terminal.
+actor OfferPrompt {
+    let acceptAll: Bool
+    let reporter: TransferReporter
+
+    init(acceptAll: Bool, reporter: TransferReporter) {
+        self.acceptAll = acceptAll
+        self.reporter = reporter
+    }
+
+    func ask(_ offer: IncomingOffer) -> Bool {
+        reporter.offer(offer)
+        if acceptAll { return true }
+        guard isatty(STDIN_FILENO) == 1 else {
+            reporter.warn("declined: no terminal to ask on; run 'qxfer recv --yes' to accept without asking")
+            return false
+        }
+        FileHandle.standardError.write(Data("Accept? [y/N] ".utf8))
+        let answer = readLine()?.trimmingCharacters(in: .whitespaces).lowercased() ?? ""
+        return answer == "y" || answer == "yes"
+    }
+}

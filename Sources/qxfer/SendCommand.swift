@@ -1,0 +1,111 @@
+import ArgumentParser
+import Foundation
+import QXfer
+import QXferTransfer
+
+/// The port `qxfer recv` listens on by default, TCP and UDP alike.
+let defaultTransferPort: UInt16 = 7447
+
+/// Which transport carries a transfer.
+enum StackChoice: String, ExpressibleByArgument, CaseIterable {
+    case quic, tls
+}
+
+extension DigestAlgorithm: ExpressibleByArgument {
+    public init?(argument: String) {
+        switch argument.lowercased() {
+        case "xxh3", "xxh3-128", "xxh128": self = .xxh3_128
+        case "sha256", "sha-256": self = .sha256
+        default: return nil
+        }
+    }
+    public static var allValueStrings: [String] { ["xxh3-128", "sha256"] }
+}
+
+struct SendCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "send",
+        abstract: "Send files and folders to a host running 'qxfer recv'.",
+        usage: "qxfer send <path>... <host>[:<port>] [--stack quic|tls] [--fingerprint <sha256>]",
+        discussion: """
+            Folders are sent whole: empty files and folders, permissions and modification \
+            times; symlinks inside a folder are sent as links (never followed), those pointing \
+            out of it are skipped. '-' sends standard input as a file named by --name.
+
+            Every file is checked end to end with XXH3-128 (or SHA-256 with --checksum \
+            sha256) and gets its final name on the receiver only once the digests match. \
+            Running the same command again after an interruption resumes each file from \
+            what the receiver holds, after checking it.
+
+            The first connection to a host trusts and records its fingerprint (like ssh); a \
+            changed fingerprint is refused. --fingerprint pins one explicitly.
+            """
+    )
+
+    @OptionGroup var global: GlobalOptions
+
+    @Argument(help: ArgumentHelp("Files or folders to send ('-' for standard input), then the receiving host.", valueName: "path… host[:port]"))
+    var arguments: [String] = []
+
+    @Option(help: "Transport: quic (parallel streams over UDP) or tls (TCP+TLS).")
+    var stack: StackChoice = .quic
+
+    @Option(help: ArgumentHelp("Require the receiver's certificate to have this SHA-256 fingerprint (as 'qxfer id' prints it).", valueName: "sha256"))
+    var fingerprint: String?
+
+    @Option(help: "End-to-end digest: xxh3-128 (fast) or sha256 (what sha256sum prints).")
+    var checksum: DigestAlgorithm = .xxh3_128
+
+    @Option(help: "The name standard input gets on the receiver.")
+    var name = "stdin"
+
+    @Flag(help: "Print JSON event lines on standard output instead of a progress bar.")
+    var json = false
+
+    func validate() throws {
+        guard arguments.count >= 2 else {
+            throw ValidationError("name what to send and the receiving host: qxfer send FILE… HOST[:PORT]")
+        }
+        guard Endpoint(parsing: arguments.last!, defaultPort: defaultTransferPort) != nil else {
+            throw ValidationError("'\(arguments.last!)' is not a host, host:port or [ipv6]:port")
+        }
+        if let fingerprint, Fingerprint(parsing: fingerprint) == nil {
+            throw ValidationError("'\(fingerprint)' is not a SHA-256 fingerprint (64 hex digits, colons allowed)")
+        }
+        if arguments.dropLast().filter({ $0 == "-" }).count > 1 {
+            throw ValidationError("standard input ('-') can be sent once")
+        }
+    }
+
+    func run() async throws {
+        global.bootstrapLogging()
+        let endpoint = Endpoint(parsing: arguments.last!, defaultPort: defaultTransferPort)!
+        let tree = try SourceTree.scan(Array(arguments.dropLast()), standardInputName: name)
+        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let trust: PeerTrust = fingerprint.flatMap { Fingerprint(parsing: $0) }.map { .pinned($0) }
+            ?? .knownHosts(KnownHosts(in: global.config))
+        let reporter = TransferReporter(json: json, role: .sender)
+        for line in tree.skipped { reporter.warn(line) }
+
+        switch stack {
+        case .quic:
+            try await send(tree, to: endpoint, over: QUIC().identity(identity).peerTrust(trust), reporter: reporter)
+        case .tls:
+            try await send(tree, to: endpoint, over: TLS().identity(identity).peerTrust(trust), reporter: reporter)
+        }
+    }
+
+    private func send<Transport: SecureTransport>(_ tree: SourceTree, to endpoint: Endpoint, over transport: Transport, reporter: TransferReporter) async throws {
+        let connection = NetworkConnection(to: endpoint, using: .parameters { TLV { transport } }.performanceMode(.bulk))
+        try await connection.start()
+        if case .firstUse(let file) = connection.peer?.trust, let fingerprint = connection.peer?.fingerprint {
+            reporter.warn("first contact with \(endpoint): trusting its fingerprint \(fingerprint) and recording it in \(file); compare it with 'qxfer id' on the receiver")
+        }
+        let sender = TransferSender(tree: tree, algorithm: checksum, progress: TransferProgress(onEvent: reporter.handle))
+        let outcome = try await reporter.showProgress(of: sender.progress, metrics: { await connection.metrics }) {
+            try await sender.run(over: connection)
+        }
+        reporter.finish(outcome)
+        if let failure = outcome.result.failures.first { throw failure.error }
+    }
+}
