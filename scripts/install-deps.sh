@@ -8,6 +8,8 @@ packages=(
   pkg-config
   gnutls-bin openssl                                         # interop peers in the tests
   iproute2 iputils-ping iperf3 jq bc procps time             # namespaces, the link emulator's self-test, bench
+  ffmpeg                                                     # qxfer stream: the tests check that ffmpeg reads its IVF output
+  python3-zeroconf                                           # an independent mDNS/DNS-SD peer for the discovery tests
 )
 if [ "$#" -gt 0 ]; then packages+=("$@"); fi
 

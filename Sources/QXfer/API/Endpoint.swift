@@ -4,6 +4,8 @@ public struct Endpoint: Hashable, Sendable, CustomStringConvertible {
     public let host: String
     /// The port.
     public let port: UInt16
+    /// The DNS-SD service this endpoint was found as (see ``NetworkBrowser``); nil otherwise.
+    public let service: DiscoveredService?
 
     /// An endpoint given by host and port. Names resolve when the connection starts; every
     /// address is tried, IPv6 and IPv4 raced as RFC 8305 (Happy Eyeballs) describes.
@@ -33,9 +35,10 @@ public struct Endpoint: Hashable, Sendable, CustomStringConvertible {
         }
     }
 
-    init(host: String, port: UInt16) {
+    init(host: String, port: UInt16, service: DiscoveredService? = nil) {
         self.host = host
         self.port = port
+        self.service = service
     }
 
     /// `host:port`, with IPv6 literals in brackets.

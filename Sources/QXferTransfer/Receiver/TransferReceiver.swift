@@ -134,7 +134,7 @@ public struct TransferReceiver: Sendable {
                 }
                 let complete = session.finishTree()
                 try await connection.send(.complete(complete))
-                try await waitForSenderToClose(&inbound)
+                await waitForSenderToClose(&inbound, connection: connection)
                 await close(funnel, &inbound, group: &group, connection: connection, session: &session)
                 return session.summary
             } catch {
@@ -159,11 +159,17 @@ public struct TransferReceiver: Sendable {
         await funnel.close(draining: &inbound)
     }
 
-    /// After Complete the sender closes; anything else it sends now is ignored.
-    private func waitForSenderToClose(_ inbound: inout AsyncStream<InboundFunnel.Delivery>.AsyncIterator) async throws {
-        let deadline = ContinuousClock.now + .seconds(5)
-        while ContinuousClock.now < deadline {
-            guard let delivery = await inbound.next() else { return }
+    /// After Complete the sender closes; anything else it sends now is ignored. A sender that
+    /// does not close within a few seconds is cut off.
+    private func waitForSenderToClose<Stack: TLVStack>(
+        _ inbound: inout AsyncStream<InboundFunnel.Delivery>.AsyncIterator, connection: NetworkConnection<Stack>
+    ) async {
+        let cutOff = Task {
+            try await Task.sleep(for: .seconds(5))
+            connection.cancel()
+        }
+        defer { cutOff.cancel() }
+        while let delivery = await inbound.next() {
             delivery.handled.resume()
             switch (delivery.source, delivery.event) {
             case (.control, .ended), (.control, .failed): return

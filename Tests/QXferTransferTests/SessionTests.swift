@@ -1,0 +1,317 @@
+import Foundation
+import QXfer
+@testable import QXferTransfer
+import Testing
+
+/// Both stacks, so every session test runs over QUIC (a stream per file) and TCP+TLS (one stream).
+enum StackKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
+    case quic, tls
+    var testDescription: String { rawValue }
+}
+
+/// Two identities for every session test: the receiver's (server) and the sender's (client).
+let serverIdentity = try! HostIdentity.ephemeral(commonName: "receiver")
+let clientIdentity = try! HostIdentity.ephemeral(commonName: "sender")
+
+/// Runs `receive` on the server side of one connection and `send` on a client connected to it,
+/// over the chosen stack; returns both results.
+func withConnectedPair<ServerResult: Sendable, ClientResult: Sendable>(
+    _ kind: StackKind,
+    receive: @escaping @Sendable (any TransferPeer) async throws -> ServerResult,
+    send: @escaping @Sendable (any TransferPeer) async throws -> ClientResult
+) async throws -> (server: Result<ServerResult, any Error>, client: Result<ClientResult, any Error>) {
+    switch kind {
+    case .quic: try await connectedPair(QUIC(), receive: receive, send: send)
+    case .tls: try await connectedPair(TLS(), receive: receive, send: send)
+    }
+}
+
+/// A connection of either stack, so tests are written once.
+protocol TransferPeer: Sendable {
+    func runReceiver(_ receiver: TransferReceiver) async throws -> TransferSummary
+    func runSender(_ sender: TransferSender) async throws -> TransferSummary
+    func send(_ message: Message) async throws
+    func receiveMessage() async throws -> Message?
+    func openDataStream() async throws -> any TransferPeer
+    func finish() async throws
+    var hasIndependentStreams: Bool { get }
+}
+
+struct Peer<Stack: TLVStack>: TransferPeer {
+    let connection: NetworkConnection<Stack>
+    func runReceiver(_ receiver: TransferReceiver) async throws -> TransferSummary { try await receiver.run(over: connection) }
+    func runSender(_ sender: TransferSender) async throws -> TransferSummary { try await sender.run(over: connection) }
+    func send(_ message: Message) async throws { try await connection.send(message) }
+    func receiveMessage() async throws -> Message? { try await connection.receiveMessage() }
+    func openDataStream() async throws -> any TransferPeer {
+        hasIndependentStreams ? Peer(connection: try await connection.openStream()) : self
+    }
+    func finish() async throws { try await connection.finish() }
+    var hasIndependentStreams: Bool { connection.parameters.stack.transport.hasIndependentStreams }
+}
+
+private func connectedPair<Transport: SecureTransport, ServerResult: Sendable, ClientResult: Sendable>(
+    _ transport: Transport,
+    receive: @escaping @Sendable (any TransferPeer) async throws -> ServerResult,
+    send: @escaping @Sendable (any TransferPeer) async throws -> ClientResult
+) async throws -> (server: Result<ServerResult, any Error>, client: Result<ClientResult, any Error>) {
+    let listener = NetworkListener(on: 0, host: "127.0.0.1") { TLV { transport.identity(serverIdentity) } }
+    let (results, continuation) = AsyncStream.makeStream(of: Result<ServerResult, any Error>.self)
+    return try await withThrowingTaskGroup(of: Void.self) { group in
+        group.addTask {
+            try await listener.run { connection in
+                let result: Result<ServerResult, any Error>
+                do { result = .success(try await receive(Peer(connection: connection))) } catch { result = .failure(error) }
+                continuation.yield(result)
+            }
+        }
+        let port = try await listener.port
+        let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
+            TLV { transport.identity(clientIdentity).peerFingerprint(serverIdentity.fingerprint) }
+        }
+        let client: Result<ClientResult, any Error>
+        do { client = .success(try await send(Peer(connection: connection))) } catch { client = .failure(error) }
+        var server: Result<ServerResult, any Error>?
+        for await result in results {
+            server = result
+            break
+        }
+        connection.cancel()
+        group.cancelAll()
+        return (try #require(server), client)
+    }
+}
+
+// MARK: - Trees
+
+/// What a file-system entry looks like, for comparing two trees.
+struct EntryShape: Equatable, CustomStringConvertible {
+    var kind: String
+    var mode: mode_t
+    var mtime: Int64
+    var digest: String
+    var description: String { "\(kind) \(String(mode, radix: 8)) \(mtime) \(digest)" }
+}
+
+/// Every entry under `root` by relative path (lstat, so links are compared as links). Directory
+/// mtimes are compared too: the receiver applies them after writing inside.
+func shape(of root: String) -> [String: EntryShape] {
+    var result: [String: EntryShape] = [:]
+    func walk(_ relative: String) {
+        let path = relative.isEmpty ? root : root + "/" + relative
+        var info = stat()
+        guard lstat(path, &info) == 0 else { return }
+        let mtime = Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec)
+        switch info.st_mode & S_IFMT {
+        case S_IFDIR:
+            if !relative.isEmpty { result[relative] = EntryShape(kind: "dir", mode: info.st_mode & 0o777, mtime: mtime, digest: "") }
+            for name in (try? FileManager.default.contentsOfDirectory(atPath: path)) ?? [] {
+                walk(relative.isEmpty ? name : relative + "/" + name)
+            }
+        case S_IFLNK:
+            let target = (try? FileManager.default.destinationOfSymbolicLink(atPath: path)) ?? "?"
+            result[relative] = EntryShape(kind: "link", mode: 0, mtime: mtime, digest: target)
+        default:
+            let bytes = readFile(path) ?? []
+            result[relative] = EntryShape(kind: "file", mode: info.st_mode & 0o777, mtime: mtime, digest: hexString(DigestAlgorithm.xxh3_128.digest(of: bytes)))
+        }
+    }
+    walk("")
+    return result
+}
+
+/// A tree with the names and shapes that break naive tools.
+func makeOddTree(in root: String) throws {
+    let fm = FileManager.default
+    let top = root + "/odd tree"
+    try fm.createDirectory(atPath: top + "/empty folder", withIntermediateDirectories: true)
+    try Data(pattern(3 << 20, seed: 7)).write(to: URL(fileURLWithPath: top + "/three MiB.bin"))
+    fm.createFile(atPath: top + "/empty file", contents: Data())
+    fm.createFile(atPath: top + "/ünïcödé ✓ 日本語.txt", contents: Data("unicode\n".utf8))
+    fm.createFile(atPath: top + "/ends with space ", contents: Data("space\n".utf8))
+    fm.createFile(atPath: top + "/...", contents: Data("dots\n".utf8))
+    fm.createFile(atPath: top + "/back\\slash", contents: Data("backslash\n".utf8))
+    var deep = top + "/deep"
+    for level in 0..<20 { deep += "/level \(level)" }
+    try fm.createDirectory(atPath: deep, withIntermediateDirectories: true)
+    fm.createFile(atPath: deep + "/bottom.txt", contents: Data("bottom\n".utf8))
+    try fm.createSymbolicLink(atPath: top + "/deep/link to bottom", withDestinationPath: "level 0/level 1/level 2")
+    try fm.createSymbolicLink(atPath: top + "/escapes", withDestinationPath: "../../outside")
+    chmod(top + "/three MiB.bin", 0o640)
+    chmod(top + "/empty folder", 0o750)
+    var times = [timespec(tv_sec: 1_000_000_000, tv_nsec: 123_456_789), timespec(tv_sec: 1_000_000_000, tv_nsec: 123_456_789)]
+    utimensat(AT_FDCWD, top + "/empty file", &times, 0)
+}
+
+@Suite("qxfer/1 sessions over loopback")
+struct SessionTests {
+    @Test("A tree with odd names, empty files and folders, deep nesting, modes, times and links arrives identical", arguments: StackKind.allCases)
+    func treeArrivesIdentical(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("src"), withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        try makeOddTree(in: scratch.sub("src"))
+        let tree = try SourceTree.scan([scratch.sub("src/odd tree")])
+        #expect(tree.skipped.count == 1 && tree.skipped[0].contains("escapes"), "\(tree.skipped)")
+
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        let sent = try client.get()
+        let received = try server.get()
+        #expect(sent.isComplete && received.isComplete)
+        #expect(sent.succeeded == tree.entries.count)
+        var expected = shape(of: scratch.sub("src"))
+        expected.removeValue(forKey: "odd tree/escapes")
+        let actual = shape(of: scratch.sub("dst"))
+        for (path, entry) in expected {
+            #expect(actual[path] == entry, "\(path): expected \(entry), got \(actual[path].map(\.description) ?? "nothing")")
+        }
+        #expect(Set(actual.keys) == Set(expected.keys))
+    }
+
+    @Test("Sending again finds identical files present and moves no data", arguments: StackKind.allCases)
+    func presentFilesAreNotSentAgain(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        try Data(pattern(2 << 20)).write(to: URL(fileURLWithPath: scratch.sub("file.bin")))
+        try Data(pattern(2 << 20)).write(to: URL(fileURLWithPath: scratch.sub("dst/file.bin")))
+        let tree = try SourceTree.scan([scratch.sub("file.bin")])
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        #expect(try client.get().isComplete && client.get().transferredBytes == 0)
+        #expect(try server.get().transferredBytes == 0)
+
+        // Same size, other content: reported, left alone.
+        try Data(pattern(2 << 20, seed: 1)).write(to: URL(fileURLWithPath: scratch.sub("dst/file.bin")))
+        let (_, second) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        let summary = try second.get()
+        #expect(summary.failures.first?.error.code == .exists)
+        #expect(readFile(scratch.sub("dst/file.bin")) == pattern(2 << 20, seed: 1))
+    }
+
+    @Test("A transfer cut off midway resumes from the receiver's checkpoint and ends identical", arguments: StackKind.allCases)
+    func resumeAfterInterruption(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        let size = 48 << 20
+        let content = pattern(size, seed: 3)
+        try Data(content).write(to: URL(fileURLWithPath: scratch.sub("big.bin")))
+        let tree = try SourceTree.scan([scratch.sub("big.bin")])
+
+        // The sender gives up after 40 MiB: the receiver keeps a checkpointed partial.
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+        }, send: { peer in
+            let progress = TransferProgress()
+            let sender = TransferSender(tree: tree, progress: progress)
+            return try await withThrowingTaskGroup(of: TransferSummary?.self) { group in
+                group.addTask { try await peer.runSender(sender) }
+                group.addTask {
+                    while progress.transferredBytes < 40 << 20 { try await Task.sleep(for: .milliseconds(5)) }
+                    return nil
+                }
+                let first = try await group.next()!
+                group.cancelAll()
+                return first
+            }
+        })
+        if case .success(let finished?) = client { Issue.record("the sender was meant to be cut off but finished: \(finished.transferredBytes) bytes") }
+        #expect(throws: (any Error).self) { try server.get() }
+        #expect(!exists(scratch.sub("dst/big.bin")), "a partial file got the final name")
+        #expect(exists(scratch.sub("dst/.big.bin.qxfer-partial")))
+
+        let (_, resumed) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        let summary = try resumed.get()
+        #expect(summary.isComplete)
+        #expect(summary.resumedBytes >= 16 << 20, "resumed only \(summary.resumedBytes) bytes")
+        #expect(summary.transferredBytes + summary.resumedBytes == UInt64(size))
+        #expect(readFile(scratch.sub("dst/big.bin")) == content)
+        #expect(!exists(scratch.sub("dst/.big.bin.qxfer-partial")) && !exists(scratch.sub("dst/.big.bin.qxfer-journal")))
+    }
+
+    @Test("A resume prefix that differs from the sender's file restarts from byte 0", arguments: StackKind.allCases)
+    func mismatchedPrefixRestarts(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        let dst = scratch.sub("dst")
+        try FileManager.default.createDirectory(atPath: dst, withIntermediateDirectories: true)
+        let content = pattern(3 << 20, seed: 5)
+        try Data(content).write(to: URL(fileURLWithPath: scratch.sub("f.bin")))
+        let tree = try SourceTree.scan([scratch.sub("f.bin")])
+        // A partial of other bytes, with a journal vouching for them (an older version of the file).
+        let store = FileStore(directory: try TargetDirectory(path: dst), checkpointInterval: 1 << 20)
+        let entry = tree.entries[0]
+        let target = FileTarget(path: try SafePath(validating: ["f.bin"]), size: entry.size, mode: entry.mode, modificationTime: entry.modificationTime, algorithm: .xxh3_128)
+        let writer = try store.openWriter(for: target)
+        try writer.write(pattern(2 << 20, seed: 9), at: 0)
+        writer.abandon()
+
+        let (_, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: dst))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        let summary = try client.get()
+        #expect(summary.isComplete)
+        #expect(summary.transferredBytes == UInt64(content.count))
+        #expect(readFile(dst + "/f.bin") == content)
+    }
+
+    @Test("A disk that fills up fails the transfer clearly and keeps a resumable partial")
+    func diskFull() async throws {
+        try #require(getuid() == 0, "mounting a small tmpfs needs root (CI runs as root)")
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        let dst = scratch.sub("small")
+        try FileManager.default.createDirectory(atPath: dst, withIntermediateDirectories: true)
+        guard run("/bin/mount", ["-t", "tmpfs", "-o", "size=8m", "tmpfs", dst]) != nil else {
+            Issue.record("cannot mount a tmpfs")
+            return
+        }
+        defer { _ = run("/bin/umount", [dst]) }
+        let content = pattern(6 << 20, seed: 11)
+        try Data(content).write(to: URL(fileURLWithPath: scratch.sub("six.bin")))
+        let tree = try SourceTree.scan([scratch.sub("six.bin")])
+
+        // The offer fits when checked; the disk fills up just after (another program writing).
+        let (server, client) = try await withConnectedPair(.tls, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: dst, confirm: { _ in
+                FileManager.default.createFile(atPath: dst + "/filler", contents: Data(count: 5 << 20))
+                return true
+            }))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        #expect(throws: TransferError(.noSpace, "")) { try server.get() }
+        #expect(throws: TransferError(.noSpace, "")) { try client.get() }
+        #expect(!exists(dst + "/six.bin"))
+        #expect(exists(dst + "/.six.bin.qxfer-partial") && exists(dst + "/.six.bin.qxfer-journal"))
+
+        try FileManager.default.removeItem(atPath: dst + "/filler")
+        let (_, resumed) = try await withConnectedPair(.tls, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: dst))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        let summary = try resumed.get()
+        #expect(summary.resumedBytes > 0, "nothing of the first attempt was kept")
+        #expect(readFile(dst + "/six.bin") == content)
+    }
+}
