@@ -60,6 +60,8 @@ enum ExitCodes {
         case .connectFailed, .connectionClosed, .idleTimeout, .handshakeFailed, .bindFailed: 69  // EX_UNAVAILABLE
         case .malformedMessage, .truncated: 76  // EX_PROTOCOL
         case .identity: 78  // EX_CONFIG
+        case .serviceNotFound: 69  // EX_UNAVAILABLE
+        case .ambiguousService: 64  // EX_USAGE: name one with --to
         default: 1
         }
     }

@@ -46,6 +46,12 @@ struct RecvCommand: AsyncParsableCommand {
     @Flag(help: "Print JSON event lines on standard output.")
     var json = false
 
+    @Option(help: ArgumentHelp("The name to advertise on the local network (default: the host name).", valueName: "name"))
+    var name: String?
+
+    @Flag(help: "Do not advertise this receiver on the local network (multicast DNS).")
+    var noAdvertise = false
+
     func validate() throws {
         for fingerprint in allow where Fingerprint(parsing: fingerprint) == nil {
             throw ValidationError("'\(fingerprint)' is not a SHA-256 fingerprint (64 hex digits, colons allowed)")
@@ -58,6 +64,11 @@ struct RecvCommand: AsyncParsableCommand {
 
     func run() async throws {
         global.bootstrapLogging()
+        // Ctrl-C cancels the listeners, so the advertisement ends with a goodbye.
+        try await ReceiverDiscovery.cancellingOnInterrupt { try await receive() }
+    }
+
+    private func receive() async throws {
         let identity = try HostIdentity.loadOrCreate(in: global.config)
         let authentication: ClientAuthentication = allow.isEmpty ? .optional : .required(allowing: allow.compactMap { Fingerprint(parsing: $0) })
         let tls = NetworkListener(on: port, host: host, using: .parameters {
@@ -68,18 +79,34 @@ struct RecvCommand: AsyncParsableCommand {
         let receiver = TransferReceiver(directory: dir, overwrite: overwrite, confirm: { await prompt.ask($0) })
         let (results, finished) = AsyncStream.makeStream(of: Result<TransferSummary, any Error>.self)
 
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await tls.run { try await handle($0, receiver, reporter, finished) } }
+        try await withThrowingTaskGroup(of: Child.self) { group in
+            group.addTask {
+                try await tls.run { try await handle($0, receiver, reporter, finished) }
+                return .listener
+            }
             // QUIC takes the same number on UDP (the one TCP got, when asked for any port).
             let boundPort = try await tls.port
             let quic = NetworkListener(on: boundPort, host: host, using: .parameters {
                 TLV { QUIC().identity(identity).clientAuthentication(authentication) }
             }.performanceMode(.bulk))
-            group.addTask { try await quic.run { try await handle($0, receiver, reporter, finished) } }
+            group.addTask {
+                try await quic.run { try await handle($0, receiver, reporter, finished) }
+                return .listener
+            }
             _ = try await quic.port
-            reporter.listening(name: ProcessInfo.processInfo.hostName, port: boundPort, addresses: localAddresses(), fingerprint: identity.fingerprint, folder: dir)
+            let advertisedName = name ?? ReceiverDiscovery.defaultName
+            reporter.listening(name: advertisedName, port: boundPort, addresses: localAddresses(), fingerprint: identity.fingerprint, folder: dir)
+            if !noAdvertise {
+                group.addTask {
+                    await ReceiverDiscovery.advertise(name: advertisedName, port: boundPort, fingerprint: identity.fingerprint) { registered in
+                        if registered != advertisedName { reporter.warn("another receiver is called '\(advertisedName)' here; advertising as '\(registered)'") }
+                    }
+                    return .advertiser
+                }
+            }
             guard once else {
-                try await group.next()
+                // Serve until a listener stops (it throws why); advertising may end on its own.
+                while let child = try await group.next(), child != .listener {}
                 return
             }
             for await result in results {
@@ -90,6 +117,9 @@ struct RecvCommand: AsyncParsableCommand {
             }
         }
     }
+
+    /// The tasks a receiver runs side by side.
+    private enum Child { case listener, advertiser }
 
     /// One connection: one transfer, its report, its result.
     private func handle<Stack: TLVStack>(

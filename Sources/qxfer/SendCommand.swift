@@ -26,7 +26,11 @@ struct SendCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "send",
         abstract: "Send files and folders to a host running 'qxfer recv'.",
-        usage: "qxfer send <path>... <host>[:<port>] [--stack quic|tls] [--fingerprint <sha256>]",
+        usage: """
+            qxfer send <path>... <host>[:<port>] [--stack quic|tls] [--fingerprint <sha256>]
+              qxfer send <path>... --to <name>
+              qxfer send <path>
+            """,
         discussion: """
             Folders are sent whole: empty files and folders, permissions and modification \
             times; symlinks inside a folder are sent as links (never followed), those pointing \
@@ -37,8 +41,13 @@ struct SendCommand: AsyncParsableCommand {
             Running the same command again after an interruption resumes each file from \
             what the receiver holds, after checking it.
 
+            Without a host, the receiver is found on the local network (multicast DNS): \
+            --to NAME picks it by the name 'qxfer recv' advertises; a single path and no \
+            --to sends to the one receiver that answers (several: they are listed).
+
             The first connection to a host trusts and records its fingerprint (like ssh); a \
-            changed fingerprint is refused. --fingerprint pins one explicitly.
+            changed fingerprint is refused. --fingerprint pins one explicitly. A fingerprint \
+            advertised on the network is only a hint: the same rules apply.
             """
     )
 
@@ -46,6 +55,9 @@ struct SendCommand: AsyncParsableCommand {
 
     @Argument(help: ArgumentHelp("Files or folders to send ('-' for standard input), then the receiving host.", valueName: "path… host[:port]"))
     var arguments: [String] = []
+
+    @Option(help: ArgumentHelp("Send to the receiver advertised on the local network under this name.", valueName: "name"))
+    var to: String?
 
     @Option(help: "Transport: quic (parallel streams over UDP) or tls (TCP+TLS).")
     var stack: StackChoice = .quic
@@ -62,25 +74,42 @@ struct SendCommand: AsyncParsableCommand {
     @Flag(help: "Print JSON event lines on standard output instead of a progress bar.")
     var json = false
 
+    /// The host given on the command line: the last argument, unless the receiver is found by
+    /// name (`--to`) or a single path is sent to whichever receiver answers.
+    var host: String? {
+        to == nil && arguments.count >= 2 ? arguments.last : nil
+    }
+
+    var paths: [String] {
+        host == nil ? arguments : Array(arguments.dropLast())
+    }
+
     func validate() throws {
-        guard arguments.count >= 2 else {
+        guard !arguments.isEmpty else {
             throw ValidationError("name what to send and the receiving host: qxfer send FILE… HOST[:PORT]")
         }
-        guard Endpoint(parsing: arguments.last!, defaultPort: defaultTransferPort) != nil else {
-            throw ValidationError("'\(arguments.last!)' is not a host, host:port or [ipv6]:port")
+        if let host, Endpoint(parsing: host, defaultPort: defaultTransferPort) == nil {
+            throw ValidationError("'\(host)' is not a host, host:port or [ipv6]:port")
         }
         if let fingerprint, Fingerprint(parsing: fingerprint) == nil {
             throw ValidationError("'\(fingerprint)' is not a SHA-256 fingerprint (64 hex digits, colons allowed)")
         }
-        if arguments.dropLast().filter({ $0 == "-" }).count > 1 {
+        if paths.filter({ $0 == "-" }).count > 1 {
             throw ValidationError("standard input ('-') can be sent once")
         }
     }
 
     func run() async throws {
         global.bootstrapLogging()
-        let endpoint = Endpoint(parsing: arguments.last!, defaultPort: defaultTransferPort)!
-        let tree = try SourceTree.scan(Array(arguments.dropLast()), standardInputName: name)
+        let tree = try SourceTree.scan(paths, standardInputName: name)
+        let endpoint: Endpoint
+        if let host {
+            endpoint = Endpoint(parsing: host, defaultPort: defaultTransferPort)!
+        } else {
+            let found = try await ReceiverDiscovery.resolve(name: to)
+            endpoint = found.endpoint
+            if !json { FileHandle.standardError.write(Data("qxfer: found receiver '\(found.name)' at \(endpoint)\n".utf8)) }
+        }
         let identity = try HostIdentity.loadOrCreate(in: global.config)
         let trust: PeerTrust = fingerprint.flatMap { Fingerprint(parsing: $0) }.map { .pinned($0) }
             ?? .knownHosts(KnownHosts(in: global.config))
