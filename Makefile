@@ -9,8 +9,10 @@ deps:
 build: deps
 	$(SWIFT) build
 
-## Installs what is missing, builds, and runs the loopback demo of the connection API.
+## Installs what is missing, builds, and runs the loopback demo: qxfer recv and qxfer send over
+## QUIC and TCP+TLS (scripts/demo.sh), then the connection API's own demo.
 demo: build
+	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer scripts/demo.sh
 	$(SWIFT) run qxfer-demo
 
 ## Runs the whole test suite.
@@ -21,6 +23,7 @@ test: deps
 	$(SWIFT) test --skip-build --filter QUICEngineTests
 	$(SWIFT) test --skip-build --skip QUICEngineTests
 	LINKEMU_BIN=$$($(SWIFT) build --show-bin-path)/qxfer-linkemu bench/netns/selftest.sh
+	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/transfer.sh
 
 release: deps
 	$(SWIFT) build -c release

@@ -95,7 +95,7 @@ struct RecvCommand: AsyncParsableCommand {
             }
             _ = try await quic.port
             let advertisedName = name ?? ReceiverDiscovery.defaultName
-            reporter.listening(name: advertisedName, port: boundPort, addresses: localAddresses(), fingerprint: identity.fingerprint, folder: dir)
+            reporter.listening(name: advertisedName, port: boundPort, addresses: host.map { [$0] } ?? localAddresses(), fingerprint: identity.fingerprint, folder: dir)
             if !noAdvertise {
                 group.addTask {
                     await ReceiverDiscovery.advertise(name: advertisedName, port: boundPort, fingerprint: identity.fingerprint) { registered in

@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# End-to-end tests of `qxfer send` / `qxfer recv` as a user runs them: two processes, on
+# loopback and across two network namespaces joined by veth, over QUIC and TCP+TLS.
+#
+#   sudo Tests/e2e/transfer.sh            (root: namespaces; QXFER=path picks the binary)
+#
+# Proves: a 1 GiB file and a tree with odd names arrive identical (contents, modes, times,
+# links); kill -9 of either side at random instants never leaves a partial under the final
+# name and the next run resumes (moving less than the whole file); trust on first use, a
+# changed fingerprint, --fingerprint pinning and --allow refusals; an offer declined when
+# there is no terminal to ask on; `send --to NAME` found over multicast DNS. Everything it
+# creates (processes, namespaces, files) is removed on exit, also when interrupted.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+QXFER=${QXFER:-$ROOT/.build/debug/qxfer}
+KILLS=${E2E_KILLS:-4}          # kill -9 rounds per side (the hardening suite runs 20)
+BIG_MIB=${E2E_BIG_MIB:-1024}
+[ -x "$QXFER" ] || { echo "e2e: $QXFER not built" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "e2e: must run as root (network namespaces)" >&2; exit 1; }
+
+WORK=$(mktemp -d /tmp/qxfer-e2e.XXXXXX)
+NS=qxe$$
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    ip netns del "${NS}a" 2>/dev/null || true
+    ip netns del "${NS}b" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+fail() { echo "e2e: FAIL: $*" >&2; exit 1; }
+ok() { echo "e2e: ok: $*"; }
+
+# --- Fixtures ---------------------------------------------------------------------------
+SRC=$WORK/src
+mkdir -p "$SRC"
+head -c $((BIG_MIB << 20)) /dev/urandom >"$SRC/big.bin"
+TREE="$SRC/odd tree"
+mkdir -p "$TREE/empty folder" "$TREE/deep"
+d="$TREE/deep"; for i in $(seq 1 30); do d="$d/level $i"; done; mkdir -p "$d"; echo bottom >"$d/bottom.txt"
+: >"$TREE/empty file"
+echo unicode >"$TREE/ünïcödé ✓ 日本語.txt"
+echo space >"$TREE/ends with space "
+echo dots >"$TREE/..."
+echo rtl >"$TREE/$(printf 'rtl\u202etxt.exe')"
+head -c 300000 /dev/urandom >"$TREE/deep/some.bin"
+ln -s "level 1/level 2" "$TREE/deep/inside link"
+ln -s ../../../etc/passwd "$TREE/escaping link"
+chmod 640 "$TREE/deep/some.bin"; chmod 750 "$TREE/empty folder"
+touch -h -d '2001-09-09 01:46:40.123456789' "$TREE/empty file" "$TREE/deep/inside link"
+
+# A tree's shape: type, mode, size, mtime, link target and content digest of every entry.
+shape() {
+    (cd "$1" && find . -mindepth 1 ! -name 'escaping link' -printf '%y %m %s %T@ %P -> %l\n' | sort) >"$2.list"
+    (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r xxhsum -H2 2>/dev/null | sort) >"$2.sums"
+}
+same_tree() {
+    shape "$1" "$WORK/a"; shape "$2" "$WORK/b"
+    diff "$WORK/a.list" "$WORK/b.list" >&2 || fail "$3: tree entries differ"
+    diff "$WORK/a.sums" "$WORK/b.sums" >&2 || fail "$3: file contents differ"
+}
+
+# --- Running the two sides ----------------------------------------------------------------
+# recv_start NAME [netns] -- args: starts a receiver; sets RECV_PID, RECV_PORT (from its banner).
+recv_start() {
+    local name=$1 ns=$2; shift 2
+    local run=()
+    [ -n "$ns" ] && run=(ip netns exec "$ns")
+    : >"$WORK/$name.out"
+    "${run[@]}" "$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" </dev/null &
+    RECV_PID=$!; PIDS+=("$RECV_PID")
+    for _ in $(seq 1 100); do
+        RECV_PORT=$(grep -o 'on port [0-9]*' "$WORK/$name.out" 2>/dev/null | grep -o '[0-9]*$' || true)
+        [ -n "$RECV_PORT" ] && return 0
+        kill -0 "$RECV_PID" 2>/dev/null || fail "$name: recv exited: $(cat "$WORK/$name.err")"
+        sleep 0.1
+    done
+    fail "$name: recv did not start"
+}
+
+# send_run NAME [netns] -- args: runs a sender to completion; sets SEND_RC.
+send_run() {
+    local name=$1 ns=$2; shift 2
+    local run=()
+    [ -n "$ns" ] && run=(ip netns exec "$ns")
+    set +e
+    timeout 600 "${run[@]}" "$QXFER" send --config-dir "$WORK/cfg-send" "$@" >"$WORK/$name.sout" 2>"$WORK/$name.serr" </dev/null
+    SEND_RC=$?
+    set -e
+}
+
+# wait_recv: waits for the receiver started last; sets RECV_RC.
+wait_recv() {
+    RECV_RC=0
+    wait "$RECV_PID" || RECV_RC=$?
+}
+
+# --- 1. Loopback and two namespaces, both stacks: 1 GiB and the odd tree ----------------
+ip netns add "${NS}a"; ip netns add "${NS}b"
+ip link add "${NS}va" type veth peer name "${NS}vb"
+ip link set "${NS}va" netns "${NS}a"; ip link set "${NS}vb" netns "${NS}b"
+ip -n "${NS}a" addr add 10.98.7.1/24 dev "${NS}va"; ip -n "${NS}b" addr add 10.98.7.2/24 dev "${NS}vb"
+for n in a b; do
+    ip -n "${NS}$n" link set lo up; ip -n "${NS}$n" link set "${NS}v$n" up
+    ip -n "${NS}$n" route add 224.0.0.0/4 dev "${NS}v$n"
+done
+
+for where in loopback namespaces; do
+    for stack in quic tls; do
+        dst=$WORK/dst-$where-$stack; mkdir -p "$dst"
+        if [ $where = loopback ]; then
+            recv_start "r-$where-$stack" "" --dir "$dst" --yes --once --port 0 --host 127.0.0.1
+            send_run "s-$where-$stack" "" "$SRC/big.bin" "$TREE" "127.0.0.1:$RECV_PORT" --stack $stack
+        else
+            recv_start "r-$where-$stack" "${NS}b" --dir "$dst" --yes --once --port 7447
+            send_run "s-$where-$stack" "${NS}a" "$SRC/big.bin" "$TREE" 10.98.7.2 --stack $stack
+        fi
+        [ "$SEND_RC" = 0 ] || fail "$where $stack: send exit $SEND_RC: $(cat "$WORK/s-$where-$stack.serr")"
+        wait_recv; [ "$RECV_RC" = 0 ] || fail "$where $stack: recv failed: $(cat "$WORK/r-$where-$stack.err")"
+        grep -q "escaping link.*leaves the tree" "$WORK/s-$where-$stack.serr" || fail "$where $stack: the escaping link was not reported"
+        cmp "$SRC/big.bin" "$dst/big.bin" || fail "$where $stack: big.bin differs"
+        same_tree "$TREE" "$dst/odd tree" "$where $stack"
+        [ -z "$(find "$dst" -name '*.qxfer-*')" ] || fail "$where $stack: partial or journal left behind"
+        ok "$where $stack: ${BIG_MIB} MiB and the odd tree arrived identical ($(tail -1 "$WORK/s-$where-$stack.sout"))"
+        rm -rf "$dst"
+    done
+done
+
+# --- 2. Discovery across the namespaces: send --to NAME ----------------------------------
+dst=$WORK/dst-mdns; mkdir -p "$dst"
+ip netns exec "${NS}b" "$QXFER" recv --config-dir "$WORK/cfg-recv" --dir "$dst" --yes --once --port 7447 --name "e2e box" >"$WORK/mdns.out" 2>"$WORK/mdns.err" </dev/null &
+RECV_PID=$!; PIDS+=("$RECV_PID")
+sleep 2
+send_run mdns "${NS}a" "$TREE" --to "e2e box"
+[ "$SEND_RC" = 0 ] || fail "send --to: exit $SEND_RC: $(cat "$WORK/mdns.serr")"
+wait_recv; [ "$RECV_RC" = 0 ] || fail "send --to: recv failed"
+same_tree "$TREE" "$dst/odd tree" "send --to"
+ok "send --to 'e2e box' found the receiver over multicast DNS and delivered the tree"
+
+# --- 3. kill -9 at random instants, then resume ------------------------------------------
+dst=$WORK/dst-kill; mkdir -p "$dst"
+killed=0
+for side in receiver sender; do
+    for round in $(seq 1 "$KILLS"); do
+        stack=$([ $((round % 2)) = 0 ] && echo tls || echo quic)
+        recv_start "kill-r" "${NS}b" --dir "$dst" --yes --once --port 7447
+        ip netns exec "${NS}a" "$QXFER" send --config-dir "$WORK/cfg-send" "$SRC/big.bin" 10.98.7.2 --stack $stack >/dev/null 2>&1 </dev/null &
+        SEND_PID=$!; PIDS+=("$SEND_PID")
+        sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", 0.3 + (r % 250) / 100 }')"
+        if [ $side = receiver ]; then kill -9 "$RECV_PID" 2>/dev/null || true; else kill -9 "$SEND_PID" 2>/dev/null || true; fi
+        kill -9 "$RECV_PID" "$SEND_PID" 2>/dev/null || true
+        wait "$RECV_PID" "$SEND_PID" 2>/dev/null || true
+        if [ -e "$dst/big.bin" ]; then
+            cmp -s "$SRC/big.bin" "$dst/big.bin" || fail "kill -9 of the $side (round $round): a file other than the source has the final name"
+            rm "$dst/big.bin"   # finished before the kill: start over so the next round interrupts
+        fi
+        killed=$((killed + 1))
+    done
+done
+recv_start "resume-r" "${NS}b" --dir "$dst" --yes --once --port 7447
+send_run resume "${NS}a" "$SRC/big.bin" 10.98.7.2 --json
+[ "$SEND_RC" = 0 ] || fail "resume: exit $SEND_RC: $(cat "$WORK/resume.serr")"
+wait_recv; [ "$RECV_RC" = 0 ] || fail "resume: recv failed"
+cmp "$SRC/big.bin" "$dst/big.bin" || fail "resume: big.bin differs"
+resumed=$(grep '"event":"summary"' "$WORK/resume.sout" | jq .resumed_bytes)
+moved=$(grep '"event":"summary"' "$WORK/resume.sout" | jq .bytes)
+[ "$resumed" -gt 0 ] && [ "$moved" -lt $((BIG_MIB << 20)) ] || fail "resume moved $moved bytes, resumed $resumed"
+[ -z "$(find "$dst" -name '*.qxfer-*')" ] || fail "resume: partial or journal left behind"
+ok "$killed kill -9 rounds: never a partial under the final name; the last run resumed $resumed bytes and moved $moved"
+
+# --- 4. Trust ----------------------------------------------------------------------------
+dst=$WORK/dst-trust; mkdir -p "$dst"; echo small >"$WORK/small.txt"
+recv_fp=$("$QXFER" id --config-dir "$WORK/cfg-recv")
+send_fp=$("$QXFER" id --config-dir "$WORK/cfg-send")
+rm -f "$WORK/cfg-send/known_hosts"
+recv_start trust1 "" --dir "$dst" --yes --once --port 0 --host 127.0.0.1
+send_run trust1 "" "$WORK/small.txt" "127.0.0.1:$RECV_PORT"
+[ "$SEND_RC" = 0 ] && grep -q "first contact.*$recv_fp" "$WORK/trust1.serr" || fail "first contact was not announced: $(cat "$WORK/trust1.serr")"
+wait_recv
+port=$RECV_PORT
+ok "first contact trusted and announced"
+
+# The same host:port with another identity: refused, loudly, with both fingerprints.
+"$QXFER" recv --config-dir "$WORK/cfg-other" --no-advertise --dir "$dst" --yes --once --port "$port" --host 127.0.0.1 >"$WORK/other.out" 2>&1 </dev/null &
+RECV_PID=$!; PIDS+=("$RECV_PID"); sleep 1
+other_fp=$("$QXFER" id --config-dir "$WORK/cfg-other")
+for stack in quic tls; do
+    send_run changed "" "$WORK/small.txt" "127.0.0.1:$port" --stack $stack
+    [ "$SEND_RC" = 77 ] || fail "changed fingerprint over $stack: exit $SEND_RC, expected 77"
+    grep -q "$recv_fp" "$WORK/changed.serr" && grep -q "$other_fp" "$WORK/changed.serr" || fail "the refusal does not show both fingerprints: $(cat "$WORK/changed.serr")"
+done
+kill -9 "$RECV_PID" 2>/dev/null || true; wait "$RECV_PID" 2>/dev/null || true
+ok "a changed fingerprint is refused on both stacks (exit 77) showing both fingerprints"
+
+# --fingerprint pins; a wrong pin is refused.
+recv_start pin "" --dir "$dst" --yes --port 0 --host 127.0.0.1
+send_run pin-wrong "" "$WORK/small.txt" "127.0.0.1:$RECV_PORT" --fingerprint "$send_fp"
+[ "$SEND_RC" = 77 ] || fail "a wrong --fingerprint: exit $SEND_RC, expected 77"
+rm -f "$dst/small.txt"
+send_run pin-right "" "$WORK/small.txt" "127.0.0.1:$RECV_PORT" --fingerprint "$recv_fp" --stack tls
+[ "$SEND_RC" = 0 ] || fail "the right --fingerprint: exit $SEND_RC: $(cat "$WORK/pin-right.serr")"
+kill -9 "$RECV_PID" 2>/dev/null || true; wait "$RECV_PID" 2>/dev/null || true
+ok "--fingerprint pins the receiver"
+
+# --allow admits only listed senders (mutual TLS), on both stacks.
+recv_start allow "" --dir "$dst" --yes --port 0 --host 127.0.0.1 --allow "$other_fp"
+for stack in quic tls; do
+    send_run allow "" "$WORK/small.txt" "127.0.0.1:$RECV_PORT" --stack $stack --fingerprint "$recv_fp"
+    [ "$SEND_RC" != 0 ] || fail "--allow admitted an unlisted sender over $stack"
+    grep -qiE "refus|not allowed|untrusted|certificate" "$WORK/allow.serr" || fail "--allow refusal over $stack is unclear: $(cat "$WORK/allow.serr")"
+done
+kill -9 "$RECV_PID" 2>/dev/null || true; wait "$RECV_PID" 2>/dev/null || true
+recv_start allow2 "" --dir "$dst" --yes --once --port 0 --host 127.0.0.1 --allow "$send_fp"
+rm -f "$dst/small.txt"
+send_run allow2 "" "$WORK/small.txt" "127.0.0.1:$RECV_PORT" --fingerprint "$recv_fp"
+[ "$SEND_RC" = 0 ] || fail "--allow refused a listed sender: $(cat "$WORK/allow2.serr")"
+wait_recv
+ok "--allow refuses an unlisted sender on both stacks ($(tail -1 "$WORK/allow.serr")) and admits a listed one"
+
+# --- 5. No terminal to ask on: the offer is declined ---------------------------------------
+recv_start ask "" --dir "$dst" --once --port 0 --host 127.0.0.1
+send_run ask "" "$WORK/small.txt" "127.0.0.1:$RECV_PORT" --fingerprint "$recv_fp"
+[ "$SEND_RC" = 77 ] || fail "a declined offer: exit $SEND_RC, expected 77"
+grep -q "declined" "$WORK/ask.serr" || fail "the sender was not told: $(cat "$WORK/ask.serr")"
+wait_recv
+ok "an offer nobody can confirm is declined (exit 77: $(tail -1 "$WORK/ask.serr"))"
+
+echo "e2e: all transfer tests passed"
