@@ -311,7 +311,12 @@ actor InboundBuffer {
                 break
             }
             for var chunk in chunks {
-                if buffer.readableBytes == 0 && buffer.readerIndex > 0 { buffer.clear() }
+                // Drop what was already handed out before appending. Without this, a reader
+                // that always leaves a partial message behind (framed messages over a stream)
+                // makes the buffer grow without end, and every append copies it whole while an
+                // earlier slice still shares its storage. Moving the unread tail is cheap: it
+                // is at most one message.
+                if buffer.readerIndex > 0 && buffer.readerIndex >= buffer.readableBytes { buffer.discardReadBytes() }
                 buffer.writeBuffer(&chunk)
             }
         }
