@@ -54,18 +54,7 @@ public struct TransferReceiver: Sendable {
     /// unfinished files are kept for a later resume), and the connection's `QXferError` when
     /// the network does.
     public func run<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
-        do {
-            return try await exchange(over: connection)
-        } catch let communicated as AlreadyCommunicated {
-            connection.cancel()
-            throw communicated.error
-        } catch let error as TransferError {
-            await connection.sendFinalError(error)
-            throw error
-        } catch {
-            connection.cancel()
-            throw error
-        }
+        try await connection.endingOnError { try await exchange(over: connection) }
     }
 
     private func exchange<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
@@ -293,9 +282,4 @@ enum Plan: Equatable {
         default: false
         }
     }
-}
-
-/// An error already told to the peer (or told to us by it): not sent again.
-struct AlreadyCommunicated: Error {
-    var error: TransferError
 }

@@ -29,18 +29,7 @@ public struct TransferSender: Sendable {
     /// ended. Throws ``TransferError`` when the receiver declines or either side fails, and
     /// the connection's `QXferError` when the network does.
     public func run<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
-        do {
-            return try await exchange(over: connection)
-        } catch let reported as AlreadyCommunicated {
-            connection.cancel()
-            throw reported.error
-        } catch let error as TransferError {
-            await connection.sendFinalError(error)
-            throw error
-        } catch {
-            connection.cancel()
-            throw error
-        }
+        try await connection.endingOnError { try await exchange(over: connection) }
     }
 
     private func exchange<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
@@ -255,18 +244,5 @@ private struct Outcome {
         guard expected.remove(entry) != nil else {
             throw TransferError(.protocolViolation, "the receiver answered entry \(entry) twice or without it being sent")
         }
-    }
-}
-
-extension NetworkConnection where Stack: TLVStack {
-    /// Tells the peer why we stop (best effort, briefly), then closes.
-    func sendFinalError(_ error: TransferError) async {
-        _ = try? await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await self.send(.error(Refusal(error))) }
-            group.addTask { try await Task.sleep(for: .seconds(2)) }
-            try await group.next()
-            group.cancelAll()
-        }
-        close(errorCode: UInt64(error.code.rawValue), reason: error.message)
     }
 }

@@ -82,3 +82,38 @@ extension MessageCodec {
         return try decode(type: type, body: [UInt8](body))
     }
 }
+
+extension NetworkConnection where Stack: TLVStack {
+    /// Runs one side of a transfer. On failure the peer learns why in an Error message (unless
+    /// it told us, or was told already), and the connection closes either way.
+    func endingOnError<T>(_ body: () async throws -> T) async throws -> T {
+        do {
+            return try await body()
+        } catch let communicated as AlreadyCommunicated {
+            cancel()
+            throw communicated.error
+        } catch let error as TransferError {
+            await sendFinalError(error)
+            throw error
+        } catch {
+            cancel()
+            throw error
+        }
+    }
+
+    /// Tells the peer why we stop (best effort, briefly), then closes.
+    func sendFinalError(_ error: TransferError) async {
+        _ = try? await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await self.send(.error(Refusal(error))) }
+            group.addTask { try await Task.sleep(for: .seconds(2)) }
+            try await group.next()
+            group.cancelAll()
+        }
+        close(errorCode: UInt64(error.code.rawValue), reason: error.message)
+    }
+}
+
+/// An error already told to the peer (or told to us by it): not sent again.
+struct AlreadyCommunicated: Error {
+    var error: TransferError
+}
