@@ -45,7 +45,7 @@ struct BrowseCommand: AsyncParsableCommand {
         let browser = NetworkBrowser(for: .dnssd(type: type), interfaces: interfaces.isEmpty ? nil : interfaces)
         let json = self.json
         let limit = timeout.map { Duration.milliseconds(Int64($0 * 1000)) }
-        try await ReceiverDiscovery.cancellingOnInterrupt {
+        try await cancellingOnInterrupt {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask {
                     var shown: [String: DiscoveredService] = [:]
@@ -191,26 +191,5 @@ enum ReceiverDiscovery {
         } catch let error as QXferError where error.code == .ambiguousService {
             throw QXferError(.ambiguousService, error.message.replacingOccurrences(of: "choose one by name", with: "choose one with --to NAME"))
         }
-    }
-
-    /// Runs `body` in a task that SIGINT and SIGTERM cancel instead of killing the process, so
-    /// what it holds is released properly (an advertisement says goodbye).
-    static func cancellingOnInterrupt<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
-        // An unstructured task because a signal handler cannot reach a task group; it is
-        // awaited here and cancelled with the caller, so it never outlives this call.
-        let task = Task { try await body() }
-        let sources = [SIGINT, SIGTERM].map { number -> any DispatchSourceSignal in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler { task.cancel() }
-            source.resume()
-            return source
-        }
-        defer {
-            for source in sources { source.cancel() }
-            signal(SIGINT, SIG_DFL)
-            signal(SIGTERM, SIG_DFL)
-        }
-        return try await withTaskCancellationHandler { try await task.value } onCancel: { task.cancel() }
     }
 }

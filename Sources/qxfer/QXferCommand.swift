@@ -31,6 +31,12 @@ struct QXferCommand: AsyncParsableCommand {
             } else {
                 try command.run()
             }
+        } catch is CancellationError {
+            FileHandle.standardError.write(Data("qxfer: interrupted; the same command resumes what was left\n".utf8))
+            Foundation.exit(130)
+        } catch let error as QXferError where error.code == .cancelled {
+            FileHandle.standardError.write(Data("qxfer: interrupted; the same command resumes what was left\n".utf8))
+            Foundation.exit(130)
         } catch let error as QXferError {
             FileHandle.standardError.write(Data("qxfer: \(error.message)\n".utf8))
             Foundation.exit(ExitCodes.code(for: error))

@@ -65,7 +65,7 @@ struct RecvCommand: AsyncParsableCommand {
     func run() async throws {
         global.bootstrapLogging()
         // Ctrl-C cancels the listeners, so the advertisement ends with a goodbye.
-        try await ReceiverDiscovery.cancellingOnInterrupt { try await receive() }
+        try await cancellingOnInterrupt { try await receive() }
     }
 
     private func receive() async throws {
@@ -129,6 +129,7 @@ struct RecvCommand: AsyncParsableCommand {
         // Each connection gets its own counters, so concurrent transfers do not mix.
         var receiver = receiver
         receiver.progress = TransferProgress(onEvent: reporter.handle)
+        let sender = connection.peer?.fingerprint
         do {
             let running = receiver
             let outcome = try await reporter.showProgress(of: running.progress, metrics: { await connection.metrics }) {
@@ -137,7 +138,7 @@ struct RecvCommand: AsyncParsableCommand {
             reporter.finish(outcome)
             finished.yield(.success(outcome.result))
         } catch {
-            reporter.failed(error, peer: connection.peer?.fingerprint)
+            reporter.failed(error, peer: sender)
             finished.yield(.failure(error))
         }
     }

@@ -101,6 +101,11 @@ struct SendCommand: AsyncParsableCommand {
 
     func run() async throws {
         global.bootstrapLogging()
+        // Ctrl-C closes the connection properly, so the receiver keeps its partial at once.
+        try await cancellingOnInterrupt { try await transfer() }
+    }
+
+    private func transfer() async throws {
         let tree = try SourceTree.scan(paths, standardInputName: name)
         let endpoint: Endpoint
         if let host {

@@ -1,3 +1,5 @@
+import QXfer
+
 /// The receiver's state after it accepted an offer, sans-IO: it takes the messages of the
 /// control and data streams one at a time and returns the reply to send, writing the files
 /// through its ``FileStore``. Every rule of docs/PROTOCOL.md §1 and §3.3–3.5 about which
@@ -66,7 +68,10 @@ struct ReceivingSession {
     mutating func handle(_ event: InboundFunnel.Event, from source: InboundFunnel.Source, usesStreams: Bool) throws -> Message? {
         switch event {
         case .failed(let error):
-            throw error
+            // A data stream reset or a connection lost mid-file: the partials stay resumable.
+            guard let lost = error as? QXferError else { throw error }
+            let files = pending.count == 1 ? "1 file" : "\(pending.count) files"
+            throw TransferError(.cancelled, "the sender stopped with \(files) unfinished (\(lost.message)); the same send resumes them")
         case .ended:
             if source == .control {
                 throw TransferError(.cancelled, "the sender closed the connection with \(pending.count) files unfinished; run the same send again to resume")

@@ -1,0 +1,22 @@
+import Foundation
+
+/// Runs `body` in a task that SIGINT and SIGTERM cancel instead of killing the process, so
+/// what it holds is released properly (an advertisement says goodbye).
+func cancellingOnInterrupt<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
+    // An unstructured task because a signal handler cannot reach a task group; it is
+    // awaited here and cancelled with the caller, so it never outlives this call.
+    let task = Task { try await body() }
+    let sources = [SIGINT, SIGTERM].map { number -> any DispatchSourceSignal in
+        signal(number, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+        source.setEventHandler { task.cancel() }
+        source.resume()
+        return source
+    }
+    defer {
+        for source in sources { source.cancel() }
+        signal(SIGINT, SIG_DFL)
+        signal(SIGTERM, SIG_DFL)
+    }
+    return try await withTaskCancellationHandler { try await task.value } onCancel: { task.cancel() }
+}
