@@ -136,8 +136,17 @@ struct SendCommand: AsyncParsableCommand {
             reporter.warn("first contact with \(endpoint): trusting its fingerprint \(fingerprint) and recording it in \(file); compare it with 'qxfer id' on the receiver")
         }
         let sender = TransferSender(tree: tree, algorithm: checksum, progress: TransferProgress(onEvent: reporter.handle))
-        let outcome = try await reporter.showProgress(of: sender.progress, metrics: { await connection.metrics }) {
-            try await sender.run(over: connection)
+        let outcome: (result: TransferSummary, elapsed: Duration)
+        do {
+            outcome = try await reporter.showProgress(of: sender.progress, metrics: { await connection.metrics }) {
+                try await sender.run(over: connection)
+            }
+        } catch where Task.isCancelled {
+            // Interrupted: the connection is closing on its event loop (streams reset, the
+            // close queued behind paced packets). Give it a moment before the process exits,
+            // so the receiver hears it now rather than at its idle timeout.
+            usleep(300_000)
+            throw error
         }
         reporter.finish(outcome)
         if let failure = outcome.result.failures.first { throw failure.error }

@@ -150,7 +150,9 @@ for side in receiver sender; do
         recv_start "kill-r" "${NS}b" --dir "$dst" --yes --once --port 7447
         ip netns exec "${NS}a" "$QXFER" send --config-dir "$WORK/cfg-send" "$SRC/big.bin" 10.98.7.2 --stack $stack >/dev/null 2>&1 </dev/null &
         SEND_PID=$!; PIDS+=("$SEND_PID")
-        sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", 0.3 + (r % 250) / 100 }')"
+        # A random instant after the data started flowing (0.5 to 3 s).
+        for _ in $(seq 1 400); do [ -e "$dst/.big.bin.qxfer-partial" ] && break; sleep 0.01; done
+        sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", 0.5 + (r % 250) / 100 }')"
         if [ $side = receiver ]; then kill -9 "$RECV_PID" 2>/dev/null || true; else kill -9 "$SEND_PID" 2>/dev/null || true; fi
         kill -9 "$RECV_PID" "$SEND_PID" 2>/dev/null || true
         wait "$RECV_PID" "$SEND_PID" 2>/dev/null || true
@@ -171,6 +173,28 @@ moved=$(grep '"event":"summary"' "$WORK/resume.sout" | jq .bytes)
 [ "$resumed" -gt 0 ] && [ "$moved" -lt $((BIG_MIB << 20)) ] || fail "resume moved $moved bytes, resumed $resumed"
 [ -z "$(find "$dst" -name '*.qxfer-*')" ] || fail "resume: partial or journal left behind"
 ok "$killed kill -9 rounds: never a partial under the final name; the last run resumed $resumed bytes and moved $moved"
+
+# --- 3b. Ctrl-C of the sender: the receiver learns at once, over QUIC too --------------------
+for stack in quic tls; do
+    dst=$WORK/dst-int-$stack; mkdir -p "$dst"
+    recv_start "int-r-$stack" "${NS}b" --dir "$dst" --yes --once --port 7447
+    ip netns exec "${NS}a" "$QXFER" send --config-dir "$WORK/cfg-send" "$SRC/big.bin" 10.98.7.2 --stack $stack >/dev/null 2>"$WORK/int-s.err" </dev/null &
+    SEND_PID=$!; PIDS+=("$SEND_PID")
+    # Interrupt as soon as data is being written, so the transfer is surely mid-way.
+    for _ in $(seq 1 400); do [ -e "$dst/.big.bin.qxfer-partial" ] && break; sleep 0.01; done
+    kill -INT "$SEND_PID" 2>/dev/null || true
+    interrupted=$(date +%s%N)
+    rc=0; wait "$SEND_PID" || rc=$?
+    [ "$rc" = 130 ] || fail "Ctrl-C of the sender over $stack: exit $rc, expected 130"
+    wait_recv
+    waited_ms=$(( ($(date +%s%N) - interrupted) / 1000000 ))
+    [ "$RECV_RC" = 69 ] || fail "the receiver after Ctrl-C over $stack: exit $RECV_RC, expected 69: $(cat "$WORK/int-r-$stack.err")"
+    [ "$waited_ms" -lt 5000 ] || fail "the receiver took $waited_ms ms to notice the interrupted sender over $stack"
+    grep -q "the same send resumes" "$WORK/int-r-$stack.err" || fail "the receiver's message over $stack: $(cat "$WORK/int-r-$stack.err")"
+    [ ! -e "$dst/big.bin" ] || fail "an interrupted transfer left a file under the final name"
+    [ -e "$dst/.big.bin.qxfer-partial" ] && [ -e "$dst/.big.bin.qxfer-journal" ] || fail "no resumable partial after Ctrl-C over $stack"
+    ok "Ctrl-C of the sender over $stack: exit 130, the receiver stopped within $waited_ms ms keeping the partial"
+done
 
 # --- 4. Trust ----------------------------------------------------------------------------
 dst=$WORK/dst-trust; mkdir -p "$dst"; echo small >"$WORK/small.txt"

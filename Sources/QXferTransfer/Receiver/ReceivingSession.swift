@@ -34,6 +34,8 @@ struct ReceivingSession {
         self.summary = TransferSummary(succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: offer.algorithm, digests: [])
     }
 
+    private var unfinished: String { pending.count == 1 ? "1 file" : "\(pending.count) files" }
+
     /// Whether every file has been answered.
     var isFinished: Bool { pending.isEmpty }
 
@@ -70,11 +72,10 @@ struct ReceivingSession {
         case .failed(let error):
             // A data stream reset or a connection lost mid-file: the partials stay resumable.
             guard let lost = error as? QXferError else { throw error }
-            let files = pending.count == 1 ? "1 file" : "\(pending.count) files"
-            throw TransferError(.cancelled, "the sender stopped with \(files) unfinished (\(lost.message)); the same send resumes them")
+            throw TransferError(.cancelled, "the sender stopped with \(unfinished) unfinished (\(lost.message)); the same send resumes them")
         case .ended:
             if source == .control {
-                throw TransferError(.cancelled, "the sender closed the connection with \(pending.count) files unfinished; run the same send again to resume")
+                throw TransferError(.cancelled, "the sender stopped with \(unfinished) unfinished (it closed the connection); the same send resumes them")
             }
             if let entry = streamEntries.removeValue(forKey: source), pending[entry] != nil {
                 throw TransferError(.protocolViolation, "the data stream of '\(paths[Int(entry)])' ended before its FileDone")
