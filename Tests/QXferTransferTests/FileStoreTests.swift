@@ -41,6 +41,21 @@ import Testing
         #expect(Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec) == 1_600_000_000_987_654_321)
     }
 
+    /// Two transfers of the same name at once: the second is refused before it touches the
+    /// first one's partial, which then completes intact.
+    @Test func oneWriterPerPartial() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let data = pattern(100_000, seed: 4)
+        let file = try target("same.bin", data)
+        let first = try makeStore(temp.path).openWriter(for: file)
+        try write(first, Array(data[0..<50_000]), from: 0, chunk: 10_000)
+        #expect(throws: TransferError(.exists, "")) { try makeStore(temp.path).openWriter(for: file) }
+        try write(first, data, from: 50_000, chunk: 10_000)
+        try first.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        #expect(readFile(temp.sub("same.bin")) == data)
+    }
+
     @Test func emptyFile() throws {
         let temp = TempDir()
         defer { temp.cleanup() }

@@ -135,8 +135,15 @@ public final class FileStore {
         }
         let parent = try directory.openParent(of: target.path, create: true)
         let names = FileStore.tempNames(for: target.path.name)
-        let flags = start.offset == 0 ? (O_RDWR | O_CREAT | O_TRUNC) : O_RDWR
+        // Never O_TRUNC before holding the lock: the partial may be another transfer's.
+        let flags = start.offset == 0 ? (O_RDWR | O_CREAT) : O_RDWR
         let file = try directory.openFile(names.partial, in: parent, flags: flags, mode: 0o600, shown: target.path.description)
+        // One writer per partial: a second transfer of the same name (another sender, or the
+        // same one again while the first connection lingers) must not write into a file the
+        // first is about to give its final name.
+        guard flock(file.fd, LOCK_EX | LOCK_NB) == 0 else {
+            throw TransferError(.exists, "'\(target.path)' is being received by another transfer right now")
+        }
         guard ftruncate(file.fd, off_t(start.offset)) == 0 else {
             throw TransferError.posix("cannot truncate the partial of", target.path.description, errno: errno)
         }
