@@ -295,7 +295,11 @@ private enum StartStep {
 
 /// The bytes received but not yet handed to the application; one receiver at a time.
 actor InboundBuffer {
-    private var buffer = ByteBuffer()
+    /// What the transport delivered and nobody has taken yet, in order. Kept as the
+    /// transport's own buffers: a receive that one of them covers is a slice of it (no copy);
+    /// only a receive spanning several is copied, once, into a buffer of its own.
+    private var chunks = CircularBuffer<ByteBuffer>()
+    private var buffered = 0
     private var finished = false
     private var busy = false
 
@@ -305,30 +309,45 @@ actor InboundBuffer {
         }
         busy = true
         defer { busy = false }
-        while buffer.readableBytes < max(atLeast, 1), !finished {
-            guard let chunks = try await transport.read() else {
+        while buffered < max(atLeast, 1), !finished {
+            guard let received = try await transport.read() else {
                 finished = true
                 break
             }
-            for var chunk in chunks {
-                // Drop what was already handed out before appending. Without this, a reader
-                // that always leaves a partial message behind (framed messages over a stream)
-                // makes the buffer grow without end, and every append copies it whole while an
-                // earlier slice still shares its storage. Moving the unread tail is cheap: it
-                // is at most one message.
-                if buffer.readerIndex > 0 && buffer.readerIndex >= buffer.readableBytes { buffer.discardReadBytes() }
-                buffer.writeBuffer(&chunk)
+            for chunk in received where chunk.readableBytes > 0 {
+                chunks.append(chunk)
+                buffered += chunk.readableBytes
             }
         }
-        if buffer.readableBytes < atLeast || (atLeast == 0 && buffer.readableBytes == 0 && finished) {
-            if buffer.readableBytes == 0 {
+        if buffered < atLeast || (atLeast == 0 && buffered == 0 && finished) {
+            if buffered == 0 {
                 throw QXferError(.endOfStream, "the peer finished sending")
             }
-            throw QXferError(.truncated, "the peer closed the connection after \(buffer.readableBytes) of \(atLeast) expected bytes")
+            throw QXferError(.truncated, "the peer closed the connection after \(buffered) of \(atLeast) expected bytes")
         }
-        let count = min(buffer.readableBytes, atMost)
-        let slice = buffer.readSlice(length: count)!
-        return (slice, finished && buffer.readableBytes == 0)
+        let taken = take(min(buffered, atMost))
+        return (taken, finished && buffered == 0)
+    }
+
+    private func take(_ count: Int) -> ByteBuffer {
+        guard count > 0 else { return ByteBuffer() }
+        buffered -= count
+        var first = chunks.removeFirst()
+        if first.readableBytes >= count {
+            let slice = first.readSlice(length: count)!
+            if first.readableBytes > 0 { chunks.prepend(first) }
+            return slice
+        }
+        var joined = ByteBuffer()
+        joined.reserveCapacity(count)
+        joined.writeBuffer(&first)
+        while joined.readableBytes < count {
+            var next = chunks.removeFirst()
+            var part = next.readSlice(length: min(count - joined.readableBytes, next.readableBytes))!
+            joined.writeBuffer(&part)
+            if next.readableBytes > 0 { chunks.prepend(next) }
+        }
+        return joined
     }
 }
 
