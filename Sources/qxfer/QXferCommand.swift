@@ -19,7 +19,7 @@ struct QXferCommand: AsyncParsableCommand {
             path refused), 78 identity or configuration.
             """,
         version: QXferVersion.string,
-        subcommands: [SendCommand.self, RecvCommand.self, IdentityCommand.self, BrowseCommand.self]
+        subcommands: [SendCommand.self, RecvCommand.self, IdentityCommand.self, BrowseCommand.self, StreamCommand.self]
     )
 
     /// Parses, runs, and turns every failure into one line on standard error and an exit code.

@@ -1,0 +1,305 @@
+import Foundation
+import Histogram
+
+/// Estimates how far the sender's clock is ahead of the receiver's from NTP-style probes
+/// over the connection (RFC 5905 section 8).
+///
+/// The receiver sends `t1`; the sender stamps arrival `t2` and departure `t3`; the receiver
+/// notes arrival `t4`. offset θ = ((t2 − t1) + (t3 − t4)) / 2, round trip δ = (t4 − t1) − (t3 − t2).
+/// Of the last 64 samples (a probe a second: about a minute) the one with the smallest δ wins,
+/// as in NTP's clock filter: queueing inflates δ and skews θ, so the least-delayed probe is the
+/// most honest one. The window is long because on one ordered stream (TCP+TLS) the answers
+/// queue behind frames for as long as the stream is busy; clocks drift by parts per million,
+/// so a minute-old sample is still good.
+public struct ClockOffsetEstimator: Sendable, Hashable {
+    /// One probe's result.
+    public struct Sample: Sendable, Hashable {
+        /// Sender's clock minus receiver's clock, ns.
+        public var offset: Int64
+        /// Round trip without the sender's turnaround, ns.
+        public var roundTrip: Int64
+    }
+
+    private var samples: [Sample] = []
+    /// Samples taken so far.
+    public private(set) var count = 0
+
+    public init() {}
+
+    /// Adds one probe's four timestamps.
+    public mutating func add(t1: UInt64, t2: UInt64, t3: UInt64, t4: UInt64) {
+        let forward = Int64(bitPattern: t2 &- t1), backward = Int64(bitPattern: t3 &- t4)
+        let roundTrip = Int64(bitPattern: t4 &- t1) - Int64(bitPattern: t3 &- t2)
+        samples.append(Sample(offset: forward / 2 + backward / 2, roundTrip: max(0, roundTrip)))
+        if samples.count > 64 { samples.removeFirst() }
+        count += 1
+    }
+
+    /// The best sample: the least-delayed of the recent ones; nil before any.
+    public var best: Sample? { samples.min { $0.roundTrip < $1.roundTrip } }
+    /// Sender minus receiver clock, ns (0 before any sample).
+    public var offset: Int64 { best?.offset ?? 0 }
+    /// The smallest recent round trip, ns.
+    public var roundTrip: Int64? { best?.roundTrip }
+}
+
+/// Per-frame latency, delivery and rate, as the receiver measures them.
+///
+/// Latency is one-way: arrival (receiver's clock plus the estimated offset) minus capture
+/// (sender's clock), recorded in microseconds in an HdrHistogram for every frame that
+/// arrives whole, late ones included (they are what p99 and max are about). Jitter is RFC 3550's
+/// interarrival jitter: J += (|D| − J) / 16 with D the change in one-way transit between
+/// consecutive arrivals.
+public struct StreamStatistics: Sendable {
+    private var total = Histogram<UInt64>(lowestDiscernibleValue: 1, highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .three)
+    private var interval = Histogram<UInt64>(lowestDiscernibleValue: 1, highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .three)
+    /// Frames on time, late, and bytes received so far.
+    public private(set) var framesDelivered = 0
+    public private(set) var framesLate = 0
+    public private(set) var bytesReceived = 0
+    /// Frames whose computed latency was negative (clock estimate off by more than the delay).
+    public private(set) var negativeLatencies = 0
+    private var intervalDelivered = 0
+    private var intervalLate = 0
+    private var intervalBytes = 0
+    private var jitter: Double = 0
+    private var lastTransit: Int64?
+    private var firstArrival: UInt64?
+    private var lastArrival: UInt64?
+
+    public init() {}
+
+    /// Records one frame that arrived whole.
+    ///
+    /// - Parameters:
+    ///   - latency: one-way latency, ns (may be negative if the clock estimate is off).
+    ///   - bytes: the frame's size.
+    ///   - onTime: whether it arrived before its deadline.
+    ///   - arrival: the receiver's clock at arrival, ns.
+    public mutating func record(latency: Int64, bytes: Int, onTime: Bool, arrival: UInt64) {
+        if latency < 0 { negativeLatencies += 1 }
+        let micros = UInt64(max(0, latency) / 1000)
+        _ = total.record(micros)
+        _ = interval.record(micros)
+        if onTime {
+            framesDelivered += 1
+            intervalDelivered += 1
+        } else {
+            framesLate += 1
+            intervalLate += 1
+        }
+        bytesReceived += bytes
+        intervalBytes += bytes
+        if let lastTransit { jitter += (Double(abs(latency - lastTransit)) - jitter) / 16 }
+        lastTransit = latency
+        if firstArrival == nil { firstArrival = arrival }
+        lastArrival = arrival
+    }
+
+    /// The figures since the last call (and resets the interval).
+    public mutating func takeInterval(seconds: Double, clock: ClockOffsetEstimator) -> IntervalReport {
+        defer {
+            interval.reset()
+            intervalDelivered = 0
+            intervalLate = 0
+            intervalBytes = 0
+        }
+        return IntervalReport(
+            framesDelivered: intervalDelivered, framesLate: intervalLate,
+            latency: LatencySummary(interval), jitterMilliseconds: jitter / 1e6,
+            bitsPerSecond: seconds > 0 ? Double(intervalBytes * 8) / seconds : 0,
+            clockOffsetMilliseconds: Double(clock.offset) / 1e6,
+            roundTripMilliseconds: clock.roundTrip.map { Double($0) / 1e6 })
+    }
+
+    /// The totals once the sender said how many frames it sent.
+    public func totals(framesSent: Int, clock: ClockOffsetEstimator) -> StreamTotals {
+        let seconds = arrivalSpan(firstArrival ?? 0, lastArrival ?? 0)
+        return StreamTotals(
+            framesSent: framesSent, framesDelivered: framesDelivered, framesLate: framesLate,
+            framesLost: max(0, framesSent - framesDelivered - framesLate),
+            latency: LatencySummary(total), jitterMilliseconds: jitter / 1e6,
+            bitsPerSecond: seconds > 0 ? Double(bytesReceived * 8) / seconds : 0, bytesReceived: bytesReceived,
+            clockOffsetMilliseconds: Double(clock.offset) / 1e6,
+            roundTripMilliseconds: clock.roundTrip.map { Double($0) / 1e6 }, negativeLatencies: negativeLatencies)
+    }
+}
+
+private func arrivalSpan(_ first: UInt64, _ last: UInt64) -> Double { last > first ? Double(last - first) / 1e9 : 0 }
+
+/// Latency percentiles in milliseconds.
+public struct LatencySummary: Sendable, Hashable, Codable {
+    /// Percentiles and maximum, ms.
+    public var p50: Double
+    public var p95: Double
+    public var p99: Double
+    public var max: Double
+
+    public init(p50: Double, p95: Double, p99: Double, max: Double) {
+        self.p50 = p50
+        self.p95 = p95
+        self.p99 = p99
+        self.max = max
+    }
+
+    init(_ histogram: Histogram<UInt64>) {
+        guard histogram.totalCount > 0 else {
+            self.init(p50: 0, p95: 0, p99: 0, max: 0)
+            return
+        }
+        func ms(_ micros: UInt64) -> Double { (Double(micros) / 1000 * 1000).rounded() / 1000 }
+        self.init(
+            p50: ms(histogram.valueAtPercentile(50)), p95: ms(histogram.valueAtPercentile(95)),
+            p99: ms(histogram.valueAtPercentile(99)), max: ms(histogram.maxRecorded))
+    }
+}
+
+/// One second of the stream, for the live report.
+public struct IntervalReport: Sendable, Hashable {
+    /// Frames on time and late in the interval, their latency, jitter (RFC 3550), bit rate, clock offset and RTT.
+    public var framesDelivered: Int
+    public var framesLate: Int
+    public var latency: LatencySummary
+    public var jitterMilliseconds: Double
+    public var bitsPerSecond: Double
+    public var clockOffsetMilliseconds: Double
+    public var roundTripMilliseconds: Double?
+
+    /// One line for a terminal.
+    public func text(elapsed: Double) -> String {
+        String(
+            format: "%5.1fs  %3d frames  %3d late  latency p50 %6.1f p95 %6.1f p99 %6.1f max %6.1f ms  jitter %5.2f ms  %7.2f Mbit/s  offset %+.2f ms",
+            elapsed, framesDelivered, framesLate, latency.p50, latency.p95, latency.p99, latency.max,
+            jitterMilliseconds, bitsPerSecond / 1e6, clockOffsetMilliseconds)
+    }
+
+    /// One JSON line.
+    public func json(elapsed: Double) -> String {
+        var object: [String: Any] = [
+            "t": rounded(elapsed), "frames_delivered": framesDelivered, "frames_late": framesLate,
+            "latency_ms": latency.dictionary, "jitter_ms": rounded(jitterMilliseconds),
+            "bitrate_bps": Int(bitsPerSecond), "clock_offset_ms": rounded(clockOffsetMilliseconds),
+        ]
+        if let roundTripMilliseconds { object["rtt_ms"] = rounded(roundTripMilliseconds) }
+        return jsonLine(object)
+    }
+}
+
+/// Everything the receiver counted, once the stream ended.
+public struct StreamTotals: Sendable, Hashable, Codable {
+    /// Frames the sender offered.
+    public var framesSent: Int
+    /// Frames that arrived whole before their deadline.
+    public var framesDelivered: Int
+    /// Frames that arrived whole after their deadline (dropped from realtime output).
+    public var framesLate: Int
+    /// Frames that never arrived whole: sent − delivered − late.
+    public var framesLost: Int
+    /// One-way latency of every frame that arrived whole, jitter, payload bit rate and bytes, clock offset, RTT, and frames whose latency came out negative.
+    public var latency: LatencySummary
+    public var jitterMilliseconds: Double
+    public var bitsPerSecond: Double
+    public var bytesReceived: Int
+    public var clockOffsetMilliseconds: Double
+    public var roundTripMilliseconds: Double?
+    public var negativeLatencies: Int
+    /// The mode, stack and repair actually used, and how the mode degraded, if it did.
+    public var mode: String = ""
+    public var stack: String = ""
+    public var repair: String = ""
+    public var note: String = ""
+    /// Realtime repair counters: blocks rebuilt from parity, shards requested, retransmissions received.
+    public var blocksRecovered = 0
+    public var shardsRequested = 0
+    public var retransmissionsReceived = 0
+
+    public init(
+        framesSent: Int, framesDelivered: Int, framesLate: Int, framesLost: Int, latency: LatencySummary,
+        jitterMilliseconds: Double, bitsPerSecond: Double, bytesReceived: Int, clockOffsetMilliseconds: Double,
+        roundTripMilliseconds: Double?, negativeLatencies: Int
+    ) {
+        self.framesSent = framesSent
+        self.framesDelivered = framesDelivered
+        self.framesLate = framesLate
+        self.framesLost = framesLost
+        self.latency = latency
+        self.jitterMilliseconds = jitterMilliseconds
+        self.bitsPerSecond = bitsPerSecond
+        self.bytesReceived = bytesReceived
+        self.clockOffsetMilliseconds = clockOffsetMilliseconds
+        self.roundTripMilliseconds = roundTripMilliseconds
+        self.negativeLatencies = negativeLatencies
+    }
+
+    /// The share of sent frames delivered on time.
+    public var deliveredRatio: Double { framesSent > 0 ? Double(framesDelivered) / Double(framesSent) : 0 }
+
+    /// The final JSON line: `frames_sent`, `frames_delivered`, `frames_late`, `frames_lost`,
+    /// `latency_ms` {p50, p95, p99, max}, `jitter_ms`, and the rest of the totals.
+    public func json() -> String {
+        func ratio(_ n: Int) -> Double { framesSent > 0 ? (Double(n) / Double(framesSent) * 1e6).rounded() / 1e6 : 0 }
+        var object: [String: Any] = [
+            "final": true, "frames_sent": framesSent, "frames_delivered": framesDelivered, "frames_late": framesLate,
+            "frames_lost": framesLost, "delivered_ratio": ratio(framesDelivered), "late_ratio": ratio(framesLate),
+            "lost_ratio": ratio(framesLost), "latency_ms": latency.dictionary, "jitter_ms": rounded(jitterMilliseconds),
+            "bitrate_bps": Int(bitsPerSecond), "bytes_received": bytesReceived,
+            "clock_offset_ms": rounded(clockOffsetMilliseconds), "negative_latencies": negativeLatencies,
+            "mode": mode, "stack": stack, "repair": repair,
+            "blocks_recovered": blocksRecovered, "shards_requested": shardsRequested,
+            "retransmissions_received": retransmissionsReceived,
+        ]
+        if let roundTripMilliseconds { object["rtt_ms"] = rounded(roundTripMilliseconds) }
+        if !note.isEmpty { object["note"] = note }
+        return jsonLine(object)
+    }
+
+    /// Reads back a final line printed by ``json()``; nil if it is not one.
+    public static func parse(json line: Data) -> StreamTotals? {
+        guard let object = try? JSONSerialization.jsonObject(with: line) as? [String: Any],
+              object["final"] as? Bool == true,
+              let sent = object["frames_sent"] as? Int, let delivered = object["frames_delivered"] as? Int,
+              let late = object["frames_late"] as? Int, let lost = object["frames_lost"] as? Int,
+              let latency = object["latency_ms"] as? [String: Double] else { return nil }
+        var totals = StreamTotals(
+            framesSent: sent, framesDelivered: delivered, framesLate: late, framesLost: lost,
+            latency: LatencySummary(p50: latency["p50"] ?? 0, p95: latency["p95"] ?? 0, p99: latency["p99"] ?? 0, max: latency["max"] ?? 0),
+            jitterMilliseconds: object["jitter_ms"] as? Double ?? 0, bitsPerSecond: Double(object["bitrate_bps"] as? Int ?? 0),
+            bytesReceived: object["bytes_received"] as? Int ?? 0, clockOffsetMilliseconds: object["clock_offset_ms"] as? Double ?? 0,
+            roundTripMilliseconds: object["rtt_ms"] as? Double, negativeLatencies: object["negative_latencies"] as? Int ?? 0)
+        totals.mode = object["mode"] as? String ?? ""
+        totals.stack = object["stack"] as? String ?? ""
+        totals.repair = object["repair"] as? String ?? ""
+        totals.note = object["note"] as? String ?? ""
+        totals.blocksRecovered = object["blocks_recovered"] as? Int ?? 0
+        totals.shardsRequested = object["shards_requested"] as? Int ?? 0
+        totals.retransmissionsReceived = object["retransmissions_received"] as? Int ?? 0
+        return totals
+    }
+
+    /// A few lines for a terminal.
+    public func text() -> String {
+        func pct(_ n: Int) -> String { String(format: "%.2f%%", framesSent > 0 ? Double(n) * 100 / Double(framesSent) : 0) }
+        var lines = [
+            "\(mode) over \(stack)\(repair.isEmpty ? "" : " (repair: \(repair))"): \(framesSent) frames sent, "
+                + "\(framesDelivered) on time (\(pct(framesDelivered))), \(framesLate) late (\(pct(framesLate))), "
+                + "\(framesLost) lost (\(pct(framesLost)))",
+            String(
+                format: "latency p50 %.1f p95 %.1f p99 %.1f max %.1f ms, jitter %.2f ms, %.2f Mbit/s, clock offset %+.2f ms%@",
+                latency.p50, latency.p95, latency.p99, latency.max, jitterMilliseconds, bitsPerSecond / 1e6,
+                clockOffsetMilliseconds, roundTripMilliseconds.map { String(format: " (rtt %.1f ms)", $0) } ?? ""),
+        ]
+        if !note.isEmpty { lines.append("note: \(note)") }
+        return lines.joined(separator: "\n")
+    }
+}
+
+extension LatencySummary {
+    var dictionary: [String: Double] { ["p50": p50, "p95": p95, "p99": p99, "max": max] }
+}
+
+private func rounded(_ value: Double) -> Double { (value * 1000).rounded() / 1000 }
+
+private func jsonLine(_ object: [String: Any]) -> String {
+    let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("{}".utf8)
+    return String(decoding: data, as: UTF8.self)
+}

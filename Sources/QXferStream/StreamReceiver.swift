@@ -1,0 +1,293 @@
+import Foundation
+import QXfer
+import Synchronization
+
+/// What the receiver does with what arrives.
+public struct StreamReceiverOptions: Sendable {
+    /// How often ``onInterval`` is called.
+    public var reportInterval: Duration = .seconds(1)
+    /// Called with each interval's figures and the seconds since the stream started.
+    public var onInterval: @Sendable (IntervalReport, Double) -> Void = { _, _ in }
+    /// Makes the sink for the announced stream; nil writes nothing.
+    public var makeSink: @Sendable (StreamHello) throws -> (any FrameSink)? = { _ in nil }
+    /// Clock probes before the first frame.
+    public var initialProbes = 6
+    /// How long a new connection may take to send its hello.
+    public var helloTimeout: Duration = .seconds(10)
+    /// Called once the sender has announced its stream (before any frame).
+    public var onHello: @Sendable (StreamHello) -> Void = { _ in }
+
+    public init() {}
+}
+
+/// Receives one stream: estimates the clock offset, takes frames in whatever mode the sender
+/// chose, measures each, writes them in order, and returns the totals (also sent to the sender).
+public enum StreamReceiver {
+    /// Serves one stream on an accepted connection until the sender's end, then returns the totals.
+    ///
+    /// - Parameters:
+    ///   - connection: a connection from a ``StreamSender``.
+    ///   - options: reports and output.
+    /// - Returns: the totals, as also sent to the sender.
+    public static func run<Stack: ByteStreamProtocol>(
+        on connection: NetworkConnection<Stack>, options: StreamReceiverOptions
+    ) async throws -> StreamTotals {
+        // A peer that connects and says nothing must not hold the receiver: 10 s for the hello.
+        let (hello, reader) = try await withThrowingTaskGroup(of: (StreamHello, MessageReader<Stack>)?.self) { race in
+            race.addTask {
+                var reader = MessageReader(connection)
+                guard case .hello(let hello)? = try await reader.next() else {
+                    throw StreamError(.malformed, "the sender did not start with a hello")
+                }
+                return (hello, reader)
+            }
+            race.addTask {
+                try await Task.sleep(for: options.helloTimeout)
+                return nil
+            }
+            defer { race.cancelAll() }
+            guard let first = try await race.next(), let opened = first else {
+                connection.cancel()
+                throw StreamError(.timeout, "the peer sent no stream hello within \(options.helloTimeout)")
+            }
+            return opened
+        }
+        options.onHello(hello)
+        let hasExtras = try await transportHasQUICExtras(connection)
+        let carriage = Carriage.choose(mode: hello.mode, hasQUICExtras: hasExtras)
+        let deadline = UInt64(hello.deadlineMilliseconds) * 1_000_000
+        let core = Locked(ReceiverCore(hello: hello, carriage: carriage))
+        try core.withLock { try $0.openSink(options.makeSink) }
+        let controlReader = reader  // the rest of the control stream, after the hello
+
+        let totals: StreamTotals = try await withThrowingTaskGroup(of: Void.self) { group in
+            // Waiting for datagrams or streams does not notice cancellation; closing the connection
+            // ends those waits, so the group can finish however the body leaves (QUIC still
+            // delivers what was sent before).
+            defer { connection.cancel() }
+            // The control stream: pongs, and frames when they travel on it.
+            group.addTask {
+                var reader = controlReader
+                do {
+                    while let message = try await reader.next() {
+                        let now = WallClock.now()
+                        switch message {
+                        case .pong(_, let t1, let t2, let t3):
+                            core.withLock { $0.clock.add(t1: t1, t2: t2, t3: t3, t4: now) }
+                        case .frame(let frame): try core.withLock { try $0.arrived(frame, now: now) }
+                        case .end(let sent): core.withLock { $0.framesSent = Int(sent) }
+                        default: throw StreamError(.malformed, "the sender sent an unexpected message")
+                        }
+                    }
+                } catch {
+                    core.withLock { $0.controlError = error }
+                }
+                core.withLock { $0.controlEnded = true }
+            }
+            // Clock probes: a burst before the first frame, then one a second.
+            group.addTask {
+                var id: UInt32 = 0
+                while !Task.isCancelled {
+                    let before = core.withLock { $0.clock.count }
+                    id += 1
+                    try await connection.send(ControlMessage.ping(id: id, t1: WallClock.now()).encoded())
+                    if before < options.initialProbes {
+                        try? await waitUntil(timeout: .seconds(1), "") { core.withLock { $0.clock.count > before } }
+                        if core.withLock({ $0.clock.count }) >= options.initialProbes, !core.withLock({ $0.readySent }) {
+                            core.withLock { $0.readySent = true }
+                            try await connection.send(ControlMessage.ready.encoded())
+                        }
+                    } else {
+                        try await Task.sleep(for: .seconds(1))
+                    }
+                    if core.withLock({ $0.framesSent != nil }) { return }
+                }
+            }
+            switch carriage {
+            case .datagrams:
+                group.addTask {
+                    for try await datagram in connection.datagrams {
+                        let requests = try core.withLock { try $0.datagram(datagram, now: WallClock.now()) }
+                        for request in requests { try await sendUnreliably(request, on: connection) }
+                    }
+                }
+                group.addTask {
+                    while !Task.isCancelled {
+                        try await Task.sleep(for: .milliseconds(2))
+                        let requests = try core.withLock { try $0.tick(now: WallClock.now()) }
+                        for request in requests { try await sendUnreliably(request, on: connection) }
+                    }
+                }
+            case .streamPerFrame:
+                group.addTask {
+                    try await withThrowingDiscardingTaskGroup { streams in
+                        for try await stream in connection.incomingStreams {
+                            streams.addTask {
+                                var frameReader = MessageReader(stream)
+                                guard case .frame(let frame)? = try? await frameReader.next() else { return }  // reset: lost
+                                try core.withLock { try $0.arrived(frame, now: WallClock.now()) }
+                                guard (try? await frameReader.next()) == nil else { return }  // one frame a stream
+                                try? await stream.finish()  // tells the sender the frame was taken
+                                // Dropping a stream resets it, which could overtake the FIN just
+                                // sent; keep it until the FIN has surely arrived.
+                                try? await Task.sleep(for: .seconds(1))
+                            }
+                        }
+                    }
+                }
+                group.addTask {
+                    while !Task.isCancelled {
+                        try await Task.sleep(for: .milliseconds(10))
+                        _ = try core.withLock { try $0.tick(now: WallClock.now()) }
+                    }
+                }
+            case .ordered: break
+            }
+            group.addTask {
+                let started = ContinuousClock.now
+                var last = started
+                while !Task.isCancelled {
+                    try await Task.sleep(for: options.reportInterval)
+                    let now = ContinuousClock.now
+                    let seconds = Double((now - last).components.attoseconds) / 1e18 + Double((now - last).components.seconds)
+                    last = now
+                    let report = core.withLock { $0.stats.takeInterval(seconds: seconds, clock: $0.clock) }
+                    let elapsed = now - started
+                    options.onInterval(report, Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+                }
+            }
+
+            // Until the sender's end, then until every frame is in or can no longer be on time.
+            try await waitUntil(timeout: .seconds(365 * 86400), "") {
+                try core.withLock { state in
+                    if let error = state.controlError { throw error }
+                    if state.controlEnded && state.framesSent == nil {
+                        throw QXferError(.connectionClosed, "the sender closed the connection before the end of the stream")
+                    }
+                    return state.framesSent != nil
+                }
+            }
+            let drainLimit = ContinuousClock.now + .nanoseconds(Int64(deadline)) + .milliseconds(250)
+            try await waitUntil(timeout: .seconds(3600), "") {
+                core.withLock { $0.allResolved } || ContinuousClock.now >= drainLimit
+            }
+            var totals = try core.withLock { try $0.finish() }
+            totals.stack = hasExtras ? "quic" : "tls"
+            totals.note = Carriage.note(mode: hello.mode, hasQUICExtras: hasExtras)
+            try await connection.send(ControlMessage.report(Data(totals.json().utf8)).encoded())
+            // The sender closes once it has the totals; closing first could lose them (a TCP reset).
+            try? await waitUntil(timeout: .seconds(3), "") { core.withLock { $0.controlEnded } }
+            group.cancelAll()
+            return totals
+        }
+        return totals
+    }
+}
+
+/// The receiver's state: clock estimate, statistics, reassembly, playout and the sink.
+struct ReceiverCore {
+    let hello: StreamHello
+    let carriage: Carriage
+    var clock = ClockOffsetEstimator()
+    var stats = StreamStatistics()
+    var assembler: FrameAssembler?
+    var playout = PlayoutBuffer()
+    var sink: (any FrameSink)?
+    var framesSent: Int?
+    var controlEnded = false
+    var controlError: (any Error)?
+    var readySent = false
+
+    init(hello: StreamHello, carriage: Carriage) {
+        self.hello = hello
+        self.carriage = carriage
+        if carriage == .datagrams {
+            assembler = FrameAssembler(configuration: FrameAssembler.Configuration(repair: hello.repair))
+        }
+    }
+
+    mutating func openSink(_ make: (StreamHello) throws -> (any FrameSink)?) throws {
+        sink = try make(hello)
+    }
+
+    /// The receiver's clock carried to the sender's.
+    func senderTime(_ now: UInt64) -> UInt64 { UInt64(bitPattern: Int64(bitPattern: now) &+ clock.offset) }
+
+    /// Realtime drops late frames from the output; the other modes write everything that comes.
+    var dropsLateFrames: Bool { hello.mode == .realtime }
+
+    mutating func arrived(_ frame: Frame, now: UInt64) throws {
+        let senderNow = senderTime(now)
+        let latency = Int64(bitPattern: senderNow &- frame.captureTime)
+        let onTime = senderNow <= frame.expiry
+        stats.record(latency: latency, bytes: frame.payload.count, onTime: onTime, arrival: now)
+        if onTime || !dropsLateFrames { playout.add(frame) }
+        try write(playout.release(now: senderNow))
+    }
+
+    mutating func datagram(_ datagram: Data, now: UInt64) throws -> [Data] {
+        guard var assembler else { return [] }
+        if let roundTrip = clock.roundTrip {
+            // Ask again a little after an answer should have come.
+            assembler.configuration.retryInterval = UInt64(roundTrip) + UInt64(roundTrip) / 4 + 5_000_000
+        }
+        let (events, requests) = assembler.receive(datagram, now: senderTime(now))
+        self.assembler = assembler
+        try handle(events, now: now)
+        return requests
+    }
+
+    mutating func tick(now: UInt64) throws -> [Data] {
+        var requests: [Data] = []
+        if var assembler {
+            let (events, tickRequests) = assembler.tick(now: senderTime(now))
+            self.assembler = assembler
+            try handle(events, now: now)
+            requests = tickRequests
+        }
+        try write(playout.release(now: senderTime(now)))
+        return requests
+    }
+
+    private mutating func handle(_ events: [FrameAssembler.Event], now: UInt64) throws {
+        for event in events {
+            switch event {
+            case .completed(let frame, _): try arrived(frame, now: now)
+            case .expired(let index): playout.giveUp(index)
+            }
+        }
+    }
+
+    private mutating func write(_ items: [PlayoutBuffer.Item]) throws {
+        guard sink != nil else { return }
+        for item in items {
+            switch item {
+            case .frame(let frame): try sink!.write(frame)
+            case .gap(let index): try sink!.skip(index)
+            }
+        }
+    }
+
+    /// Every frame the sender sent has arrived (on time or late).
+    var allResolved: Bool {
+        guard let framesSent else { return false }
+        return stats.framesDelivered + stats.framesLate >= framesSent
+    }
+
+    /// Writes what is left, closes the sink and computes the totals.
+    mutating func finish() throws -> StreamTotals {
+        let sent = framesSent ?? 0
+        try write(playout.release(now: senderTime(WallClock.now()), through: UInt64(sent)))
+        try sink?.close()
+        sink = nil
+        var totals = stats.totals(framesSent: sent, clock: clock)
+        totals.mode = hello.mode.rawValue
+        totals.repair = carriage == .datagrams ? hello.repair.rawValue : ""
+        if let counters = assembler?.counters {
+            totals.blocksRecovered = counters.blocksRecovered
+            totals.shardsRequested = counters.shardsRequested
+            totals.retransmissionsReceived = counters.retransmissionsReceived
+        }
+        return totals
+    }
+}

@@ -1,0 +1,326 @@
+import ArgumentParser
+import Foundation
+import QXfer
+import QXferStream
+import Synchronization
+
+/// The port `qxfer stream recv` listens on by default, TCP and UDP alike: next to file
+/// transfer's, so one firewall rule pair covers both.
+let defaultStreamPort: UInt16 = 7448
+
+struct StreamCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "stream",
+        abstract: "Stream live frames to another host and measure per-frame latency.",
+        discussion: """
+            'qxfer stream recv' waits for one stream (on TCP and UDP port \(defaultStreamPort)) and reports \
+            per-frame one-way latency, delivered, late and lost frames, jitter and bit rate \
+            every second; 'qxfer stream send HOST' sends a synthetic source, an IVF file \
+            (VP8/VP9/AV1) or a Y4M file, paced at its frame rate. docs/STREAMING.md explains \
+            the modes and the figures.
+            """,
+        subcommands: [StreamSendCommand.self, StreamRecvCommand.self]
+    )
+}
+
+/// The transport of a stream.
+enum StreamStackChoice: String, ExpressibleByArgument, CaseIterable {
+    case quic, tls
+}
+
+extension StreamMode: ExpressibleByArgument {}
+extension RepairScheme: ExpressibleByArgument {}
+
+struct StreamSendCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "send",
+        abstract: "Send live frames to a host running 'qxfer stream recv'.",
+        usage: "qxfer stream send <host>[:<port>] [--stack quic|tls] [--mode realtime|stream-per-frame|reliable] [--input <file>|-]",
+        discussion: """
+            Without --input, a synthetic source sends frames sized like encoded video (a \
+            keyframe every --keyframe-interval frames, six times larger than those between) \
+            at --bitrate and --fps for --duration seconds. With --input, frames come from an \
+            IVF or Y4M file (or standard input), paced at its frame rate.
+
+            Modes: reliable (one ordered stream: a loss delays every later frame), \
+            stream-per-frame (a QUIC stream per frame, reset past its deadline), realtime \
+            (QUIC datagrams, late frames dropped, losses repaired by --repair). Over --stack \
+            tls there is one ordered stream: every mode frames its frames on it, and the \
+            report says so.
+            """
+    )
+
+    @OptionGroup var global: GlobalOptions
+
+    @Argument(help: ArgumentHelp("The receiving host.", valueName: "host[:port]"))
+    var destination: String
+
+    @Option(help: "Transport: quic or tls (TCP+TLS).")
+    var stack: StreamStackChoice = .quic
+
+    @Option(help: "How frames travel: realtime, stream-per-frame or reliable.")
+    var mode: StreamMode = .realtime
+
+    @Option(help: "Realtime loss repair: fec, nack, both or none (default: \(RepairScheme.default.rawValue), chosen by measurement).")
+    var repair: RepairScheme = .default
+
+    @Option(help: ArgumentHelp("An IVF or Y4M file to send, or '-' for standard input; default: the synthetic source.", valueName: "file"))
+    var input: String?
+
+    @Option(help: "Frames per second (synthetic source; for files, overrides the file's rate).")
+    var fps: Double?
+
+    @Option(help: ArgumentHelp("Synthetic source bit rate, e.g. 4M, 800k, 2500000.", valueName: "bits/s"))
+    var bitrate: String = "4M"
+
+    @Option(help: "Synthetic source: a keyframe every N frames.")
+    var keyframeInterval = 30
+
+    @Option(help: ArgumentHelp("Seconds to send (default: 10 for the synthetic source, the whole file otherwise).", valueName: "seconds"))
+    var duration: Double?
+
+    @Option(help: ArgumentHelp("How long after capture a frame is still useful.", valueName: "ms"))
+    var deadline = 150
+
+    @Option(help: ArgumentHelp("Require the receiver's certificate to have this SHA-256 fingerprint.", valueName: "sha256"))
+    var fingerprint: String?
+
+    @Flag(help: "Print the receiver's final totals as one JSON line.")
+    var json = false
+
+    func validate() throws {
+        guard StreamEndpoint.parse(destination, defaultPort: defaultStreamPort) != nil else {
+            throw ValidationError("'\(destination)' is not a host, host:port or [ipv6]:port")
+        }
+        if let fps, !(fps > 0 && fps <= 1000) { throw ValidationError("--fps must be between 0 and 1000") }
+        guard let bits = BitRate.parse(bitrate), bits >= 8000, bits <= 10_000_000_000 else {
+            throw ValidationError("--bitrate '\(bitrate)' is not a rate between 8k and 10G bits per second (e.g. 4M)")
+        }
+        _ = bits
+        if let duration, !(duration > 0) { throw ValidationError("--duration must be positive") }
+        guard deadline > 0 && deadline <= 60_000 else { throw ValidationError("--deadline must be between 1 and 60000 ms") }
+        guard keyframeInterval > 0 else { throw ValidationError("--keyframe-interval must be positive") }
+        if let fingerprint, Fingerprint(parsing: fingerprint) == nil {
+            throw ValidationError("'\(fingerprint)' is not a SHA-256 fingerprint (64 hex digits, colons allowed)")
+        }
+    }
+
+    func run() async throws {
+        global.bootstrapLogging()
+        do {
+            try await send()
+        } catch let error as StreamError {
+            failStream(error)
+        }
+    }
+
+    private func send() async throws {
+        let endpoint = StreamEndpoint.parse(destination, defaultPort: defaultStreamPort)!
+        let source: any FrameSource
+        var options = StreamSenderOptions()
+        options.mode = mode
+        options.repair = repair
+        options.deadline = .milliseconds(deadline)
+        let rate = fps.map { FrameRate(numerator: UInt32(($0 * 1000).rounded()), denominator: 1000) }
+        if let input {
+            source = try openSource(path: input)
+            options.frameRate = rate
+            options.duration = duration.map { .milliseconds(Int64($0 * 1000)) }
+        } else {
+            source = SyntheticSource(
+                frameRate: rate ?? FrameRate(numerator: 30), bitsPerSecond: BitRate.parse(bitrate)!, keyframeInterval: keyframeInterval)
+            options.duration = .milliseconds(Int64((duration ?? 10) * 1000))
+        }
+        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let trust: PeerTrust = fingerprint.flatMap { Fingerprint(parsing: $0) }.map { .pinned($0) }
+            ?? .knownHosts(KnownHosts(in: global.config))
+        let summary: StreamSenderSummary
+        switch stack {
+        case .quic:
+            let connection = NetworkConnection(to: endpoint, using: .parameters { QUIC().identity(identity).peerTrust(trust) }
+                .serviceClass(.interactiveVideo).performanceMode(.realtime))
+            defer { connection.cancel() }
+            summary = try await StreamSender.run(over: connection, source: source, options: options)
+        case .tls:
+            let connection = NetworkConnection(to: endpoint, using: .parameters { TLS().identity(identity).peerTrust(trust) }
+                .serviceClass(.interactiveVideo).performanceMode(.realtime))
+            defer { connection.cancel() }
+            summary = try await StreamSender.run(over: connection, source: source, options: options)
+        }
+        guard let totals = summary.receiverTotals else {
+            throw StreamError(.malformed, "the receiver's totals could not be read")
+        }
+        if json {
+            print(totals.json())
+        } else {
+            print(totals.text())
+            var extras: [String] = []
+            if summary.framesDroppedAtSender > 0 { extras.append("\(summary.framesDroppedAtSender) frames dropped at the sender (past their deadline)") }
+            if summary.streamsReset > 0 { extras.append("\(summary.streamsReset) frame streams reset at their deadline") }
+            if summary.shardsRetransmitted > 0 { extras.append("\(summary.shardsRetransmitted) shards retransmitted on request") }
+            if !extras.isEmpty { print("sender: " + extras.joined(separator: ", ")) }
+        }
+    }
+}
+
+struct StreamRecvCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "recv",
+        abstract: "Receive one stream, report latency every second, and write the frames.",
+        discussion: """
+            Listens on TCP and UDP (the sender's --stack picks one) and serves the first \
+            sender, then exits. The report goes to standard output, or to standard error when \
+            frames go to standard output (--output -). Frames are written as the sender's \
+            container: IVF for IVF and synthetic sources (synthetic frames are not decodable \
+            video), Y4M for Y4M. Frames lost in realtime mode leave a gap: IVF resumes at the \
+            next keyframe, Y4M repeats the previous picture.
+            """
+    )
+
+    @OptionGroup var global: GlobalOptions
+
+    @Option(help: "The port to listen on (TCP and UDP).")
+    var port: UInt16 = defaultStreamPort
+
+    @Option(help: ArgumentHelp("Write the frames here ('-' for standard output).", valueName: "file"))
+    var output: String?
+
+    @Flag(help: "Report as JSON lines, ending with one line of totals.")
+    var json = false
+
+    func run() async throws {
+        global.bootstrapLogging()
+        do {
+            try await receive()
+        } catch let error as StreamError {
+            failStream(error)
+        }
+    }
+
+    private func receive() async throws {
+        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let reportToStandardError = output == "-"
+        let json = self.json
+        let say: @Sendable (String) -> Void = { line in
+            if reportToStandardError {
+                FileHandle.standardError.write(Data((line + "\n").utf8))
+            } else {
+                FileHandle.standardOutput.write(Data((line + "\n").utf8))  // unbuffered: a pipe sees each second at once
+            }
+        }
+        FileHandle.standardError.write(Data("qxfer: waiting for a stream on port \(port) (TCP and UDP); fingerprint \(identity.fingerprint)\n".utf8))
+
+        var options = StreamReceiverOptions()
+        options.onInterval = { report, elapsed in say(json ? report.json(elapsed: elapsed) : report.text(elapsed: elapsed)) }
+        if let output {
+            options.makeSink = { hello in try makeSink(for: hello, output: ByteOutput(path: output)) }
+        }
+        let configured = options
+        let session = Mutex(StreamSession())
+        let serve: @Sendable ((StreamReceiverOptions) async throws -> StreamTotals) async -> Void = { run in
+            guard session.withLock({ state in defer { state.busy = true }; return !state.busy }) else { return }  // one stream
+            var sessionOptions = configured
+            let started = Mutex(false)
+            sessionOptions.onHello = { _ in started.withLock { $0 = true } }
+            do {
+                let totals = try await run(sessionOptions)
+                session.withLock { $0.result = .success(totals) }
+            } catch {
+                // A connection that never announced a stream (a probe, a stray client) does not
+                // end the wait for the real sender.
+                if started.withLock({ $0 }) {
+                    session.withLock { $0.result = .failure(error) }
+                } else {
+                    FileHandle.standardError.write(Data("qxfer: ignored a connection that sent no stream: \(error)\n".utf8))
+                    session.withLock { $0.busy = false }
+                }
+            }
+        }
+        let quic = NetworkListener(on: port, using: .parameters { QUIC().identity(identity) }
+            .serviceClass(.interactiveVideo).performanceMode(.realtime))
+        let tls = NetworkListener(on: port, using: .parameters { TLS().identity(identity) }
+            .serviceClass(.interactiveVideo).performanceMode(.realtime))
+        let result: Result<StreamTotals, any Error> = try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                try await quic.run { connection in
+                    await serve { try await StreamReceiver.run(on: connection, options: $0) }
+                }
+            }
+            group.addTask {
+                try await tls.run { connection in
+                    await serve { try await StreamReceiver.run(on: connection, options: $0) }
+                }
+            }
+            while true {
+                if let result = session.withLock({ $0.result }) {
+                    group.cancelAll()
+                    return result
+                }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+        }
+        let totals = try result.get()
+        say(json ? totals.json() : totals.text())
+    }
+}
+
+struct StreamSession: Sendable {
+    var busy = false
+    var result: Result<StreamTotals, any Error>?
+}
+
+/// Prints a stream error as one line and exits with a code scripts can tell apart.
+private func failStream(_ error: StreamError) -> Never {
+    FileHandle.standardError.write(Data("qxfer: \(error.message)\n".utf8))
+    let code: Int32 = switch error.code {
+    case .badInput: 65  // EX_DATAERR: the input file is not what it claims
+    case .malformed: 76  // EX_PROTOCOL
+    case .output: 74  // EX_IOERR
+    case .timeout: 69  // EX_UNAVAILABLE
+    case .invalidConfiguration: 64  // EX_USAGE
+    default: 1
+    }
+    exit(code)
+}
+
+/// `host`, `host:port`, `[v6]:port` or a bare IPv6 address.
+enum StreamEndpoint {
+    static func parse(_ text: String, defaultPort: UInt16) -> Endpoint? {
+        if text.hasPrefix("[") {
+            guard let close = text.firstIndex(of: "]") else { return nil }
+            let host = String(text[text.index(after: text.startIndex)..<close])
+            let rest = text[text.index(after: close)...]
+            if rest.isEmpty { return host.isEmpty ? nil : .hostPort(host: host, port: defaultPort) }
+            guard rest.hasPrefix(":"), let port = UInt16(rest.dropFirst()), port > 0, !host.isEmpty else { return nil }
+            return .hostPort(host: host, port: port)
+        }
+        let colons = text.filter { $0 == ":" }.count
+        if colons > 1 { return .hostPort(host: text, port: defaultPort) }  // bare IPv6
+        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
+        guard let host = parts.first, !host.isEmpty else { return nil }
+        if parts.count == 1 { return .hostPort(host: String(host), port: defaultPort) }
+        guard let port = UInt16(parts[1]), port > 0 else { return nil }
+        return .hostPort(host: String(host), port: port)
+    }
+}
+
+/// Bit rates as people write them: 4M, 800k, 2.5M, 2500000 (bits per second).
+enum BitRate {
+    static func parse(_ text: String) -> Int? {
+        var number = text.lowercased()
+        for suffix in ["bit/s", "bps", "bit", "b"] where number.hasSuffix(suffix) && number.count > suffix.count {
+            number.removeLast(suffix.count)
+            break
+        }
+        var scale = 1.0
+        switch number.last {
+        case "k": scale = 1e3
+        case "m": scale = 1e6
+        case "g": scale = 1e9
+        default: break
+        }
+        if scale != 1 { number.removeLast() }
+        guard let value = Double(number), value > 0, value.isFinite else { return nil }
+        return Int(value * scale)
+    }
+}
