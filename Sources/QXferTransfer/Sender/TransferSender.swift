@@ -69,10 +69,7 @@ public struct TransferSender: Sendable {
                 if usesStreams {
                     try await sendInParallel(fileJobs, over: connection, digests: digests)
                 } else {
-                    for job in fileJobs {
-                        let digest = try await send(job, on: connection)
-                        digests.withLock { $0[job.index] = digest }
-                    }
+                    for job in fileJobs { try await send(job, on: connection, digests: digests) }
                 }
             }
             // The verdicts come back on the control stream while data still flows.
@@ -156,9 +153,8 @@ public struct TransferSender: Sendable {
                 }
                 group.addTask {
                     let stream = try await connection.openStream()
-                    let digest = try await send(job, on: stream)
+                    try await send(job, on: stream, digests: digests)
                     try await stream.finish()
-                    digests.withLock { $0[job.index] = digest }
                 }
                 running += 1
             }
@@ -166,8 +162,9 @@ public struct TransferSender: Sendable {
         }
     }
 
-    /// Sends one file's FileData from the agreed offset and its FileDone; returns the digest.
-    private func send<Stack: TLVStack>(_ job: FileJob, on stream: NetworkConnection<Stack>) async throws -> String {
+    /// Sends one file's FileData from the agreed offset and its FileDone, recording the digest
+    /// first (the receiver's Verified can come back before this function returns).
+    private func send<Stack: TLVStack>(_ job: FileJob, on stream: NetworkConnection<Stack>, digests: Locked<[UInt32: String]>) async throws {
         let path = job.entry.path.joined(separator: "/")
         let file = try job.open()
         let hasher = algorithm.makeHasher()
@@ -185,7 +182,7 @@ public struct TransferSender: Sendable {
                 if hashed == job.answer.offset && hasher.digest() == job.answer.prefixDigest {
                     offset = job.answer.offset
                 } else {
-                    return try await send(job.restarted, on: stream)
+                    return try await send(job.restarted, on: stream, digests: digests)
                 }
             }
             progress.report(.started(path: path, size: size, offset: offset))
@@ -204,8 +201,8 @@ public struct TransferSender: Sendable {
             }
         }
         let digest = hasher.digest()
+        digests.withLock { $0[job.index] = hexString(digest) }
         try await stream.send(.fileDone(FileDone(entry: job.index, size: size ?? offset, algorithm: algorithm, digest: digest)))
-        return hexString(digest)
     }
 }
 
