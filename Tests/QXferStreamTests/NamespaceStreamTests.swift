@@ -20,7 +20,7 @@ import Testing
     }
 
     @Test(.enabled(if: canRun, "needs root, /dev/net/tun, ip, jq and the built qxfer and qxfer-linkemu"), .timeLimit(.minutes(3)))
-    func everyModeOnBothStacksAcrossTheEmulatedLink() throws {
+    func everyModeOnBothStacksAcrossTheEmulatedLink() async throws {
         let scratch = try TemporaryDirectory()
         let results = scratch.file("results.jsonl")
         let configs = ["quic:realtime:fec", "quic:realtime:nack", "quic:stream-per-frame:-", "quic:reliable:-", "tls:reliable:-", "tls:realtime:-"]
@@ -33,11 +33,17 @@ import Testing
         environment["LINKEMU_BIN"] = Self.buildFolder + "/qxfer-linkemu"
         process.environment = environment
         process.standardOutput = FileHandle.nullDevice
-        let errors = Pipe()
-        process.standardError = errors
+        // Wait without blocking a thread of the cooperative pool (two here): other tests
+        // running meanwhile need them.
+        let errorsPath = scratch.file("errors.txt")
+        _ = FileManager.default.createFile(atPath: errorsPath, contents: nil)
+        process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: errorsPath))
+        let exited = AsyncStream<Void>.makeStream()
+        process.terminationHandler = { _ in exited.continuation.finish() }
         try process.run()
-        let errorText = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        for await _ in exited.stream {}
         process.waitUntilExit()
+        let errorText = (try? String(contentsOfFile: errorsPath, encoding: .utf8)) ?? ""
         #expect(process.terminationStatus == 0, "bench/stream.sh: \(errorText)")
 
         let lines = try String(contentsOfFile: results, encoding: .utf8).split(separator: "\n")

@@ -58,7 +58,7 @@ struct QUICHostileTests {
             connection.cancel()
             attempt.cancel()
         }
-        let datagram = try #require(trap.receive(timeout: .seconds(10)), "the client sent no Initial")
+        let datagram = try #require(await trap.receive(within: .seconds(10)), "the client sent no Initial")
         return datagram.bytes
     }
 
@@ -164,7 +164,7 @@ struct QUICHostileTests {
                 // 0x?a?a?a?a versions are reserved to exercise negotiation (RFC 9000 §15).
                 let version: UInt32 = round == 0 ? 0xbaba_baba : (UInt32(truncatingIfNeeded: random.next()) & 0xf0f0_f0f0) | 0x0a0a_0a0a
                 prober.send(Self.longHeader(version: version, dcid: dcid, scid: scid, totalLength: length, &random), to: port)
-                let reply = try #require(prober.receive(timeout: .seconds(3)), "no Version Negotiation for version \(String(version, radix: 16))")
+                let reply = try #require(await prober.receive(within: .seconds(3)), "no Version Negotiation for version \(String(version, radix: 16))")
                 let parsed = try #require(VersionNegotiation(reply.bytes), "not a Version Negotiation packet: \(reply.bytes.prefix(64))")
                 #expect(reply.port == port)
                 #expect(parsed.destinationConnectionID == scid, "VN echoes the client's source connection ID")
@@ -178,7 +178,7 @@ struct QUICHostileTests {
                 let packet = Self.longHeader(version: 0xbaba_baba, dcid: random.bytes(8), scid: [], totalLength: 1200, &random)
                 prober.send(Array(packet.prefix(length)), to: port)
             }
-            #expect(prober.receive(timeout: .milliseconds(500)) == nil, "the listener answered a datagram under 1200 bytes")
+            #expect(await prober.receive(within: .milliseconds(500)) == nil, "the listener answered a datagram under 1200 bytes")
             try await Self.echoOnce(port: port)
         }
     }
@@ -354,6 +354,17 @@ final class UDPSocket: @unchecked Sendable {
     }
 
     /// The next datagram and its source port, or nil after `timeout`.
+    /// Waits for a datagram without holding a thread of the cooperative pool: a blocking
+    /// wait there can starve the very task that is to send the datagram (two threads here).
+    func receive(within timeout: Duration) async -> (bytes: [UInt8], port: UInt16)? {
+        let deadline = ContinuousClock.now + timeout
+        repeat {
+            if let datagram = receive(timeout: .zero) { return datagram }
+            try? await Task.sleep(for: .milliseconds(5))
+        } while ContinuousClock.now < deadline
+        return nil
+    }
+
     func receive(timeout: Duration) -> (bytes: [UInt8], port: UInt16)? {
         var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         let milliseconds = Int32(timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)
