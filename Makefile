@@ -1,7 +1,7 @@
 # qxfer — the two commands of the quick start are `make demo` and `make test`.
 SWIFT ?= swift
 
-.PHONY: deps build demo test release clean
+.PHONY: deps build demo test release clean fuzz
 
 deps:
 	@scripts/install-deps.sh
@@ -21,9 +21,18 @@ test: deps
 	# The engine's simulated-link tests are CPU-bound; run them apart from the socket tests
 	# so that timeouts in the latter measure the code, not a starved machine.
 	$(SWIFT) test --skip-build --filter QUICEngineTests
-	$(SWIFT) test --skip-build --skip QUICEngineTests
+	# The streaming tests push live frames for seconds at a time; alone, they neither starve
+	# nor are starved by the socket tests' deadlines.
+	$(SWIFT) test --skip-build --filter QXferStreamTests
+	$(SWIFT) test --skip-build --skip QUICEngineTests --skip QXferStreamTests
 	LINKEMU_BIN=$$($(SWIFT) build --show-bin-path)/qxfer-linkemu bench/netns/selftest.sh
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/transfer.sh
+
+## Builds the libFuzzer targets (fuzz/harness: qxfer/1 codec and framing, path validation, resume
+## journal, mDNS) and runs each for FUZZ_SECONDS (default 60); prints executions and coverage.
+FUZZ_SECONDS ?= 60
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh
 
 release: deps
 	$(SWIFT) build -c release

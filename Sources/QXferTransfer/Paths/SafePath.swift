@@ -35,7 +35,10 @@ public struct SafePath: Hashable, Sendable, CustomStringConvertible {
     /// Splits a `/`-separated relative path and checks it: a leading `/` (absolute path), a
     /// trailing `/` or `//` (empty component) are all rejected.
     public init(validating string: String) throws(TransferError) {
-        try self.init(validating: string.split(separator: "/", omittingEmptySubsequences: false).map(String.init))
+        // Split at '/' bytes, as the kernel does, not at '/' Characters: a '/' followed by a
+        // combining mark is one Character (found by fuzz/harness/FuzzPaths.swift).
+        let parts = string.utf8.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false)
+        try self.init(validating: parts.map { String(decoding: $0, as: UTF8.self) })
     }
 
     static func checkComponent(_ component: String, in components: [String]) throws(TransferError) {
@@ -90,9 +93,12 @@ public struct SafePath: Hashable, Sendable, CustomStringConvertible {
         }
         var climbs = 0
         var descended = false
-        for part in target.split(separator: "/", omittingEmptySubsequences: true) {
-            if part == "." { continue }
-            if part == ".." {
+        // Components are what lies between '/' bytes, as the kernel resolves them. Splitting
+        // Characters instead let "../\u{301}x" pass as one name: a '/' followed by a combining
+        // mark is one Character, so a top-level link could climb out (fuzz/harness/FuzzPaths.swift).
+        for part in target.utf8.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: true) {
+            if part.elementsEqual(".".utf8) { continue }
+            if part.elementsEqual("..".utf8) {
                 guard !descended else {
                     throw TransferError(.unsafePath, "symlink '\(shown)' has '..' after a name in its target")
                 }
@@ -102,7 +108,7 @@ public struct SafePath: Hashable, Sendable, CustomStringConvertible {
                 }
                 continue
             }
-            guard part.utf8.count <= ProtocolLimits.maximumNameLength else {
+            guard part.count <= ProtocolLimits.maximumNameLength else {
                 throw TransferError(.unsafePath, "symlink '\(shown)' has a target name longer than NAME_MAX")
             }
             descended = true

@@ -119,10 +119,11 @@ public struct SourceTree: Sendable {
         guard let resolved = realpath(path, nil) else { throw TransferError.posix("cannot read", "'\(path)'", errno: errno) }
         defer { free(resolved) }
         let full = String(cString: resolved)
-        guard let last = full.split(separator: "/").last else {
+        // Split at '/' bytes as the kernel does ('/' and a combining mark are one Character).
+        guard let last = full.utf8.split(separator: UInt8(ascii: "/")).last else {
             throw TransferError(.unsafePath, "cannot send the root directory itself; name what is inside it")
         }
-        return String(last)
+        return String(decoding: last, as: UTF8.self)
     }
 
     /// The names in a directory, sorted by bytes, without `.` and `..`, and how many names were

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Builds and runs qxfer's libFuzzer targets (fuzz/harness/*.swift), one binary per parser,
+# each compiled with swiftc -sanitize=fuzzer,address together with the project's own source
+# files it exercises (no SwiftPM: the parsers need only the standard library, Glibc and,
+# for the journal's check line, libxxhash).
+#
+#   fuzz/run.sh [TARGET...]        build, then run each target for $FUZZ_SECONDS (default 60)
+#   fuzz/run.sh build [TARGET...]  build only
+#   fuzz/run.sh seeds              regenerate the seed corpora in fuzz/corpus/ (committed)
+#
+# Targets: codec frames paths journal dns. Seeds are read from fuzz/corpus/TARGET; new inputs
+# the fuzzer finds go to $FUZZ_BUILD/corpus/TARGET (not committed), crashes to
+# $FUZZ_BUILD/artifacts/TARGET/. The last lines printed are one summary line per target:
+# executions (libFuzzer's stat::number_of_executed_units) and its final cov:/ft: figures.
+# Exit status: non-zero if any target crashed, leaked, timed out or did not build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SWIFTC=${SWIFTC:-swiftc}
+OUT=${FUZZ_BUILD:-.build-fuzz}
+FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+ALL_TARGETS=(codec frames paths journal dns)
+
+T=Sources/QXferTransfer
+D=Sources/QXfer/Discovery
+WIRE="$T/Wire/MessageCodec.swift $T/Wire/Messages.swift $T/Limits.swift $T/TransferError.swift"
+CXXHASH=(-Xcc -fmodule-map-file=fuzz/support/CXXHash.modulemap -I Sources/CXXHash/include -lxxhash)
+
+sources() {
+    case "$1" in
+        codec)   echo "fuzz/harness/FuzzCodec.swift $WIRE" ;;
+        frames)  echo "fuzz/harness/FuzzFrames.swift $WIRE" ;;
+        paths)   echo "fuzz/harness/FuzzPaths.swift $T/Paths/SafePath.swift $T/Limits.swift $T/TransferError.swift" ;;
+        journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $WIRE fuzz/support/JournalSupport.swift" ;;
+        dns)     echo "fuzz/harness/FuzzDNS.swift $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift" ;;
+        *) echo "unknown fuzz target '$1' (targets: ${ALL_TARGETS[*]})" >&2; return 1 ;;
+    esac
+}
+
+build() {
+    local target=$1 binary="$OUT/fuzz-$target" newer
+    mkdir -p "$OUT"
+    # shellcheck disable=SC2046
+    if [ -x "$binary" ]; then
+        newer=$(find $(sources "$target") fuzz/support fuzz/run.sh -newer "$binary" | head -1)
+        [ -z "$newer" ] && { echo "== fuzz-$target is up to date"; return 0; }
+    fi
+    echo "== building fuzz-$target"
+    # shellcheck disable=SC2046
+    "$SWIFTC" -swift-version 6 -O -g -sanitize=fuzzer,address -parse-as-library \
+        -module-name "QXferFuzz_$target" -module-cache-path "$OUT/module-cache" \
+        "${CXXHASH[@]}" $(sources "$target") -o "$OUT/fuzz-$target" 2>&1 \
+        | { grep -v "Cannot export local symbol '__asan" || true; }
+    return "${PIPESTATUS[0]}"
+}
+
+run() {
+    local target=$1 log="$OUT/logs/$target.log"
+    mkdir -p "$OUT/corpus/$target" "$OUT/artifacts/$target" "$OUT/logs"
+    echo "== fuzzing $target for ${FUZZ_SECONDS}s"
+    local status=0
+    # Swift's own crash backtracer trips AddressSanitizer; libFuzzer's handler reports instead.
+    SWIFT_BACKTRACE=enable=no "$OUT/fuzz-$target" "$OUT/corpus/$target" "fuzz/corpus/$target" \
+        -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 -use_value_profile=1 \
+        -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+        -artifact_prefix="$OUT/artifacts/$target/" >"$log" 2>&1 || status=$?
+    local execs cov
+    execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | awk '{print $2}')
+    cov=$(grep -E '^#[0-9]+' "$log" | grep -o 'cov: [0-9]* ft: [0-9]* corp: [^ ]*' | tail -1)
+    local line
+    line=$(printf '%-8s executions %-10s %s  exit %s' "$target" "${execs:-?}" "${cov:-cov: ?}" "$status")
+    echo "$line" | tee -a "$OUT/summary.txt"
+    if [ "$status" -ne 0 ]; then
+        grep -E 'ERROR: libFuzzer|Fatal error|SUMMARY|Test unit written|Precondition failed' "$log" | head -8 || true
+        return 1
+    fi
+}
+
+mode=run
+case "${1:-}" in
+    build|seeds) mode=$1; shift ;;
+esac
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=("${ALL_TARGETS[@]}")
+
+if [ "$mode" = seeds ]; then
+    mkdir -p "$OUT"
+    # shellcheck disable=SC2046
+    "$SWIFTC" -swift-version 6 -module-name QXferFuzzSeeds -module-cache-path "$OUT/module-cache" \
+        "${CXXHASH[@]}" fuzz/seeds/main.swift $WIRE $T/Store/Journal.swift $T/Paths/TargetDirectory.swift \
+        $T/Paths/SafePath.swift fuzz/support/JournalSupport.swift \
+        $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift -o "$OUT/seeds"
+    "$OUT/seeds" fuzz/corpus
+    exit 0
+fi
+
+failed=0
+for target in "${targets[@]}"; do
+    build "$target" || { echo "$target: build failed"; failed=1; continue; }
+done
+[ "$mode" = build ] && exit $failed
+: > "$OUT/summary.txt"
+for target in "${targets[@]}"; do
+    [ -x "$OUT/fuzz-$target" ] || continue
+    run "$target" || failed=1
+done
+echo "== summary (FUZZ_SECONDS=$FUZZ_SECONDS)"
+cat "$OUT/summary.txt"
+exit $failed
