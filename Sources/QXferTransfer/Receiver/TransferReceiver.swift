@@ -77,7 +77,8 @@ public struct TransferReceiver: Sendable {
 
         // Directories exist before anything goes into them; their modes and times come last.
         var session = ReceivingSession(offer: offer, paths: paths, store: store, progress: progress)
-        for (index, plan) in plans.enumerated() where plan == .directory {
+        for (index, plan) in plans.enumerated() {
+            guard case .directory = plan else { continue }
             do {
                 try store.directory.createDirectory(paths[index])
             } catch {
@@ -260,7 +261,7 @@ public struct TransferReceiver: Sendable {
 }
 
 /// What the receiver does with one entry.
-enum Plan: Equatable {
+enum Plan {
     case directory
     case symlink
     case receive(FileTarget, ResumePoint)
@@ -273,13 +274,6 @@ enum Plan: Equatable {
         case .receive(_, let resume): EntryAnswer(disposition: .send, offset: resume.offset, prefixDigest: resume.prefixDigest)
         case .present(_, let digest): EntryAnswer(disposition: .present, prefixDigest: digest)
         case .skip(let error): EntryAnswer(disposition: .skip, code: error.code.rawValue)
-        }
-    }
-
-    static func == (lhs: Plan, rhs: Plan) -> Bool {
-        switch (lhs, rhs) {
-        case (.directory, .directory), (.symlink, .symlink): true
-        default: false
         }
     }
 }
