@@ -32,6 +32,11 @@ let package = Package(
         ),
         // Linux socket structures the Glibc module lacks (the kernel's tcp_info).
         .target(name: "CQXferLinux"),
+        // P-256 point arithmetic for the pairing PAKE, from OpenSSL's libcrypto.
+        .target(
+            name: "CP256",
+            linkerSettings: [.linkedLibrary("crypto")]
+        ),
 
         // The sans-IO QUIC engine around ngtcp2_conn: datagrams and "now" in, datagrams,
         // events and the next timer out. No sockets, no clock, no NIO.
@@ -88,6 +93,14 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
 
+        // Pairing two machines with a short code: SPAKE2 (RFC 9382) bound to the connection,
+        // over the public API only.
+        .target(
+            name: "QXferPairing",
+            dependencies: ["QXfer", "CP256", .product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: strictSwift6
+        ),
+
         // The command-line tool: composition only.
         .executableTarget(
             name: "qxfer",
@@ -95,6 +108,7 @@ let package = Package(
                 "QXfer",
                 "QXferTransfer",
                 "QXferStream",
+                "QXferPairing",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -149,6 +163,11 @@ let package = Package(
         .testTarget(
             name: "QXferStreamTests",
             dependencies: ["QXferStream", "QXfer"],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "QXferPairingTests",
+            dependencies: ["QXferPairing", "QXfer"],
             swiftSettings: strictSwift6
         ),
         .testTarget(

@@ -5,6 +5,7 @@ set -euo pipefail
 packages=(
   libngtcp2-dev libngtcp2-crypto-gnutls-dev libgnutls28-dev  # the QUIC stack
   libxxhash-dev xxhash                                       # end-to-end checksums (xxhsum checks the tests)
+  libssl-dev                                                 # P-256 arithmetic for pairing (SPAKE2) from libcrypto
   pkg-config
   gnutls-bin openssl                                         # interop peers in the tests
   iproute2 iputils-ping iperf3 jq bc procps time             # namespaces, the link emulator's self-test, bench

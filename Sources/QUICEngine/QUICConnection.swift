@@ -718,6 +718,32 @@ public final class QUICConnection {
         }
     }
 
+    // MARK: - Channel binding
+
+    /// A TLS exporter value (RFC 8446 section 7.5, as RFC 5705 defines the interface): a secret
+    /// that both ends of this connection, and only they, compute alike, for binding an
+    /// application protocol to this very connection. Available once the handshake completed.
+    public func exportKeyingMaterial(label: String, context: [UInt8], length: Int) throws(QUICEngineError) -> [UInt8] {
+        guard handshakeReported, let tls else { throw QUICEngineError(.invalidStreamState, "the handshake has not completed") }
+        guard (1...255).contains(length) else { throw QUICEngineError(.invalidConfiguration, "exporter length \(length) out of range") }
+        var output = [UInt8](repeating: 0, count: length)
+        let labelBytes = Array(label.utf8)
+        let rv = labelBytes.withUnsafeBufferPointer { labelBuffer in
+            context.withUnsafeBufferPointer { contextBuffer in
+                output.withUnsafeMutableBufferPointer { out in
+                    labelBuffer.withMemoryRebound(to: CChar.self) { label in
+                        contextBuffer.withMemoryRebound(to: CChar.self) { context in
+                            gnutls_prf_rfc5705(tls.session, label.count, label.baseAddress, context.count, context.baseAddress,
+                                               out.count, UnsafeMutableRawPointer(out.baseAddress!).assumingMemoryBound(to: CChar.self))
+                        }
+                    }
+                }
+            }
+        }
+        guard rv == 0 else { throw .gnutls("gnutls_prf_rfc5705", rv) }
+        return output
+    }
+
     // MARK: - Datagrams
 
     /// The largest payload ``sendDatagram(_:)`` accepts now; nil before the peer's transport

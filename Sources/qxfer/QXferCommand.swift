@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import QXfer
+import QXferPairing
 import QXferTransfer
 
 @main
@@ -19,7 +20,10 @@ struct QXferCommand: AsyncParsableCommand {
             path refused), 78 identity or configuration.
             """,
         version: QXferVersion.string,
-        subcommands: [SendCommand.self, RecvCommand.self, IdentityCommand.self, BrowseCommand.self, StreamCommand.self]
+        subcommands: [
+            SendCommand.self, RecvCommand.self, StreamCommand.self, BrowseCommand.self, PairCommand.self, DevicesCommand.self,
+            UnpairCommand.self, IdentityCommand.self,
+        ]
     )
 
     /// Parses, runs, and turns every failure into one line on standard error and an exit code.
@@ -41,6 +45,9 @@ struct QXferCommand: AsyncParsableCommand {
             FileHandle.standardError.write(Data("qxfer: \(error.message)\n".utf8))
             Foundation.exit(ExitCodes.code(for: error))
         } catch let error as TransferError {
+            FileHandle.standardError.write(Data("qxfer: \(error.message)\n".utf8))
+            Foundation.exit(ExitCodes.code(for: error))
+        } catch let error as PairingError {
             FileHandle.standardError.write(Data("qxfer: \(error.message)\n".utf8))
             Foundation.exit(ExitCodes.code(for: error))
         } catch {
@@ -67,8 +74,17 @@ enum ExitCodes {
         case .malformedMessage, .truncated: 76  // EX_PROTOCOL
         case .identity: 78  // EX_CONFIG
         case .serviceNotFound: 69  // EX_UNAVAILABLE
-        case .ambiguousService: 64  // EX_USAGE: name one with --to
+        case .ambiguousService, .invalidUse: 64  // EX_USAGE
         default: 1
+        }
+    }
+
+    static func code(for error: PairingError) -> Int32 {
+        switch error.kind {
+        case .wrongCode, .refusedByPeer: 77  // EX_NOPERM
+        case .timedOut: 69  // EX_UNAVAILABLE
+        case .protocolViolation: 76  // EX_PROTOCOL
+        case .storage: 74  // EX_IOERR
         }
     }
 

@@ -37,6 +37,9 @@ struct RecvCommand: AsyncParsableCommand {
     @Option(parsing: .upToNextOption, help: ArgumentHelp("Admit only senders with these certificate fingerprints (mutual TLS).", valueName: "sha256"))
     var allow: [String] = []
 
+    @Flag(help: "Admit only senders paired with 'qxfer pair' (mutual TLS against the paired devices; with --allow, those too).")
+    var pairedOnly = false
+
     @Flag(help: "Exit after one transfer, with its result as the exit code.")
     var once = false
 
@@ -70,18 +73,27 @@ struct RecvCommand: AsyncParsableCommand {
 
     private func receive() async throws {
         let identity = try HostIdentity.loadOrCreate(in: global.config)
-        let authentication: ClientAuthentication = allow.isEmpty ? .optional : .required(allowing: allow.compactMap { Fingerprint(parsing: $0) })
+        let pairedDevices = PairedDevices(in: global.config, identity: identity)
+        let paired = try pairedDevices.devices()  // a damaged list is an error here, not an open door
+        let allowed = allow.compactMap { Fingerprint(parsing: $0) }
+        let authentication: ClientAuthentication =
+            if pairedOnly { .pairedDevices(paired.map(\.fingerprint) + allowed) }
+            else if allowed.isEmpty { .optional }
+            else { .required(allowing: allowed) }
+        let reporter = TransferReporter(json: json, role: .receiver)
+        if pairedOnly && paired.isEmpty && allowed.isEmpty {
+            reporter.warn("--paired-only with no paired devices: every sender will be refused; pair one with 'qxfer pair'")
+        }
         let tls = NetworkListener(on: port, host: host, using: .parameters {
             TLV { TLS().identity(identity).clientAuthentication(authentication) }
         }.performanceMode(.bulk))
-        let reporter = TransferReporter(json: json, role: .receiver)
         let prompt = OfferPrompt(acceptAll: yes, reporter: reporter)
         let receiver = TransferReceiver(directory: dir, overwrite: overwrite, confirm: { await prompt.ask($0) })
         let (results, finished) = AsyncStream.makeStream(of: Result<TransferSummary, any Error>.self)
 
         try await withThrowingTaskGroup(of: Child.self) { group in
             group.addTask {
-                try await tls.run { try await handle($0, receiver, reporter, finished) }
+                try await tls.run { try await handle($0, receiver, reporter, pairedDevices, finished) }
                 return .listener
             }
             // QUIC takes the same number on UDP (the one TCP got, when asked for any port).
@@ -90,7 +102,7 @@ struct RecvCommand: AsyncParsableCommand {
                 TLV { QUIC().identity(identity).clientAuthentication(authentication) }
             }.performanceMode(.bulk))
             group.addTask {
-                try await quic.run { try await handle($0, receiver, reporter, finished) }
+                try await quic.run { try await handle($0, receiver, reporter, pairedDevices, finished) }
                 return .listener
             }
             _ = try await quic.port
@@ -124,12 +136,13 @@ struct RecvCommand: AsyncParsableCommand {
     /// One connection: one transfer, its report, its result.
     private func handle<Stack: TLVStack>(
         _ connection: NetworkConnection<Stack>, _ receiver: TransferReceiver, _ reporter: TransferReporter,
-        _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
+        _ pairedDevices: PairedDevices, _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
     ) async throws {
         // Each connection gets its own counters, so concurrent transfers do not mix.
         var receiver = receiver
         receiver.progress = TransferProgress(onEvent: reporter.handle)
         let sender = connection.peer?.fingerprint
+        if let sender { try? pairedDevices.markSeen(sender) }  // "last seen" is a courtesy, not worth a failure
         do {
             let running = receiver
             let outcome = try await reporter.showProgress(of: running.progress, metrics: { await connection.metrics }) {
@@ -142,25 +155,25 @@ struct RecvCommand: AsyncParsableCommand {
             finished.yield(.failure(error))
         }
     }
+}
 
-    /// The machine's non-loopback addresses, for the banner.
-    private func localAddresses() -> [String] {
-        var list: UnsafeMutablePointer<ifaddrs>?
-        guard getifaddrs(&list) == 0, let first = list else { return [] }
-        defer { freeifaddrs(list) }
-        var addresses: [String] = []
-        for entry in sequence(first: first, next: { $0.pointee.ifa_next }) {
-            guard let address = entry.pointee.ifa_addr, entry.pointee.ifa_flags & UInt32(IFF_LOOPBACK) == 0 else { continue }
-            let family = Int32(address.pointee.sa_family)
-            guard family == AF_INET || family == AF_INET6 else { continue }
-            var host = [CChar](repeating: 0, count: Int(NI_MAXHOST))
-            let length = socklen_t(family == AF_INET ? MemoryLayout<sockaddr_in>.size : MemoryLayout<sockaddr_in6>.size)
-            if getnameinfo(address, length, &host, socklen_t(host.count), nil, 0, NI_NUMERICHOST) == 0 {
-                addresses.append(String(decoding: host.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
-            }
+/// The machine's non-loopback addresses, for the banner.
+func localAddresses() -> [String] {
+    var list: UnsafeMutablePointer<ifaddrs>?
+    guard getifaddrs(&list) == 0, let first = list else { return [] }
+    defer { freeifaddrs(list) }
+    var addresses: [String] = []
+    for entry in sequence(first: first, next: { $0.pointee.ifa_next }) {
+        guard let address = entry.pointee.ifa_addr, entry.pointee.ifa_flags & UInt32(IFF_LOOPBACK) == 0 else { continue }
+        let family = Int32(address.pointee.sa_family)
+        guard family == AF_INET || family == AF_INET6 else { continue }
+        var host = [CChar](repeating: 0, count: Int(NI_MAXHOST))
+        let length = socklen_t(family == AF_INET ? MemoryLayout<sockaddr_in>.size : MemoryLayout<sockaddr_in6>.size)
+        if getnameinfo(address, length, &host, socklen_t(host.count), nil, 0, NI_NUMERICHOST) == 0 {
+            addresses.append(String(decoding: host.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
         }
-        return addresses
     }
+    return addresses
 }
 
 /// Asks the user about each offer, one at a time, on the terminal.

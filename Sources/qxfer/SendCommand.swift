@@ -108,30 +108,35 @@ struct SendCommand: AsyncParsableCommand {
     private func transfer() async throws {
         let tree = try SourceTree.scan(paths, standardInputName: name)
         let endpoint: Endpoint
+        var discoveredName: String?
         if let host {
             endpoint = Endpoint(parsing: host, defaultPort: defaultTransferPort)!
         } else {
             let found = try await ReceiverDiscovery.resolve(name: to)
             endpoint = found.endpoint
+            discoveredName = found.name
             if !json { FileHandle.standardError.write(Data("qxfer: found receiver '\(found.name)' at \(endpoint)\n".utf8)) }
         }
         let identity = try HostIdentity.loadOrCreate(in: global.config)
-        let trust: PeerTrust = fingerprint.flatMap { Fingerprint(parsing: $0) }.map { .pinned($0) }
-            ?? .knownHosts(KnownHosts(in: global.config))
+        let receiverTrust = try ReceiverTrust(
+            fingerprint: fingerprint, endpoint: endpoint, discoveredName: discoveredName, identity: identity, config: global.config)
         let reporter = TransferReporter(json: json, role: .sender)
         for line in tree.skipped { reporter.warn(line) }
 
         switch stack {
         case .quic:
-            try await send(tree, to: endpoint, over: QUIC().identity(identity).peerTrust(trust), reporter: reporter)
+            try await send(tree, to: endpoint, over: QUIC().identity(identity).peerTrust(receiverTrust.trust), trust: receiverTrust, reporter: reporter)
         case .tls:
-            try await send(tree, to: endpoint, over: TLS().identity(identity).peerTrust(trust), reporter: reporter)
+            try await send(tree, to: endpoint, over: TLS().identity(identity).peerTrust(receiverTrust.trust), trust: receiverTrust, reporter: reporter)
         }
     }
 
-    private func send<Transport: SecureTransport>(_ tree: SourceTree, to endpoint: Endpoint, over transport: Transport, reporter: TransferReporter) async throws {
+    private func send<Transport: SecureTransport>(
+        _ tree: SourceTree, to endpoint: Endpoint, over transport: Transport, trust: ReceiverTrust, reporter: TransferReporter
+    ) async throws {
         let connection = NetworkConnection(to: endpoint, using: .parameters { TLV { transport } }.performanceMode(.bulk))
         try await connection.start()
+        trust.connected(to: connection.peer)
         if case .firstUse(let file) = connection.peer?.trust, let fingerprint = connection.peer?.fingerprint {
             reporter.warn("first contact with \(endpoint): trusting its fingerprint \(fingerprint) and recording it in \(file); compare it with 'qxfer id' on the receiver")
         }

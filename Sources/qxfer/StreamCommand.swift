@@ -132,8 +132,9 @@ struct StreamSendCommand: AsyncParsableCommand {
             options.duration = .milliseconds(Int64((duration ?? 10) * 1000))
         }
         let identity = try HostIdentity.loadOrCreate(in: global.config)
-        let trust: PeerTrust = fingerprint.flatMap { Fingerprint(parsing: $0) }.map { .pinned($0) }
-            ?? .knownHosts(KnownHosts(in: global.config))
+        let receiverTrust = try ReceiverTrust(
+            fingerprint: fingerprint, endpoint: endpoint, discoveredName: nil, identity: identity, config: global.config)
+        let trust = receiverTrust.trust
         let summary: StreamSenderSummary
         switch stack {
         case .quic:
@@ -141,11 +142,13 @@ struct StreamSendCommand: AsyncParsableCommand {
                 .serviceClass(.interactiveVideo).performanceMode(.realtime))
             defer { connection.cancel() }
             summary = try await StreamSender.run(over: connection, source: source, options: options)
+            receiverTrust.connected(to: connection.peer)
         case .tls:
             let connection = NetworkConnection(to: endpoint, using: .parameters { TLS().identity(identity).peerTrust(trust) }
                 .serviceClass(.interactiveVideo).performanceMode(.realtime))
             defer { connection.cancel() }
             summary = try await StreamSender.run(over: connection, source: source, options: options)
+            receiverTrust.connected(to: connection.peer)
         }
         guard let totals = summary.receiverTotals else {
             throw StreamError(.malformed, "the receiver's totals could not be read")

@@ -24,6 +24,14 @@ protocol ByteStreamTransport: Sendable {
     var multiplexer: (any StreamMultiplexer)? { get }
     /// Path measurements.
     func metrics() async -> ConnectionMetrics
+    /// A TLS exporter value of the connection (RFC 8446 section 7.5).
+    func exportKeyingMaterial(label: String, context: [UInt8], length: Int) async throws -> [UInt8]
+}
+
+extension ByteStreamTransport {
+    func exportKeyingMaterial(label: String, context: [UInt8], length: Int) async throws -> [UInt8] {
+        throw QXferError(.unsupported, "this transport offers no TLS exporter")
+    }
 }
 
 /// A connection that carries many streams and unreliable datagrams (QUIC).

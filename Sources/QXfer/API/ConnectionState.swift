@@ -53,6 +53,8 @@ public enum TrustDecision: Sendable, Hashable {
     case firstUse(recordedIn: String)
     /// A client whose fingerprint is on the listener's allow-list.
     case allowListed
+    /// A device paired with `qxfer pair`, under this name.
+    case paired(name: String)
     /// Not authenticated (`PeerTrust.anyCertificate`, or a client admitted without a
     /// required certificate); the channel is encrypted nonetheless.
     case unauthenticated

@@ -130,9 +130,12 @@ public struct PeerTrust: Sendable, Hashable {
     enum Kind: Sendable, Hashable {
         case pinned(Set<Fingerprint>)
         case knownHosts(KnownHosts, trustOnFirstUse: Bool)
+        case pairedDevice(name: String, fingerprint: Fingerprint)
         case anyCertificate
     }
     let kind: Kind
+    /// Paired devices (fingerprint → name) admitted whatever the kind says, before known hosts.
+    var pairedDevices: [Fingerprint: String] = [:]
 
     /// Only a server presenting one of these certificate fingerprints.
     public static func pinned(_ fingerprints: Fingerprint...) -> PeerTrust {
@@ -145,8 +148,24 @@ public struct PeerTrust: Sendable, Hashable {
         PeerTrust(kind: .knownHosts(file, trustOnFirstUse: trustOnFirstUse))
     }
 
-    /// Any certificate: encrypts but does not authenticate. For tests and demos only.
+    /// Only the device paired under `name` (`qxfer pair`): a different certificate is refused
+    /// with both fingerprints, never trusted on first use.
+    public static func pairedDevice(named name: String, fingerprint: Fingerprint) -> PeerTrust {
+        PeerTrust(kind: .pairedDevice(name: name, fingerprint: fingerprint))
+    }
+
+    /// Any certificate: encrypts but does not authenticate. For tests and demos, and for
+    /// protocols that authenticate the peer themselves (pairing's PAKE).
     public static let anyCertificate = PeerTrust(kind: .anyCertificate)
+
+    /// Also admits a server presenting the certificate of one of these paired devices
+    /// (fingerprint → name), reported as ``TrustDecision/paired(name:)``, without consulting
+    /// or writing known hosts.
+    public func admittingPairedDevices(_ devices: [Fingerprint: String]) -> PeerTrust {
+        var copy = self
+        copy.pairedDevices.merge(devices) { _, new in new }
+        return copy
+    }
 }
 
 /// What a listener asks of the clients that connect to it.
@@ -154,7 +173,7 @@ public struct ClientAuthentication: Sendable, Hashable {
     enum Kind: Sendable, Hashable {
         case none
         case optional
-        case required(Set<Fingerprint>)
+        case required(Set<Fingerprint>, listName: String)
     }
     let kind: Kind
 
@@ -164,6 +183,12 @@ public struct ClientAuthentication: Sendable, Hashable {
     public static let optional = ClientAuthentication(kind: .optional)
     /// Admits only clients presenting a certificate whose fingerprint is in `allowed` (mutual TLS).
     public static func required(allowing allowed: some Sequence<Fingerprint>) -> ClientAuthentication {
-        ClientAuthentication(kind: .required(Set(allowed)))
+        ClientAuthentication(kind: .required(Set(allowed), listName: "on the allow-list"))
+    }
+
+    /// Admits only clients whose certificate is one of the paired devices' (`recv --paired-only`);
+    /// a refusal says the client is not paired.
+    public static func pairedDevices(_ fingerprints: some Sequence<Fingerprint>) -> ClientAuthentication {
+        ClientAuthentication(kind: .required(Set(fingerprints), listName: "a paired device (pair it first with 'qxfer pair')"))
     }
 }

@@ -63,9 +63,17 @@ final class PeerVerifier: Sendable {
     private func decide(_ presented: Fingerprint) -> Result<TrustDecision, QXferError> {
         switch role {
         case .client(let trust, let hostKey):
+            if let name = trust.pairedDevices[presented] { return .success(.paired(name: name)) }
             switch trust.kind {
             case .anyCertificate:
                 return .success(.unauthenticated)
+            case .pairedDevice(let name, let fingerprint):
+                if presented == fingerprint { return .success(.paired(name: name)) }
+                return .failure(QXferError(
+                    .fingerprintMismatch,
+                    "REFUSED: \(hostKey) presented fingerprint \(presented), but it is paired as '\(name)' with "
+                        + "\(fingerprint); someone may be intercepting the connection. If '\(name)' really has a new "
+                        + "identity, run 'qxfer unpair \(name)' and pair again"))
             case .pinned(let pins):
                 if pins.contains(presented) { return .success(.pinned) }
                 let expected = pins.map(\.description).sorted().joined(separator: " or ")
@@ -96,10 +104,10 @@ final class PeerVerifier: Sendable {
             switch authentication.kind {
             case .none, .optional:
                 return .success(.unauthenticated)
-            case .required(let allowed):
+            case .required(let allowed, let listName):
                 if allowed.contains(presented) { return .success(.allowListed) }
                 return .failure(QXferError(
-                    .untrustedPeer, "refused a client with fingerprint \(presented): it is not on the allow-list"))
+                    .untrustedPeer, "refused a client with fingerprint \(presented): it is not \(listName)"))
             }
         }
     }

@@ -58,6 +58,17 @@ final class QUICStreamTransport: ByteStreamTransport {
     }
 
     var multiplexer: (any StreamMultiplexer)? { QUICMultiplexer(driver: driver, peer: peer) }
+
+    func exportKeyingMaterial(label: String, context: [UInt8], length: Int) async throws -> [UInt8] {
+        let driver = self.driver
+        return try await eventLoop.submit {
+            do {
+                return try driver.value.engine.exportKeyingMaterial(label: label, context: context, length: length)
+            } catch {
+                throw QXferError(.invalidUse, "cannot export keying material: \(error)")
+            }
+        }.get()
+    }
 }
 
 /// A QUIC connection's other streams and its datagrams.

@@ -290,7 +290,7 @@ enum ChannelErrors {
             return (.untrustedPeer, "the peer requires a client certificate")
         }
         if text.contains("ALERT_CERTIFICATE_UNKNOWN") || text.contains("ALERT_BAD_CERTIFICATE") {
-            return (.untrustedPeer, "the peer refused this host's certificate: its fingerprint is not on the peer's allow-list")
+            return (.untrustedPeer, "the peer refused this host's certificate: it admits only the senders it lists or has paired with (recv --allow / --paired-only)")
         }
         if text.contains("UNSUPPORTED_PROTOCOL") || text.contains("PROTOCOL_VERSION") {
             return (.handshakeFailed, "the peer does not support TLS 1.3")

@@ -419,7 +419,7 @@ enum QUICErrors {
             if reason.isCryptoError {
                 switch reason.code - QUICCloseReason.cryptoErrorBase {
                 case 42, 43, 44, 45, 46, 48, 49:
-                    return QXferError(.untrustedPeer, "the peer refused this host's certificate: its fingerprint is not on the peer's allow-list")
+                    return QXferError(.untrustedPeer, "the peer refused this host's certificate: it admits only the senders it lists or has paired with (recv --allow / --paired-only)")
                 case 116:
                     return QXferError(.untrustedPeer, "the peer requires a client certificate")
                 case 120:

@@ -1,0 +1,262 @@
+import Foundation
+import QXfer
+
+/// A pairing code: six decimal digits, as a person reads them off one screen and types them
+/// on another.
+public struct PairingCode: Sendable, Hashable, CustomStringConvertible {
+    /// The digits.
+    public let digits: String
+
+    /// A fresh code, uniformly random (one in a million for a guess).
+    public static func random() -> PairingCode {
+        var generator = SystemRandomNumberGenerator()
+        let value = UInt32.random(in: 0..<1_000_000, using: &generator)
+        return PairingCode(digits: String(format: "%06u", value))
+    }
+
+    private init(digits: String) { self.digits = digits }
+
+    /// A code as typed: six digits; spaces and dashes between them are ignored.
+    public init?(parsing text: String) {
+        let digits = text.filter { $0 != " " && $0 != "-" }
+        guard digits.count == 6, digits.allSatisfy({ $0.isASCII && $0.isNumber }) else { return nil }
+        self.digits = digits
+    }
+
+    /// "482 913": easier to read aloud and to compare.
+    public var description: String { "\(digits.prefix(3)) \(digits.suffix(3))" }
+
+    /// SPAKE2's password scalar for this code.
+    var passwordScalar: [UInt8] { SPAKE2.passwordScalar(Array(digits.utf8), domain: "qxfer pairing code v1") }
+}
+
+/// Why a pairing failed; nothing was stored on this side.
+public struct PairingError: Error, Sendable, CustomStringConvertible {
+    public enum Kind: Sendable, Equatable {
+        /// The codes differed (or someone in between changed the exchange).
+        case wrongCode
+        /// The peer refused or stopped, saying why.
+        case refusedByPeer
+        /// The peer broke the pairing protocol.
+        case protocolViolation
+        /// No answer in time.
+        case timedOut
+        /// The paired-devices file could not be written.
+        case storage
+    }
+
+    public let kind: Kind
+    public let message: String
+    public var description: String { message }
+
+    init(_ kind: Kind, _ message: String) {
+        self.kind = kind
+        self.message = message
+    }
+}
+
+/// The messages of qxfer's pairing protocol (docs/PROTOCOL.md, "Pairing"), JSON-coded on the
+/// connection's first stream.
+public enum PairingMessage: Codable, Sendable {
+    /// Initiator → responder: protocol version, its name, its SPAKE2 share pA.
+    case hello(version: Int, name: String, share: Data)
+    /// Responder → initiator: its name, its share pB and its key confirmation cB.
+    case reply(name: String, share: Data, confirmation: Data)
+    /// Initiator → responder: the initiator's key confirmation cA.
+    case confirm(confirmation: Data)
+    /// Responder → initiator: verified and stored.
+    case paired
+    /// Either side: the pairing stops, with a reason.
+    case refused(reason: String)
+}
+
+/// Pairing over one connection: SPAKE2 (RFC 9382) on the code, bound to the connection.
+///
+/// The transcript's identities are both certificate fingerprints, as each side sees them
+/// through the TLS handshake (which proves the matching private keys); the key confirmation
+/// also covers the names both sides sent and, on QUIC, a TLS exporter value of this very
+/// connection. A man in the middle terminates TLS with his own keys, so the fingerprints each
+/// real side sees differ from the other's and relaying fails; he can only take one guess at the
+/// code per attempt, and a failed attempt tells him nothing about it.
+public enum Pairing {
+    /// The current protocol version.
+    static let version = 1
+    /// The largest pairing message accepted.
+    public static let maximumMessageSize = 4096
+    /// How long either side waits for the next message of an attempt.
+    public static let messageTimeout: Duration = .seconds(30)
+    static let exporterLabel = "EXPORTER-qxfer-pairing"
+
+    /// Runs the initiating side (`qxfer pair HOST`) on a connection to the waiting machine.
+    /// On success the peer is stored in `store` and returned.
+    public static func initiate<Stack: CoderStack>(
+        over connection: NetworkConnection<Stack>, code: PairingCode, name: String, address: String?,
+        identity: HostIdentity, store: PairedDevices
+    ) async throws -> PairedDevices.Device where Stack.Message == PairingMessage {
+        try await connection.start()
+        guard let responderFingerprint = connection.peer?.fingerprint else {
+            throw PairingError(.protocolViolation, "the other machine presented no certificate")
+        }
+        let binding = try await Binding(connection: connection, initiator: identity.fingerprint, responder: responderFingerprint)
+        var spake = try SPAKE2(role: .a, w: code.passwordScalar, identityA: binding.identityA, identityB: binding.identityB)
+        try await connection.send(.hello(version: version, name: name, share: Data(try spake.start())))
+
+        guard case .reply(let peerName, let share, let peerConfirmation) = try await next(from: connection) else {
+            throw PairingError(.protocolViolation, "the other machine did not answer with its share")
+        }
+        let responderName = try validName(peerName)
+        let confirmation: [UInt8]
+        do {
+            confirmation = try spake.finish(
+                peerShare: Array(share), additionalData: binding.additionalData(initiatorName: name, responderName: responderName))
+            _ = try spake.verify(peerConfirmation: Array(peerConfirmation))
+        } catch {
+            try? await connection.send(.refused(reason: "the codes differ"))
+            throw wrongCode
+        }
+        try await connection.send(.confirm(confirmation: Data(confirmation)))
+        switch try await next(from: connection) {
+        case .paired:
+            let device = PairedDevices.Device(name: responderName, fingerprint: responderFingerprint, pairedAt: Date(), address: address)
+            do { try store.add(device) } catch { throw PairingError(.storage, "paired, but cannot save it: \(error)") }
+            return device
+        case .refused(let reason):
+            throw PairingError(.refusedByPeer, "the other machine stopped the pairing: \(reason)")
+        default:
+            throw PairingError(.protocolViolation, "the other machine answered out of turn")
+        }
+    }
+
+    /// Runs the waiting side (`qxfer pair`) on an accepted connection whose first message was
+    /// `hello`. On success the peer is stored in `store` and returned.
+    public static func respond<Stack: CoderStack>(
+        to hello: PairingMessage, over connection: NetworkConnection<Stack>, code: PairingCode, name: String,
+        identity: HostIdentity, store: PairedDevices
+    ) async throws -> PairedDevices.Device where Stack.Message == PairingMessage {
+        guard case .hello(let peerVersion, let peerName, let share) = hello else {
+            throw PairingError(.protocolViolation, "the other machine did not start with a pairing request")
+        }
+        guard peerVersion == version else {
+            try? await connection.send(.refused(reason: "pairing protocol version \(peerVersion) is not supported (this side speaks \(version))"))
+            throw PairingError(.protocolViolation, "the other machine speaks pairing protocol version \(peerVersion), not \(version)")
+        }
+        guard let initiatorFingerprint = connection.peer?.fingerprint else {
+            try? await connection.send(.refused(reason: "present a certificate to pair"))
+            throw PairingError(.protocolViolation, "the other machine presented no certificate")
+        }
+        let initiatorName: String
+        do { initiatorName = try validName(peerName) } catch {
+            try? await connection.send(.refused(reason: "the name is not acceptable"))
+            throw error
+        }
+        let binding = try await Binding(connection: connection, initiator: initiatorFingerprint, responder: identity.fingerprint)
+        var spake = try SPAKE2(role: .b, w: code.passwordScalar, identityA: binding.identityA, identityB: binding.identityB)
+        let ownShare = try spake.start()
+        let confirmation: [UInt8]
+        do {
+            confirmation = try spake.finish(
+                peerShare: Array(share), additionalData: binding.additionalData(initiatorName: initiatorName, responderName: name))
+        } catch {
+            try? await connection.send(.refused(reason: "the share is not a valid group element"))
+            throw PairingError(.protocolViolation, "the other machine sent an invalid share")
+        }
+        try await connection.send(.reply(name: name, share: Data(ownShare), confirmation: Data(confirmation)))
+
+        let answer: PairingMessage
+        do {
+            answer = try await next(from: connection)
+        } catch let error as PairingError where error.kind == .refusedByPeer {
+            // The initiator stops here only when our confirmation did not verify: another code.
+            throw wrongCode
+        }
+        guard case .confirm(let peerConfirmation) = answer else {
+            throw PairingError(.protocolViolation, "the other machine answered out of turn")
+        }
+        do { _ = try spake.verify(peerConfirmation: Array(peerConfirmation)) } catch {
+            try? await connection.send(.refused(reason: "the codes differ"))
+            throw wrongCode
+        }
+        let device = PairedDevices.Device(
+            name: initiatorName, fingerprint: initiatorFingerprint, pairedAt: Date(), address: connection.endpoint?.host)
+        do {
+            try store.add(device)
+        } catch {
+            try? await connection.send(.refused(reason: "the other machine cannot save the pairing"))
+            throw PairingError(.storage, "cannot save the pairing: \(error)")
+        }
+        try await connection.send(.paired)
+        return device
+    }
+
+    /// The first message of an accepted connection, within the message timeout.
+    public static func firstMessage<Stack: CoderStack>(of connection: NetworkConnection<Stack>) async throws -> PairingMessage
+    where Stack.Message == PairingMessage {
+        try await next(from: connection)
+    }
+
+    static let wrongCode = PairingError(
+        .wrongCode, "pairing failed: the codes do not match (or someone tried to intercept the pairing); nothing was stored")
+
+    /// Whether a device name is acceptable: names end up in listings and messages, so they
+    /// are 1 to 64 bytes of UTF-8 without control characters.
+    public static func isAcceptableName(_ name: String) -> Bool {
+        !name.isEmpty && name.utf8.count <= 64 && !name.unicodeScalars.contains { $0.properties.generalCategory == .control }
+    }
+
+    static func validName(_ name: String) throws -> String {
+        guard isAcceptableName(name) else { throw PairingError(.protocolViolation, "the other machine sent an unusable name") }
+        return name
+    }
+
+    private static func next<Stack: CoderStack>(from connection: NetworkConnection<Stack>) async throws -> PairingMessage
+    where Stack.Message == PairingMessage {
+        try await withThrowingTaskGroup(of: PairingMessage?.self) { group in
+            group.addTask { try await connection.receive() }
+            group.addTask {
+                try await Task.sleep(for: messageTimeout)
+                return nil
+            }
+            defer { group.cancelAll() }
+            do {
+                guard let message = try await group.next()! else {
+                    throw PairingError(.timedOut, "the other machine did not answer within \(messageTimeout)")
+                }
+                if case .refused(let reason) = message {
+                    throw PairingError(.refusedByPeer, "the other machine stopped the pairing: \(reason)")
+                }
+                return message
+            } catch let error as PairingError {
+                throw error
+            } catch {
+                throw PairingError(.protocolViolation, "the pairing connection failed: \(error)")
+            }
+        }
+    }
+
+    /// What ties an exchange to this connection and these two machines.
+    struct Binding {
+        let identityA: [UInt8]
+        let identityB: [UInt8]
+        let exporter: [UInt8]
+
+        init<Stack: NetworkProtocolStack>(connection: NetworkConnection<Stack>, initiator: Fingerprint, responder: Fingerprint) async throws {
+            identityA = Array("qxfer-pair initiator ".utf8) + initiator.bytes
+            identityB = Array("qxfer-pair responder ".utf8) + responder.bytes
+            do {
+                exporter = try await connection.exportKeyingMaterial(label: Pairing.exporterLabel, length: 32)
+            } catch let error as QXferError where error.code == .unsupported {
+                exporter = []  // TCP+TLS: the fingerprints alone bind (see the type's comment)
+            }
+        }
+
+        /// The exporter value and both names, length-prefixed, as SPAKE2's additional data.
+        func additionalData(initiatorName: String, responderName: String) -> [UInt8] {
+            var data: [UInt8] = []
+            for field in [exporter, Array(initiatorName.utf8), Array(responderName.utf8)] {
+                withUnsafeBytes(of: UInt64(field.count).littleEndian) { data += $0 }
+                data += field
+            }
+            return data
+        }
+    }
+}

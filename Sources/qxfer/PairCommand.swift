@@ -1,0 +1,284 @@
+import ArgumentParser
+import Foundation
+import QXfer
+import QXferPairing
+import Synchronization
+
+/// The port `qxfer pair` waits on by default (TCP and UDP), beside transfer's and streaming's.
+let defaultPairingPort: UInt16 = 7449
+
+struct PairCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "pair",
+        abstract: "Pair with another machine once, with a six-digit code; from then on each trusts the other.",
+        usage: """
+            qxfer pair [--port <port>] [--code <code>] [--name <name>]     (the machine that waits)
+              qxfer pair <host>[:<port>] [--code <code>] [--stack quic|tls]  (the other one)
+            """,
+        discussion: """
+            The waiting machine prints a fresh code and waits for one attempt; on the other, \
+            type the code when asked (or pass --code). Both prove they know the code with a \
+            password-authenticated key exchange (SPAKE2, RFC 9382) bound to the encrypted \
+            connection, so a man in the middle gets a single guess, one in a million, and a \
+            failed attempt teaches him nothing. On success each side stores the other's name \
+            and certificate fingerprint in paired-devices.json in the configuration folder: \
+            'qxfer send' to a paired machine needs no --fingerprint and never trusts on first \
+            use, and 'qxfer recv --paired-only' admits only paired senders. The waiting side \
+            exits after that one attempt, right or wrong.
+
+            See 'qxfer devices' and 'qxfer unpair'.
+            """
+    )
+
+    @OptionGroup var global: GlobalOptions
+
+    @Argument(help: ArgumentHelp("The waiting machine; omit it to be the waiting machine.", valueName: "host[:port]"))
+    var destination: String?
+
+    @Option(help: "The port to wait on (TCP and UDP), when waiting.")
+    var port: UInt16 = defaultPairingPort
+
+    @Option(help: "The address to wait on (default: all), when waiting.")
+    var host: String?
+
+    @Option(help: ArgumentHelp("The code: to use instead of a random one when waiting (for scripts), or the one shown by the waiting machine.", valueName: "code"))
+    var code: String?
+
+    @Option(help: ArgumentHelp("The name the other machine will know this one by (default: the host name).", valueName: "name"))
+    var name: String?
+
+    @Option(help: "Transport, when connecting: quic or tls (TCP+TLS). The waiting side listens on both.")
+    var stack: StackChoice = .quic
+
+    @Option(help: ArgumentHelp("How long to wait for an attempt, in seconds.", valueName: "seconds"))
+    var timeout: Int = 300
+
+    func validate() throws {
+        if let code, PairingCode(parsing: code) == nil {
+            throw ValidationError("'\(code)' is not a pairing code: six digits")
+        }
+        if let name, !Pairing.isAcceptableName(name) {
+            throw ValidationError("'\(name)' cannot be a device name: 1 to 64 bytes, no control characters")
+        }
+        guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
+    }
+
+    func run() async throws {
+        global.bootstrapLogging()
+        try await cancellingOnInterrupt {
+            if let destination {
+                try await initiate(to: destination)
+            } else {
+                try await wait()
+            }
+        }
+    }
+
+    private var deviceName: String { name ?? ReceiverDiscovery.defaultName }
+
+    // MARK: The machine that connects
+
+    private func initiate(to destination: String) async throws {
+        guard let endpoint = Endpoint(parsing: destination, defaultPort: defaultPairingPort) else {
+            throw ValidationError("'\(destination)' is not a host[:port]")
+        }
+        let code = try self.code.flatMap(PairingCode.init(parsing:)) ?? askForCode(shownOn: endpoint.host)
+        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let store = PairedDevices(in: global.config, identity: identity)
+        _ = try store.devices()  // a damaged list stops us before the other side stores anything
+        // Any certificate: the PAKE is what authenticates it, bound to the fingerprint seen here.
+        let device: PairedDevices.Device
+        switch stack {
+        case .quic:
+            let connection = NetworkConnection(to: endpoint, using: .parameters {
+                Coder(PairingMessage.self, using: .json, maximumMessageSize: Pairing.maximumMessageSize) {
+                    QUIC().identity(identity).peerTrust(.anyCertificate)
+                }
+            })
+            device = try await Pairing.initiate(over: connection, code: code, name: deviceName, address: endpoint.host, identity: identity, store: store)
+        case .tls:
+            let connection = NetworkConnection(to: endpoint, using: .parameters {
+                Coder(PairingMessage.self, using: .json, maximumMessageSize: Pairing.maximumMessageSize) {
+                    TLS().identity(identity).peerTrust(.anyCertificate)
+                }
+            })
+            device = try await Pairing.initiate(over: connection, code: code, name: deviceName, address: endpoint.host, identity: identity, store: store)
+        }
+        report(device, store: store)
+    }
+
+    private func askForCode(shownOn host: String) throws -> PairingCode {
+        guard isatty(STDIN_FILENO) == 1 else {
+            throw ValidationError("no terminal to ask for the code on; pass --code")
+        }
+        FileHandle.standardError.write(Data("Pairing code shown on \(host): ".utf8))
+        guard let line = readLine(), let code = PairingCode(parsing: line) else {
+            throw ValidationError("that is not a pairing code: six digits")
+        }
+        return code
+    }
+
+    // MARK: The machine that waits
+
+    private func wait() async throws {
+        let code = code.flatMap(PairingCode.init(parsing:)) ?? PairingCode.random()
+        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let store = PairedDevices(in: global.config, identity: identity)
+        _ = try store.devices()
+        let (results, finished) = AsyncStream.makeStream(of: Result<PairedDevices.Device, any Error>.self)
+        let attempt = WaitingAttempt(code: code, name: deviceName, identity: identity, store: store, results: finished)
+
+        let tls = NetworkListener(on: port, host: host, using: .parameters {
+            Coder(PairingMessage.self, using: .json, maximumMessageSize: Pairing.maximumMessageSize) {
+                TLS().identity(identity).clientAuthentication(.optional)
+            }
+        })
+        let device = try await withThrowingTaskGroup(of: PairedDevices.Device?.self) { group in
+            group.addTask {
+                try await tls.run { try await attempt.handle($0) }
+                return nil
+            }
+            let boundPort = try await tls.port
+            let quic = NetworkListener(on: boundPort, host: host, using: .parameters {
+                Coder(PairingMessage.self, using: .json, maximumMessageSize: Pairing.maximumMessageSize) {
+                    QUIC().identity(identity).clientAuthentication(.optional)
+                }
+            })
+            group.addTask {
+                try await quic.run { try await attempt.handle($0) }
+                return nil
+            }
+            _ = try await quic.port
+            let seconds = timeout
+            group.addTask {
+                try await Task.sleep(for: .seconds(seconds))
+                throw QXferError(.idleTimeout, "no pairing attempt within \(seconds) s; nothing was stored")
+            }
+            group.addTask {
+                for await result in results { return try result.get() }
+                return nil
+            }
+            FileHandle.standardError.write(Data("""
+                qxfer: pairing code  \(code)
+                qxfer: on the other machine run:  qxfer pair \(displayHost(host)):\(boundPort)
+                qxfer: waiting up to \(seconds) s for one attempt (this machine: '\(deviceName)', fingerprint \(identity.fingerprint))
+
+                """.utf8))
+            while let outcome = try await group.next() {
+                if let outcome {
+                    group.cancelAll()
+                    return outcome
+                }
+            }
+            throw QXferError(.connectionClosed, "the pairing listeners stopped")
+        }
+        report(device, store: store)
+    }
+
+    private func displayHost(_ host: String?) -> String {
+        if let host, host != "0.0.0.0", host != "::" { return host.contains(":") ? "[\(host)]" : host }
+        return localAddresses().first ?? ProcessInfo.processInfo.hostName
+    }
+
+    private func report(_ device: PairedDevices.Device, store: PairedDevices) {
+        FileHandle.standardError.write(Data(
+            "qxfer: paired with '\(device.name)' (fingerprint \(device.fingerprint)); saved in \(store.path)\n".utf8))
+    }
+}
+
+/// The one attempt a waiting `qxfer pair` allows per code: the first connection that sends a
+/// pairing request takes it; later ones are told so. A connection that never sends one (a port
+/// scan, a stray client) takes nothing.
+final class WaitingAttempt: Sendable {
+    let code: PairingCode
+    let name: String
+    let identity: HostIdentity
+    let store: PairedDevices
+    let results: AsyncStream<Result<PairedDevices.Device, any Error>>.Continuation
+    private let taken = Mutex(false)
+
+    init(code: PairingCode, name: String, identity: HostIdentity, store: PairedDevices,
+         results: AsyncStream<Result<PairedDevices.Device, any Error>>.Continuation) {
+        self.code = code
+        self.name = name
+        self.identity = identity
+        self.store = store
+        self.results = results
+    }
+
+    func handle<Stack: CoderStack>(_ connection: NetworkConnection<Stack>) async throws where Stack.Message == PairingMessage {
+        let hello = try await Pairing.firstMessage(of: connection)
+        let first = taken.withLock { taken in
+            defer { taken = true }
+            return !taken
+        }
+        guard first else {
+            try? await connection.send(.refused(reason: "this code was already used; start 'qxfer pair' again for a new one"))
+            return
+        }
+        do {
+            results.yield(.success(try await Pairing.respond(to: hello, over: connection, code: code, name: name, identity: identity, store: store)))
+        } catch {
+            results.yield(.failure(error))
+        }
+    }
+}
+
+struct DevicesCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "devices",
+        abstract: "List the machines paired with 'qxfer pair'."
+    )
+
+    @OptionGroup var global: GlobalOptions
+
+    @Flag(help: "Print JSON (an array of devices) on standard output.")
+    var json = false
+
+    func run() async throws {
+        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let devices = try PairedDevices(in: global.config, identity: identity).devices()
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+            encoder.dateEncodingStrategy = .iso8601
+            FileHandle.standardOutput.write(try encoder.encode(devices) + Data("\n".utf8))
+            return
+        }
+        guard !devices.isEmpty else {
+            print("no paired devices; pair one with 'qxfer pair'")
+            return
+        }
+        let dates = ISO8601DateFormatter()
+        for device in devices {
+            print(device.name)
+            print("  fingerprint  \(device.fingerprint)")
+            print("  paired       \(dates.string(from: device.pairedAt))" + (device.address.map { " (at \($0))" } ?? ""))
+            print("  last seen    \(device.lastSeen.map { dates.string(from: $0) } ?? "not since pairing")")
+        }
+    }
+}
+
+struct UnpairCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "unpair",
+        abstract: "Forget a paired machine: it is trusted no more."
+    )
+
+    @OptionGroup var global: GlobalOptions
+
+    @Argument(help: ArgumentHelp("The device's name or fingerprint, as 'qxfer devices' lists it.", valueName: "name|fingerprint"))
+    var device: String
+
+    func run() async throws {
+        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let store = PairedDevices(in: global.config, identity: identity)
+        let removed = try store.remove(device)
+        guard !removed.isEmpty else {
+            throw QXferError(.invalidUse, "no paired device is called or has the fingerprint '\(device)'; see 'qxfer devices'")
+        }
+        for device in removed {
+            FileHandle.standardError.write(Data("qxfer: unpaired '\(device.name)' (\(device.fingerprint))\n".utf8))
+        }
+    }
+}
