@@ -27,6 +27,7 @@ test: deps
 	$(SWIFT) test --skip-build --skip QUICEngineTests --skip QXferStreamTests
 	LINKEMU_BIN=$$($(SWIFT) build --show-bin-path)/qxfer-linkemu bench/netns/selftest.sh
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/transfer.sh
+	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/pairing.sh
 
 ## Builds the libFuzzer targets (fuzz/harness: qxfer/1 codec and framing, path validation, resume
 ## journal, mDNS) and runs each for FUZZ_SECONDS (default 60); prints executions and coverage.

@@ -146,7 +146,10 @@ struct CLITests {
 
     // MARK: Usage errors
 
-    @Test("An unknown option exits 64 with exactly one line on stderr", arguments: [["--bogus"], ["id", "--bogus"], ["bogus-command"]])
+    @Test("An unknown option or a bad value exits 64 with exactly one line on stderr", arguments: [
+        ["--bogus"], ["id", "--bogus"], ["bogus-command"], ["pair", "--code", "12345"], ["pair", "--code", "abcdef"],
+        ["pair", "--name", ""], ["unpair", "nobody"],
+    ])
     func usageError(arguments: [String]) async throws {
         let run = try await Self.qxfer(arguments, home: Scratch())
         #expect(run.status == 64)
@@ -274,5 +277,28 @@ struct CLITests {
         #expect([key, certificate].map(Self.modeIfPresent) == modesBefore)
         let leftovers = try FileManager.default.contentsOfDirectory(atPath: directory).filter { !$0.hasPrefix("host-") }
         #expect(leftovers.isEmpty, "stray files: \(leftovers)")
+    }
+
+    // MARK: qxfer pair, devices, unpair
+
+    @Test("qxfer pair without --code and without a terminal refuses to guess; devices lists none, also as JSON")
+    func pairingWithoutTerminal() async throws {
+        let home = Scratch()
+        let pair = try await Self.qxfer(["pair", "127.0.0.1:9"], home: home)
+        #expect(pair.status == 64)
+        #expect(pair.stderr.contains("pass --code"))
+        let devices = try await Self.qxfer(["devices"], home: home)
+        #expect(devices.status == 0 && devices.stdout.contains("no paired devices"))
+        let json = try await Self.qxfer(["devices", "--json"], home: home)
+        #expect(json.status == 0)
+        #expect(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [Any] != nil)
+    }
+
+    @Test("qxfer --help lists pair, devices and unpair")
+    func pairingHelp() async throws {
+        let help = try await Self.qxfer(["--help"], home: Scratch())
+        for command in ["pair", "devices", "unpair"] { #expect(help.stdout.contains(command)) }
+        let pairHelp = try await Self.qxfer(["pair", "--help"], home: Scratch())
+        #expect(pairHelp.stdout.contains("SPAKE2") && pairHelp.stdout.contains("--code"))
     }
 }
