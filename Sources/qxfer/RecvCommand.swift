@@ -80,7 +80,8 @@ struct RecvCommand: AsyncParsableCommand {
             if pairedOnly { .pairedDevices(paired.map(\.fingerprint) + allowed) }
             else if allowed.isEmpty { .optional }
             else { .required(allowing: allowed) }
-        let reporter = TransferReporter(json: json, role: .receiver)
+        let reporter = TransferReporter(
+            json: json, role: .receiver, pairedNames: Dictionary(paired.map { ($0.fingerprint, $0.name) }) { _, last in last })
         if pairedOnly && paired.isEmpty && allowed.isEmpty {
             reporter.warn("--paired-only with no paired devices: every sender will be refused; pair one with 'qxfer pair'")
         }

@@ -11,10 +11,13 @@ final class TransferReporter: Sendable {
 
     let style: Style
     let role: Role
+    /// Names of paired peers, shown beside their fingerprints.
+    let pairedNames: [Fingerprint: String]
 
-    init(json: Bool, role: Role) {
+    init(json: Bool, role: Role, pairedNames: [Fingerprint: String] = [:]) {
         self.style = json ? .json : (isatty(STDERR_FILENO) == 1 ? .bar : .lines)
         self.role = role
+        self.pairedNames = pairedNames
     }
 
     // MARK: Events
@@ -60,9 +63,10 @@ final class TransferReporter: Sendable {
 
     func offer(_ offer: IncomingOffer) {
         let sender = offer.sender?.description ?? "an unauthenticated sender"
+        let paired = offer.sender.flatMap { pairedNames[$0] }
         if style == .json {
             emit([
-                "event": "offer", "sender": sender, "entries": offer.entries.count, "files": offer.fileCount,
+                "event": "offer", "sender": sender, "paired_name": paired ?? NSNull(), "entries": offer.entries.count, "files": offer.fileCount,
                 "bytes": offer.totalSize, "size_unknown": offer.hasSizeUnknown,
                 "paths": offer.entries.prefix(100).map { $0.path.joined(separator: "/") },
             ])
@@ -71,7 +75,8 @@ final class TransferReporter: Sendable {
         let names = offer.entries.filter { $0.path.count == 1 }.map { $0.path[0] }
         let shownNames = names.prefix(5).joined(separator: ", ") + (names.count > 5 ? ", …" : "")
         let size = formatBytes(offer.totalSize) + (offer.hasSizeUnknown ? " and a stream" : "")
-        printLine("offer from \(sender): \(offer.fileCount) files, \(offer.entries.count - offer.fileCount) folders and links, \(size): \(shownNames)")
+        let from = paired.map { "'\($0)' (paired, \(sender))" } ?? sender
+        printLine("offer from \(from): \(offer.fileCount) files, \(offer.entries.count - offer.fileCount) folders and links, \(size): \(shownNames)")
     }
 
     func failed(_ error: any Error, peer: Fingerprint?) {

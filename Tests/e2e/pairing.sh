@@ -119,6 +119,7 @@ for stack in quic tls; do
     [ "$rc" = 77 ] || fail "recv --paired-only admitted or mis-reported an unpaired sender over $stack (exit $rc)"
     grep -q "paired" "$WORK/unpaired-$stack.out" || fail "the unpaired sender's refusal is unclear: $(cat "$WORK/unpaired-$stack.out")"
 done
+cat "$WORK/recv.out" "$WORK/recv.err" | grep -q "offer from 'alice' (paired" || fail "the receiver does not name the paired sender: $(cat "$WORK/recv.out" "$WORK/recv.err")"
 [ ! -e "$WORK/alice/known_hosts" ] || fail "sending to a paired receiver wrote a known host (trust on first use)"
 [ "$(devices_json alice | jq -r '.[0].lastSeen')" != null ] || fail "alice did not record when she last saw bob"
 [ "$(devices_json bob | jq -r '.[0].lastSeen')" != null ] || fail "bob did not record when he last saw alice"
