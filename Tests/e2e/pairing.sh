@@ -125,6 +125,16 @@ cat "$WORK/recv.out" "$WORK/recv.err" | grep -q "offer from 'alice' (paired" || 
 [ "$(devices_json bob | jq -r '.[0].lastSeen')" != null ] || fail "bob did not record when he last saw alice"
 ok "recv --paired-only admits the paired sender without --fingerprint or known hosts, refuses an unpaired one (exit 77: $(tail -1 "$WORK/unpaired-quic.out"))"
 
+# stream send to the paired receiver: no --fingerprint, no known host either.
+ip netns exec "${NS}b" "$QXFER" stream recv --config-dir "$WORK/bob" --port 7448 >"$WORK/srecv.out" 2>"$WORK/srecv.err" </dev/null &
+SRECV=$!; PIDS+=("$SRECV")
+for _ in $(seq 1 100); do grep -q "waiting for a stream" "$WORK/srecv.err" 2>/dev/null && break; sleep 0.1; done
+ip netns exec "${NS}a" "$QXFER" stream send --config-dir "$WORK/alice" "$B" --duration 1 >"$WORK/ssend.out" 2>&1 </dev/null \
+    || fail "stream send to the paired receiver failed: $(cat "$WORK/ssend.out")"
+wait "$SRECV" 2>/dev/null || true
+[ ! -e "$WORK/alice/known_hosts" ] || fail "stream send to a paired receiver wrote a known host"
+ok "stream send to the paired receiver needs no --fingerprint and writes no known host"
+
 # --- 5. A paired receiver that comes back with another identity is refused ----------------
 kill "$RECV"; wait "$RECV" 2>/dev/null || true
 cp -a "$WORK/bob" "$WORK/bob-saved"
