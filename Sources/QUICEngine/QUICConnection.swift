@@ -133,15 +133,18 @@ public final class QUICConnection {
     ///   - initialPacket: the header accepted by ``QUICInitialPacket/accept(datagram:)``.
     ///   - path: the server's local address and the client's address.
     ///   - now: the current time.
+    ///   - retriedFrom: the client's original destination connection ID when `initialPacket`
+    ///     carries a Retry token validated by ``QUICRetry/validate(_:remote:secret:now:)``; the
+    ///     transport parameters then tell the client about the Retry, as it checks.
     /// The corresponding ngtcp2 function is `ngtcp2_conn_server_new`.
     public init(serverWith configuration: QUICConfiguration, initialPacket: QUICInitialPacket, path: QUICPath,
-                now: QUICTime) throws(QUICEngineError) {
+                now: QUICTime, retriedFrom originalDestination: QUICConnectionID? = nil) throws(QUICEngineError) {
         try configuration.validate()
         self.isServer = true
         self.configuration = configuration
         self.currentPath = path
         self.connRef = .allocate(capacity: 1)
-        self.originalDestinationConnectionID = initialPacket.destinationConnectionID
+        self.originalDestinationConnectionID = originalDestination ?? initialPacket.destinationConnectionID
         connRef.initialize(to: ngtcp2_crypto_conn_ref(get_conn: getConnThunk, user_data: nil))
         connRef.pointee.user_data = Unmanaged.passUnretained(self).toOpaque()
 
@@ -152,7 +155,13 @@ public final class QUICConnection {
         var callbacks = Self.makeCallbacks(isServer: true)
         var settings = makeSettings(now: now)
         var params = makeTransportParameters()
-        params.original_dcid = initialPacket.destinationConnectionID.ngtcp2CID
+        if let originalDestination {
+            params.original_dcid = originalDestination.ngtcp2CID
+            params.retry_scid = initialPacket.destinationConnectionID.ngtcp2CID
+            params.retry_scid_present = 1
+        } else {
+            params.original_dcid = initialPacket.destinationConnectionID.ngtcp2CID
+        }
         let token = QUICStatelessReset.token(secret: configuration.statelessResetSecret, connectionID: scid)
         withUnsafeMutableBytes(of: &params.stateless_reset_token) { $0.copyBytes(from: token) }
         params.stateless_reset_token_present = 1

@@ -60,6 +60,14 @@ public struct QUICInitialPacket: Hashable, Sendable {
     /// The address validation token, if the client sent one.
     public var token: [UInt8]
 
+    /// An Initial's header fields as given (tests, tools); servers get theirs from ``accept(datagram:)``.
+    public init(version: UInt32, destinationConnectionID: QUICConnectionID, sourceConnectionID: QUICConnectionID, token: [UInt8]) {
+        self.version = version
+        self.destinationConnectionID = destinationConnectionID
+        self.sourceConnectionID = sourceConnectionID
+        self.token = token
+    }
+
     /// Checks whether `datagram` may start a new connection; nil if it must be dropped
     /// (not an Initial, too short, bad connection IDs).
     /// The corresponding ngtcp2 function is `ngtcp2_accept`.
@@ -149,5 +157,70 @@ public enum QUICStatelessReset {
         }
         guard n > 0 else { return nil }
         return Array(buffer.prefix(Int(n)))
+    }
+}
+
+/// Address validation with Retry (RFC 9000 §8.1.2): before a server spends a connection's
+/// state and handshake work on an Initial, it can ask the client to prove that it receives
+/// packets at its source address by echoing a token. The token is sealed with a server secret
+/// and binds the client's address, the connection ID the server chose and the client's
+/// original destination connection ID, with a time stamp.
+public enum QUICRetry {
+    /// How long a Retry token stays valid.
+    public static let tokenLifetime: Duration = .seconds(10)
+
+    /// A Retry packet answering `initial` from `remote`, carrying a fresh token; nil if the
+    /// Initial cannot be answered. The client's next Initial goes to `retryConnectionID`.
+    /// The corresponding ngtcp2 functions are `ngtcp2_crypto_generate_retry_token` and
+    /// `ngtcp2_crypto_write_retry`.
+    public static func write(
+        for initial: QUICInitialPacket, remote: QUICSocketAddress, secret: [UInt8], retryConnectionID: QUICConnectionID,
+        now: QUICTime
+    ) -> [UInt8]? {
+        var token = [UInt8](repeating: 0, count: 1 + 1 + Int(NGTCP2_MAX_CIDLEN) + 8 + 16 + 32)
+        var retryCID = retryConnectionID.ngtcp2CID
+        var originalCID = initial.destinationConnectionID.ngtcp2CID
+        let tokenLength = remote.withSockaddrBytes { address in
+            token.withUnsafeMutableBufferPointer { t in
+                secret.withUnsafeBufferPointer { s in
+                    ngtcp2_crypto_generate_retry_token(
+                        t.baseAddress, s.baseAddress, s.count, initial.version,
+                        address.baseAddress!.assumingMemoryBound(to: ngtcp2_sockaddr.self), ngtcp2_socklen(address.count),
+                        &retryCID, &originalCID, now.nanoseconds)
+                }
+            }
+        }
+        guard tokenLength > 0 else { return nil }
+        var packet = [UInt8](repeating: 0, count: 256)
+        var clientCID = initial.sourceConnectionID.ngtcp2CID
+        let packetLength = packet.withUnsafeMutableBufferPointer { p in
+            token.withUnsafeBufferPointer { t in
+                ngtcp2_crypto_write_retry(
+                    p.baseAddress, p.count, initial.version, &clientCID, &retryCID, &originalCID, t.baseAddress, Int(tokenLength))
+            }
+        }
+        guard packetLength > 0 else { return nil }
+        return Array(packet.prefix(Int(packetLength)))
+    }
+
+    /// The client's original destination connection ID if `initial` carries a valid, unexpired
+    /// Retry token issued to `remote` by ``write(for:remote:secret:retryConnectionID:now:)``;
+    /// nil otherwise (no token, a token of another kind, forged, expired or from another address).
+    /// The corresponding ngtcp2 function is `ngtcp2_crypto_verify_retry_token`.
+    public static func validate(_ initial: QUICInitialPacket, remote: QUICSocketAddress, secret: [UInt8], now: QUICTime) -> QUICConnectionID? {
+        guard initial.token.first == UInt8(NGTCP2_CRYPTO_TOKEN_MAGIC_RETRY) else { return nil }
+        var original = ngtcp2_cid()
+        var destination = initial.destinationConnectionID.ngtcp2CID
+        let rv = remote.withSockaddrBytes { address in
+            initial.token.withUnsafeBufferPointer { t in
+                secret.withUnsafeBufferPointer { s in
+                    ngtcp2_crypto_verify_retry_token(
+                        &original, t.baseAddress, t.count, s.baseAddress, s.count, initial.version,
+                        address.baseAddress!.assumingMemoryBound(to: ngtcp2_sockaddr.self), ngtcp2_socklen(address.count),
+                        &destination, UInt64(tokenLifetime.components.seconds) * 1_000_000_000, now.nanoseconds)
+                }
+            }
+        }
+        return rv == 0 ? QUICConnectionID(original) : nil
     }
 }

@@ -175,6 +175,12 @@ final class Simulation {
     private(set) var delivered: [Side: Int] = [.client: 0, .server: 0]
     private(set) var dropped: [Side: Int] = [.client: 0, .server: 0]
     var serverErrors: [QUICEngineError] = []
+    /// The server validates the client's address with a Retry before accepting (RFC 9000 §8.1.2).
+    var requireRetry = false
+    /// Retry packets the server sent, and whether the connection it accepted came through one.
+    private(set) var retriesSent = 0
+    private(set) var acceptedAfterRetry = false
+    let retrySecret = (0..<32).map { _ in UInt8.random(in: 0...255) }
     /// The largest GSO batch seen.
     private(set) var maxSegmentCount = 0
 
@@ -310,9 +316,19 @@ final class Simulation {
                 guard case .supported = QUICPacketHeader.decode(datagram: f.datagram,
                                                                 shortHeaderConnectionIDLength: serverConfiguration.connectionIDLength),
                       let initial = QUICInitialPacket.accept(datagram: f.datagram) else { return }
+                let original = QUICRetry.validate(initial, remote: f.source, secret: retrySecret, now: nowTime)
+                if requireRetry && original == nil {
+                    let retryID = QUICConnectionID((0..<serverConfiguration.connectionIDLength).map { _ in UInt8.random(in: 0...255) })!
+                    if let retry = QUICRetry.write(for: initial, remote: f.source, secret: retrySecret, retryConnectionID: retryID, now: nowTime) {
+                        retriesSent += 1
+                        push(Flight(time: now, sequence: nextSequence(), to: .client, datagram: retry, source: serverAddress, destination: f.source))
+                    }
+                    return
+                }
+                acceptedAfterRetry = original != nil
                 do {
                     server = try QUICConnection(serverWith: serverConfiguration, initialPacket: initial,
-                                                path: QUICPath(local: serverAddress, remote: f.source), now: nowTime)
+                                                path: QUICPath(local: serverAddress, remote: f.source), now: nowTime, retriedFrom: original)
                 } catch {
                     serverErrors.append(error)
                     return

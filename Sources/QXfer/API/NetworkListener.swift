@@ -25,6 +25,9 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
     public let requestedPort: UInt16
     /// How long a client may take to complete its handshake before it is dropped.
     public let handshakeTimeout: Duration
+    /// QUIC: with this many clients still in their handshake, new ones first prove their
+    /// address with a Retry round trip (RFC 9000 section 8.1.2). 0 validates every client.
+    let retryAbovePendingHandshakes: Int
 
     private let bound = Mutex<BoundState>(.unbound([]))
     private static var logger: Logger { Logger(label: "qxfer.listener") }
@@ -41,11 +44,17 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
     }
 
     /// A listener with explicit parameters.
-    public init(on port: UInt16, host: String? = nil, using parameters: NetworkParameters<Stack>, handshakeTimeout: Duration = .seconds(10)) {
+    public convenience init(on port: UInt16, host: String? = nil, using parameters: NetworkParameters<Stack>, handshakeTimeout: Duration = .seconds(10)) {
+        self.init(on: port, host: host, using: parameters, handshakeTimeout: handshakeTimeout, retryAbovePendingHandshakes: 32)
+    }
+
+    init(on port: UInt16, host: String?, using parameters: NetworkParameters<Stack>, handshakeTimeout: Duration = .seconds(10),
+         retryAbovePendingHandshakes: Int) {
         self.requestedPort = port
         self.host = host
         self.parameters = parameters
         self.handshakeTimeout = handshakeTimeout
+        self.retryAbovePendingHandshakes = retryAbovePendingHandshakes
     }
 
     /// The port the listener is bound to; waits until `run` has bound it.
@@ -111,7 +120,8 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
                     }
                 },
                 statelessResetSecret: secret,
-                connectionIDLength: makeConfiguration().0.connectionIDLength)
+                connectionIDLength: makeConfiguration().0.connectionIDLength,
+                retryAbovePendingHandshakes: retryAbovePendingHandshakes)
             let trafficClass = parameters.serviceClass.trafficClass
             let bootstrap = DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .channelOption(.socketOption(.so_reuseaddr), value: 1)

@@ -25,13 +25,48 @@ final class QUICSocketHandler: ChannelInboundHandler {
         var statelessResetSecret: [UInt8]
         /// The length of the connection IDs the engines issue: short headers do not carry it.
         var connectionIDLength: Int
+        /// With this many connections still in their handshake, or twice as many begun in the
+        /// current second, a new client must first prove its address with a Retry round trip,
+        /// so a flood of spoofed Initials costs the listener a stateless answer instead of a
+        /// connection set-up each. 0: always.
+        var retryAbovePendingHandshakes = 32
     }
 
-    /// Stateless resets this socket may still send in the current second: answers to
-    /// unknown connections must not become an amplifier.
-    private var resetBudget = 0
-    private var resetBudgetSecond: UInt64 = 0
+    /// Seals Retry tokens; they live seconds, so a secret per socket is enough.
+    private let retrySecret: [UInt8] = (0..<32).map { _ in UInt8.random(in: 0...255) }
+    /// Accepted connections whose handshake has not finished yet.
+    private(set) var pendingHandshakes = 0
+    /// Connections begun in the current second (undecryptable Initials end at once, so
+    /// pending handshakes alone would not notice a flood of them).
+    private var acceptedThisSecond = 0
+    private var acceptSecond: UInt64 = 0
+    /// Retry packets sent, for tests and logs.
+    private(set) var retriesSent = 0
+
+    /// Answers sent without any connection state (stateless resets, Retries) are capped per
+    /// second, so that spoofed traffic cannot turn the listener into a reflector or busy it.
+    struct AnswerBudget {
+        let perSecond: Int
+        private var second: UInt64 = 0
+        private var remaining = 0
+
+        init(perSecond: Int) { self.perSecond = perSecond }
+
+        mutating func spend(now: QUICTime) -> Bool {
+            let current = now.nanoseconds / 1_000_000_000
+            if current != second {
+                second = current
+                remaining = perSecond
+            }
+            guard remaining > 0 else { return false }
+            remaining -= 1
+            return true
+        }
+    }
     static let resetsPerSecond = 100
+    static let retriesPerSecond = 2000
+    private var resetBudget = AnswerBudget(perSecond: resetsPerSecond)
+    private var retryBudget = AnswerBudget(perSecond: retriesPerSecond)
 
     private let server: Server?
     private var context: ChannelHandlerContext?
@@ -155,7 +190,16 @@ final class QUICSocketHandler: ChannelInboundHandler {
                 dirty[ObjectIdentifier(driver)] = driver
             } else if header.isLongHeader {
                 if drivers.count < server.maximumConnections, let initial = QUICInitialPacket.accept(datagram: bytes) {
-                    accept(initial, datagram: datagram, path: path, server: server)
+                    let now = QUICConnectionDriver.now
+                    if let original = QUICRetry.validate(initial, remote: path.remote, secret: retrySecret, now: now) {
+                        accept(initial, datagram: datagram, path: path, server: server, retriedFrom: original)
+                    } else if underLoad(server, now: now) {
+                        // A token that fails validation is answered like none: with a fresh
+                        // Retry (a client's own NEW_TOKEN tokens are never issued here).
+                        sendRetry(for: initial, to: path.remote, triggeredBy: bytes.count, server: server, now: now)
+                    } else {
+                        accept(initial, datagram: datagram, path: path, server: server, retriedFrom: nil)
+                    }
                 }
             } else {
                 sendStatelessReset(for: header.destinationConnectionID, triggeredBy: bytes.count, to: path.remote, server: server)
@@ -169,12 +213,15 @@ final class QUICSocketHandler: ChannelInboundHandler {
         }
     }
 
-    private func accept(_ initial: QUICInitialPacket, datagram: UnsafeRawBufferPointer, path: QUICPath, server: Server) {
+    private func accept(
+        _ initial: QUICInitialPacket, datagram: UnsafeRawBufferPointer, path: QUICPath, server: Server, retriedFrom original: QUICConnectionID?
+    ) {
         guard let context else { return }
         let (configuration, verifier) = server.makeConfiguration()
         let engine: QUICConnection
         do {
-            engine = try QUICConnection(serverWith: configuration, initialPacket: initial, path: path, now: QUICConnectionDriver.now)
+            engine = try QUICConnection(
+                serverWith: configuration, initialPacket: initial, path: path, now: QUICConnectionDriver.now, retriedFrom: original)
         } catch {
             return
         }
@@ -183,23 +230,42 @@ final class QUICSocketHandler: ChannelInboundHandler {
         wire(driver)
         routes[initial.destinationConnectionID] = driver  // retransmitted Initials still carry it
         let accepted = server.accepted
+        pendingHandshakes += 1
+        acceptedThisSecond += 1
+        driver.handshake.futureResult.whenComplete { [weak self] _ in self?.pendingHandshakes -= 1 }
         driver.handshake.futureResult.whenSuccess { [unowned driver] _ in accepted(driver) }
         driver.receive(datagram, path: path)
         dirty[ObjectIdentifier(driver)] = driver
     }
 
+    private func underLoad(_ server: Server, now: QUICTime) -> Bool {
+        let second = now.nanoseconds / 1_000_000_000
+        if second != acceptSecond {
+            acceptSecond = second
+            acceptedThisSecond = 0
+        }
+        return pendingHandshakes >= server.retryAbovePendingHandshakes
+            || acceptedThisSecond >= 2 * server.retryAbovePendingHandshakes
+    }
+
+    /// Asks a client to prove its address: a Retry with a sealed token, no state kept. A Retry
+    /// is a fraction of the Initial that triggered it (at least 1200 bytes): it amplifies nothing.
+    private func sendRetry(for initial: QUICInitialPacket, to remote: QUICSocketAddress, triggeredBy length: Int, server: Server, now: QUICTime) {
+        guard retryBudget.spend(now: now) else { return }
+        let retryID = QUICConnectionID((0..<server.connectionIDLength).map { _ in UInt8.random(in: 0...255) })!
+        guard let packet = QUICRetry.write(for: initial, remote: remote, secret: retrySecret, retryConnectionID: retryID, now: now),
+              packet.count < length
+        else { return }
+        retriesSent += 1
+        sendRaw(packet, to: remote)
+    }
+
     /// Tells a peer that this endpoint no longer knows its connection (it restarted, or the
     /// connection ended long ago), so the peer fails at once instead of at its idle timeout.
     private func sendStatelessReset(for id: QUICConnectionID, triggeredBy length: Int, to remote: QUICSocketAddress, server: Server) {
-        let second = QUICConnectionDriver.now.nanoseconds / 1_000_000_000
-        if second != resetBudgetSecond {
-            resetBudgetSecond = second
-            resetBudget = Self.resetsPerSecond
-        }
-        guard resetBudget > 0 else { return }
+        guard resetBudget.spend(now: QUICConnectionDriver.now) else { return }
         let token = QUICStatelessReset.token(secret: server.statelessResetSecret, connectionID: id)
         guard let reset = QUICStatelessReset.write(token: token, triggeringPacketLength: length) else { return }
-        resetBudget -= 1
         sendRaw(reset, to: remote)
     }
 
