@@ -41,6 +41,28 @@ import Testing
         #expect(Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec) == 1_600_000_000_987_654_321)
     }
 
+    /// A file no longer than the journal threshold gets no journal (many small files would each
+    /// pay for creating, syncing and removing one); interrupted, it simply starts over.
+    @Test func smallFilesHaveNoJournal() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let store = try makeStore(temp.path, interval: 16 << 20)
+        let data = pattern(300_000, seed: 9)
+        let file = try target("small.bin", data)
+        let writer = try store.openWriter(for: file)
+        try write(writer, Array(data[0..<100_000]), from: 0, chunk: 50_000)
+        #expect(!exists(temp.sub(".small.bin.qxfer-journal")))
+        writer.abandon()
+        #expect(!exists(temp.sub(".small.bin.qxfer-journal")))
+        #expect(try store.resumeOffset(for: file).offset == 0)
+        let again = try store.openWriter(for: file)
+        try write(again, data, from: 0, chunk: 100_000)
+        try again.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        try store.syncDirectories()
+        #expect(readFile(temp.sub("small.bin")) == data)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: temp.path) == ["small.bin"])
+    }
+
     /// Two transfers of the same name at once: the second is refused before it touches the
     /// first one's partial, which then completes intact.
     @Test func oneWriterPerPartial() throws {

@@ -177,8 +177,9 @@ struct ReceivingSession {
     }
 
     /// After the last file: symlinks, then the modes and times of directories, deepest first
-    /// (writing inside a directory changes its time). Returns the Complete message.
-    mutating func finishTree() -> Complete {
+    /// (writing inside a directory changes its time), then every rename made durable. Returns
+    /// the Complete message, which the sender takes as "all of it is on disk".
+    mutating func finishTree() throws(TransferError) -> Complete {
         for index in treeEntries where offer.entries[index].kind == .symlink {
             let entry = offer.entries[index]
             do {
@@ -199,6 +200,7 @@ struct ReceivingSession {
                 fail(UInt32(index), error)
             }
         }
+        try store.syncDirectories()
         return Complete(succeeded: UInt32(summary.succeeded), failed: UInt32(summary.failures.count))
     }
 
@@ -206,5 +208,6 @@ struct ReceivingSession {
     mutating func abandonOpenFiles() {
         for case .receive(_, _, let writer?) in pending.values { writer.abandon() }
         pending.removeAll()
+        try? store.syncDirectories()  // what was already verified stays, durably
     }
 }

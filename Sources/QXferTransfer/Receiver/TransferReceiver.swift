@@ -122,7 +122,7 @@ public struct TransferReceiver: Sendable {
                         try await connection.send(reply)
                     }
                 }
-                let complete = session.finishTree()
+                let complete = try session.finishTree()
                 try await connection.send(.complete(complete))
                 await waitForSenderToClose(&inbound, connection: connection)
                 await close(funnel, &inbound, group: &group, connection: connection, session: &session)
