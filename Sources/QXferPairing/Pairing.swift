@@ -115,16 +115,13 @@ public enum Pairing {
             throw wrongCode
         }
         try await connection.send(.confirm(confirmation: Data(confirmation)))
-        switch try await next(from: connection) {
-        case .paired:
-            let device = PairedDevices.Device(name: responderName, fingerprint: responderFingerprint, pairedAt: Date(), address: address)
-            do { try store.add(device) } catch { throw PairingError(.storage, "paired, but cannot save it: \(error)") }
-            return device
-        case .refused(let reason):
-            throw PairingError(.refusedByPeer, "the other machine stopped the pairing: \(reason)")
-        default:
+        // A refusal here (the other side could not save) arrives as an error from `next`.
+        guard case .paired = try await next(from: connection) else {
             throw PairingError(.protocolViolation, "the other machine answered out of turn")
         }
+        let device = PairedDevices.Device(name: responderName, fingerprint: responderFingerprint, pairedAt: Date(), address: address)
+        do { try store.add(device) } catch { throw PairingError(.storage, "paired, but cannot save it: \(error)") }
+        return device
     }
 
     /// Runs the waiting side (`qxfer pair`) on an accepted connection whose first message was
@@ -198,9 +195,11 @@ public enum Pairing {
         .wrongCode, "pairing failed: the codes do not match (or someone tried to intercept the pairing); nothing was stored")
 
     /// Whether a device name is acceptable: names end up in listings and messages, so they
-    /// are 1 to 64 bytes of UTF-8 without control characters.
+    /// are 1 to 64 bytes of UTF-8 without control or format characters (no terminal escapes,
+    /// no bidirectional overrides that would make one name look like another).
     public static func isAcceptableName(_ name: String) -> Bool {
-        !name.isEmpty && name.utf8.count <= 64 && !name.unicodeScalars.contains { $0.properties.generalCategory == .control }
+        !name.isEmpty && name.utf8.count <= 64
+            && !name.unicodeScalars.contains { [.control, .format].contains($0.properties.generalCategory) }
     }
 
     static func validName(_ name: String) throws -> String {
@@ -222,7 +221,7 @@ public enum Pairing {
                     throw PairingError(.timedOut, "the other machine did not answer within \(messageTimeout)")
                 }
                 if case .refused(let reason) = message {
-                    throw PairingError(.refusedByPeer, "the other machine stopped the pairing: \(reason)")
+                    throw PairingError(.refusedByPeer, "the other machine stopped the pairing: \(printable(reason))")
                 }
                 return message
             } catch let error as PairingError {
@@ -231,6 +230,13 @@ public enum Pairing {
                 throw PairingError(.protocolViolation, "the pairing connection failed: \(error)")
             }
         }
+    }
+
+    /// A peer's text as one harmless line: no control characters (terminal escapes), bounded.
+    static func printable(_ text: String) -> String {
+        String(String.UnicodeScalarView(text.unicodeScalars.prefix(200).map {
+            $0.properties.generalCategory == .control || $0.properties.generalCategory == .format ? "?" : $0
+        }))
     }
 
     /// What ties an exchange to this connection and these two machines.

@@ -67,6 +67,19 @@ struct SPAKE2VectorTests {
     }
 }
 
+struct PairingNameTests {
+    @Test(arguments: ["laptop", "Ada's phone", "bürö-pc", String(repeating: "x", count: 64)])
+    func acceptableNames(_ name: String) { #expect(Pairing.isAcceptableName(name)) }
+
+    @Test(arguments: ["", String(repeating: "x", count: 65), "evil\u{1b}[2J", "line\nbreak", "abc\u{202e}gpj.exe"])
+    func refusedNames(_ name: String) { #expect(!Pairing.isAcceptableName(name)) }
+
+    @Test func peerTextIsMadePrintable() {
+        #expect(Pairing.printable("no\u{1b}[31m red\u{202e}") == "no?[31m red?")
+        #expect(Pairing.printable(String(repeating: "a", count: 500)).count == 200)
+    }
+}
+
 struct SPAKE2BehaviourTests {
     let domain = "qxfer test"
 
