@@ -1,7 +1,7 @@
 # qxfer — the two commands of the quick start are `make demo` and `make test`.
 SWIFT ?= swift
 
-.PHONY: deps build demo test release clean fuzz
+.PHONY: deps build demo test release clean fuzz bench bench-full bench-deps
 
 deps:
 	@scripts/install-deps.sh
@@ -27,6 +27,7 @@ test: deps
 	$(SWIFT) test --skip-build --skip QUICEngineTests --skip QXferStreamTests
 	LINKEMU_BIN=$$($(SWIFT) build --show-bin-path)/qxfer-linkemu bench/netns/selftest.sh
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/transfer.sh
+	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/faults.sh
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/pairing.sh
 
 ## Builds the libFuzzer targets (fuzz/harness: qxfer/1 codec and framing, path validation, resume
@@ -34,6 +35,19 @@ test: deps
 FUZZ_SECONDS ?= 60
 fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh
+
+## Benchmarks side by side with scp, rsync, iperf3, the ngtcp2 example pair and srt-live-transmit
+## (bench/run.sh; as root; tables in bench/results/report-DATE.md, plots beside them).
+## bench: ~5 minutes (256 MiB, one run each); bench-full: 1 GiB x 3 and everything else (~1 hour).
+BENCH_SCRATCH ?= .build
+bench-deps:
+	@scripts/install-bench-deps.sh
+
+bench: deps bench-deps
+	SCRATCH=$(BENCH_SCRATCH) bench/run.sh quick
+
+bench-full: deps bench-deps
+	SCRATCH=$(BENCH_SCRATCH) bench/run.sh full
 
 release: deps
 	$(SWIFT) build -c release

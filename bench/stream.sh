@@ -2,7 +2,9 @@
 # Realtime streaming over the emulated WAN: every mode on both stacks, and realtime mode's two
 # loss repairs (FEC, NACK) side by side, at 50 ms RTT with 0 % and 1 % loss each way; with the
 # config "srt:live:-", srt-live-transmit (Debian's srt-tools, default 120 ms latency) carries the
-# same synthetic frames, sent and timed by a small UDP source and sink on each side.
+# same synthetic frames, sent and timed by a small UDP source and sink on each side; with
+# "tcp:plain:bbr" or "tcp:plain:cubic", the same source writes the frames into one plain TCP
+# connection (TCP_NODELAY, that congestion control) and the sink reads them from it.
 #
 #   bench/stream.sh [--duration S] [--loss "0 1"] [--configs "quic:realtime:fec quic:realtime:nack ..."]
 #                   [--bitrate 4M] [--fps 30] [--deadline MS] [--seed N] [--prefix qxst-] [--results FILE]
@@ -74,6 +76,23 @@ run_srt() {
     srt_pids=()
     return $status
 }
+# run_tcp OUT CC: the same frames over one plain TCP connection with congestion control CC.
+run_tcp() {
+    ip netns exec "${prefix}b" python3 "$scratch/srtpeer.py" tcprecv 10.99.0.2 7463 "$duration" "$fps" "$(bitrate_bps)" "$deadline" 30 "$2" >"$1" 2>"$scratch/recv.err" &
+    local sink=$!
+    srt_pids+=("$sink")
+    for _ in $(seq 100); do
+        ip netns exec "${prefix}b" ss -Hltn "sport = :7463" | grep -q . && break
+        sleep 0.05
+    done
+    ip netns exec "${prefix}a" python3 "$scratch/srtpeer.py" tcpsend 10.99.0.2 7463 "$duration" "$fps" "$(bitrate_bps)" "$deadline" "$2" 2>"$scratch/send.err"
+    local sent=$?
+    wait "$sink"
+    local status=$?
+    srt_pids=()
+    [ $sent = 0 ] || return $sent
+    return $status
+}
 bitrate_bps() {
     case $bitrate in
         *[kK]) echo $(( ${bitrate%[kK]} * 1000 )) ;;
@@ -119,8 +138,15 @@ def sizes():
     rng = random.Random(1)
     for i in range(frames):
         yield delta * 6 if i % 30 == 0 else delta * rng.randint(90, 110) // 100
-if role == "send":
-    out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if role in ("send", "tcpsend"):
+    if role == "send":
+        out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        emit = lambda packet: out.sendto(packet, (address, port))
+    else:  # one TCP connection; a full send buffer blocks, and the frames behind wait (as they would)
+        out = socket.create_connection((address, port))
+        out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        out.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, sys.argv[8].encode())
+        emit = out.sendall
     start = time.clock_gettime_ns(time.CLOCK_REALTIME) + 5_000_000
     for i, size in enumerate(sizes()):
         capture = start + i * 1_000_000_000 // int(fps)
@@ -128,12 +154,30 @@ if role == "send":
         if wait > 0: time.sleep(wait)
         count = max(1, -(-size // (1316 - header.size)))
         for k in range(count):
-            out.sendto(header.pack(i, k, count, capture).ljust(1316, b"\0"), (address, port))
+            emit(header.pack(i, k, count, capture).ljust(1316, b"\0"))
+    out.close()
 else:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    sock.bind((address, port))
-    sock.settimeout(float(sys.argv[8]))  # first packet
+    if role == "recv":
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        sock.bind((address, port))
+        sock.settimeout(float(sys.argv[8]))  # first packet
+    else:  # tcprecv: the packets arrive back to back in one byte stream, 1316 bytes each
+        listener = socket.create_server((address, port))
+        listener.settimeout(float(sys.argv[8]))
+        conn, _ = listener.accept()
+        conn.settimeout(None)
+        pending = bytearray()
+        class Stream:
+            def settimeout(self, _): pass
+            def recv(self, _):
+                while len(pending) < 1316:
+                    chunk = conn.recv(1 << 16)
+                    if not chunk: raise socket.timeout  # the sender closed: end of the run
+                    pending.extend(chunk)
+                packet = bytes(pending[:1316]); del pending[:1316]
+                return packet
+        sock = Stream()
     seen, done, latencies, late, received = {}, set(), [], 0, 0
     jitter, last = 0.0, None
     first = last_arrival = None
@@ -164,7 +208,8 @@ else:
         "frames_lost": frames - len(latencies), "delivered_ratio": round(delivered / frames, 6),
         "latency_ms": {"p50": pct(50), "p95": pct(95), "p99": pct(99), "max": round(latencies[-1] / 1e6, 3) if latencies else 0},
         "jitter_ms": round(jitter / 1e6, 3), "bitrate_bps": int(received * 8 / span) if span else 0,
-        "mode": "srt-live", "stack": "srt", "repair": "arq", "clock_offset_ms": 0}, sort_keys=True, separators=(",", ":")))
+        "mode": "srt-live" if role == "recv" else "tcp", "stack": "srt" if role == "recv" else "tcp",
+        "repair": "arq" if role == "recv" else sys.argv[9], "clock_offset_ms": 0}, sort_keys=True, separators=(",", ":")))
 EOF
 
 printf '%-6s %-5s %-17s %-5s %9s %8s %8s %8s %8s %8s %8s %9s\n' \
@@ -180,6 +225,9 @@ for loss in $losses; do
         out=$scratch/recv.out
         if [ "$stack" = srt ]; then
             run_srt "$out"
+            status=$?
+        elif [ "$stack" = tcp ]; then
+            run_tcp "$out" "$repair"
             status=$?
         else
         ip netns exec "${prefix}b" "$qxfer" stream recv --port "$port" --json --config-dir "$scratch/recv" >"$out" 2>"$scratch/recv.err" &

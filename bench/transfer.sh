@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
 # File transfer side by side in one run: `qxfer send` over QUIC and over TCP+TLS against scp and
-# rsync over ssh, on loopback and over the emulated WAN (the project's link emulator between
-# two network namespaces), same file, same machine, interleaved runs.
+# rsync over ssh, iperf3 (the raw-TCP ceiling) and the ngtcp2 example pair (gtlsserver/gtlsclient,
+# the same ngtcp2 0.12.1 + GnuTLS qxfer's QUIC wraps), on loopback and over the emulated WAN (the
+# project's link emulator between two network namespaces), same file, same machine, interleaved.
 #
-#     bench/transfer.sh                                   # 1 GiB, 3 runs, all conditions
+#     bench/transfer.sh                                   # 1 GiB, 3 runs, all conditions, all tools
 #     BYTES=256MiB RUNS=1 CONDITIONS="loopback wan" bench/transfer.sh
+#     TOOLS="qxfer-quic iperf3-bbr" CAP=60 bench/transfer.sh
 #     QXFER=path/to/qxfer bench/transfer.sh               # use that binary, build nothing
 #
 # Conditions: loopback (both ends in one namespace, over lo); wan (25 ms one way, 500 Mbit/s,
 # 50 ms queue); wan-loss (the same with 1 % random loss each way). Receivers run in namespace b,
 # senders in namespace a (loopback: both in a).
 #
-# Contenders: qxfer --stack quic, qxfer --stack tls, scp, rsync -e ssh (whole file; the target
-# is removed before each run), and, to choose how qxfer/1 uses TCP+TLS, four files of BYTES/4
-# sent by one qxfer over one TLS connection against four qxfer processes, one file each.
-# Each run records the sender's wall time (process start to exit, handshake included), CPU
-# seconds of the sender and (for qxfer) the receiver, and peak RSS. Every received file is
-# compared with the source. Writes bench/results/transfer-DATE.csv and prints Markdown tables
-# with the median, the spread and the ratio to scp.
+# Contenders (TOOLS, default all): qxfer-quic, qxfer-tls, scp, rsync (-e ssh, whole file; the
+# target is removed before each run), iperf3-cubic and iperf3-bbr (`iperf3 -n BYTES -C CC`, memory
+# to memory, no encryption), ngtcp2-cubic and ngtcp2-bbr (gtlsclient fetches the file over HTTP/3
+# from gtlsserver --cc CC into a directory), and, to choose how qxfer/1 uses TCP+TLS, four files
+# of BYTES/4 sent by one qxfer over one TLS connection (qxfer-tls-4files-1conn) against four qxfer
+# processes, one file each (qxfer-tls-4files-4conn).
+# Each run records the wall time of the process that finishes the transfer (the sender; for
+# ngtcp2 the client, which receives; process start to exit, handshake included), CPU seconds
+# (user+sys) and peak RSS of both sides where the tool has a process we start on each side (not
+# for scp/rsync, whose receiving side sshd forks). Every received file is compared with the
+# source. A run that is not done after CAP seconds (default 300) is stopped and counted with the
+# bytes it moved by then (column complete=0): CUBIC over the lossy WAN moves under 1 MB/s.
+# Writes bench/results/transfer-DATE.csv and prints Markdown tables (bench/report.py): median,
+# spread, CPU per GB, RSS, and the ratio to scp and to the best peer in the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -25,17 +34,20 @@ BYTES=${BYTES:-1GiB}
 RUNS=${RUNS:-3}
 CONDITIONS=${CONDITIONS:-loopback wan wan-loss}
 SCRATCH=${SCRATCH:-.build-bench}
+CAP=${CAP:-300}
+TOOLS=${TOOLS:-qxfer-quic qxfer-tls scp rsync iperf3-cubic iperf3-bbr ngtcp2-cubic ngtcp2-bbr qxfer-tls-4files-1conn qxfer-tls-4files-4conn}
 PREFIX=qbt$$
 [ "$(id -u)" = 0 ] || { echo "bench/transfer.sh: run as root (namespaces, sshd)" >&2; exit 1; }
 
 case ${BYTES,,} in
     *gib) bytes=$(( ${BYTES%???} << 30 )) ;;
     *mib) bytes=$(( ${BYTES%???} << 20 )) ;;
+    *kib) bytes=$(( ${BYTES%???} << 10 )) ;;
     *) bytes=$BYTES ;;
 esac
 
 need=()
-for tool in scp:openssh-client sshd:openssh-server rsync:rsync jq:jq xxhsum:xxhash; do
+for tool in scp:openssh-client sshd:openssh-server rsync:rsync jq:jq xxhsum:xxhash iperf3:iperf3 gtlsclient:ngtcp2-client gtlsserver:ngtcp2-server openssl:openssl bc:bc; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool%%:*}" ] || need+=("${tool#*:}")
 done
 [ -x /usr/bin/time ] || need+=(time)
@@ -87,7 +99,13 @@ SSH_OPTS=(-i "$WORK/client_key" -c aes128-gcm@openssh.com -o StrictHostKeyChecki
 mkdir -p /run/sshd
 
 CSV=bench/results/transfer-$(date +%Y%m%d-%H%M%S).csv
-echo "condition,tool,run,bytes,seconds,mb_per_s,sender_cpu_s,receiver_cpu_s,sender_rss_kib,receiver_rss_kib" >"$CSV"
+echo "condition,tool,run,bytes,seconds,mb_per_s,sender_cpu_s,receiver_cpu_s,sender_rss_kib,receiver_rss_kib,complete,load1" >"$CSV"
+
+# The ngtcp2 examples' document root (the same bytes) and a throwaway certificate.
+mkdir -p "$WORK/www"
+ln "$WORK/src/file.bin" "$WORK/www/file.bin"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=bench \
+    -keyout "$WORK/tls_key.pem" -out "$WORK/tls_cert.pem" 2>/dev/null
 
 # The topology for one condition: namespaces a and b joined by the link emulator.
 setup() {
@@ -97,7 +115,8 @@ setup() {
         wan) LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net 10.99.77 -- --delay 25ms --rate 500mbit --queue 50ms >/dev/null ;;
         wan-loss) LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net 10.99.77 -- --delay 25ms --rate 500mbit --queue 50ms --loss 1% >/dev/null ;;
     esac
-    if [ "$1" = loopback ]; then RECV_NS=${PREFIX}a; HOST=127.0.0.1; else RECV_NS=${PREFIX}b; HOST=10.99.77.2; fi
+    if [ "$1" = loopback ]; then RECV_NS=${PREFIX}a; HOST=127.0.0.1; SEND_HOST=127.0.0.1
+    else RECV_NS=${PREFIX}b; HOST=10.99.77.2; SEND_HOST=10.99.77.1; fi
     SEND_NS=${PREFIX}a
     ip netns exec "$RECV_NS" ip link set lo up
     ip netns exec "$RECV_NS" /usr/sbin/sshd -f "$WORK/sshd_config" -E "$WORK/sshd.log"
@@ -108,10 +127,21 @@ teardown() {
     rm -f "$WORK/sshd.pid"
 }
 
-# timed FILE -- command: runs it in the sender namespace under /usr/bin/time.
+# timed FILE -- command: runs it in the sender namespace under /usr/bin/time; FILE.wall gets the
+# wall time in seconds to the microsecond (time's own %e has 10 ms steps, coarse for 1 KiB).
 timed() {
     local out=$1; shift
+    local start; start=$(date +%s%N)
     ip netns exec "$SEND_NS" /usr/bin/time -f "%e %U %S %M" -o "$out" "$@" >/dev/null 2>"$out.err" || { cat "$out.err" "$WORK/sshd.log" >&2 2>/dev/null; return 1; }
+    since "$start" >"$out.wall"
+}
+since() { echo "scale=6; ($(date +%s%N) - $1) / 1000000000" | bc; }
+
+# Ends what /usr/bin/time (started by us, pid $1) runs, with signal $2, so time reports; waits.
+stop_timed() {
+    local child
+    for child in $(pgrep -P "$1" 2>/dev/null); do kill "-$2" "$child" 2>/dev/null || true; done
+    wait "$1" 2>/dev/null || true
 }
 
 # A qxfer receiver for COUNT transfers, under /usr/bin/time; sets RECV_PID.
@@ -125,8 +155,18 @@ start_qxfer_recv() {
 }
 stop_qxfer_recv() {
     # Signal qxfer itself (not /usr/bin/time, which ignores SIGINT while it waits).
-    pkill -INT -f "qxfer recv --config-dir $WORK/cfg-recv" 2>/dev/null || true
-    wait "$RECV_PID" 2>/dev/null || true
+    stop_timed "$RECV_PID" INT
+}
+
+# The receiving side of scp and rsync is what our sshd forks for the session; the listener reaps
+# those children, so their CPU time accumulates in its cutime+cstime (/proc/PID/stat fields 16, 17).
+sshd_cpu() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15 + $16 + $17) / hz }' "/proc/$(cat "$WORK/sshd.pid")/stat"; }
+sshd_cpu_since() {  # prints a /usr/bin/time-like line "wall user sys rss": the CPU as "user", RSS unknown
+    local now
+    for _ in $(seq 20); do  # the session's processes exit just after the client
+        now=$(sshd_cpu); sleep 0.1; [ "$now" = "$(sshd_cpu)" ] && break
+    done
+    echo "0 $(echo "$now - $1" | bc) 0 0"
 }
 
 check() {
@@ -135,13 +175,27 @@ check() {
     [ "$got" = "$SUM" ] || { echo "bench: received data differs for $TOOL" >&2; exit 1; }
 }
 
-record() {  # condition tool run sender-time-file [receiver-time-file]
+# condition tool run sender-time-file [receiver-time-file]; the wall time is the sender's unless
+# WALL is set; MOVED (default BYTES) bytes arrived, COMPLETE=0 if the run was stopped at CAP.
+record() {
     local s r=(0 0 0 0)
-    read -r -a s <"$4"
+    read -r -a s < <(tail -1 "$4")
     if [ -n "${5:-}" ] && [ -s "$5" ]; then read -r -a r < <(tail -1 "$5"); fi
-    awk -v c="$1" -v t="$2" -v n="$3" -v b="$bytes" -v e="${s[0]}" -v su="${s[1]}" -v ss="${s[2]}" -v sm="${s[3]}" \
-        -v ru="${r[1]}" -v rs="${r[2]}" -v rm="${r[3]}" \
-        'BEGIN { printf "%s,%s,%d,%d,%.3f,%.1f,%.2f,%.2f,%d,%d\n", c, t, n, b, e, b / e / 1e6, su + ss, ru + rs, sm, rm }' >>"$CSV"
+    [ -n "${WALL:-}" ] || [ ! -s "$4.wall" ] || WALL=$(cat "$4.wall")
+    awk -v c="$1" -v t="$2" -v n="$3" -v b="${MOVED:-$bytes}" -v e="${WALL:-${s[0]}}" -v su="${s[1]}" -v ss="${s[2]}" -v sm="${s[3]}" \
+        -v ru="${r[1]}" -v rs="${r[2]}" -v rm="${r[3]}" -v done="${COMPLETE:-1}" -v load="$(cut -d' ' -f1 /proc/loadavg)" \
+        'BEGIN { printf "%s,%s,%d,%d,%.4f,%.2f,%.2f,%.2f,%d,%d,%d,%s\n", c, t, n, b, e, b / e / 1e6, su + ss, ru + rs, sm, rm, done, load }' >>"$CSV"
+    MOVED=; WALL=; COMPLETE=
+}
+
+# Waits (bounded) until something in namespace $1 listens on UDP or TCP ($2: u or t) port $3.
+wait_listen() {
+    for _ in $(seq 100); do
+        ip netns exec "$1" ss -Hl"$2"n "sport = :$3" 2>/dev/null | grep -q . && return 0
+        sleep 0.05
+    done
+    echo "bench: nothing listens on port $3 in $1" >&2
+    return 1
 }
 
 run_tool() {  # condition tool run
@@ -173,28 +227,69 @@ run_tool() {  # condition tool run
             check "$WORK"/dst/part0{0,1,2,3}
             # Wall time of the four together; CPU and RSS summed / maximal over the four senders.
             awk -v e="$(echo "$end - $start" | bc)" '{ u += $2; s += $3; if ($4 > m) m = $4 } END { print e, u, s, m }' "$WORK"/send?.time >"$WORK/send.time"
+            WALL=$(echo "$end - $start" | bc)
             record "$1" "$2" "$3" "$WORK/send.time" "$WORK/recv.time" ;;
+        iperf3-cubic|iperf3-bbr)
+            # Memory to memory, no file, no encryption: the ceiling of one TCP connection.
+            ip netns exec "$RECV_NS" /usr/bin/time -f "%e %U %S %M" -o "$WORK/recv.time" \
+                iperf3 -s -1 -B "$HOST" -p 5201 >/dev/null 2>"$WORK/recv.err" &
+            RECV_PID=$!; PIDS+=("$RECV_PID")
+            wait_listen "$RECV_NS" t 5201
+            local start; start=$(date +%s%N)
+            ip netns exec "$SEND_NS" /usr/bin/time -f "%e %U %S %M" -o "$WORK/send.time" \
+                timeout -s INT "$CAP" iperf3 -c "$HOST" -p 5201 -n "$bytes" -C "${2#iperf3-}" -J >"$WORK/iperf3.json" 2>"$WORK/send.err" || true
+            WALL=$(since "$start")
+            wait "$RECV_PID" 2>/dev/null || true
+            # Done when iperf3 reports no error (its receiver-side count lags the last interval);
+            # stopped at CAP, the bytes it had sent by then.
+            MOVED=$bytes
+            if [ -n "$(jq -r '.error // empty' "$WORK/iperf3.json")" ]; then
+                COMPLETE=0; MOVED=$(jq '.end.sum_sent.bytes // 0' "$WORK/iperf3.json")
+            fi
+            [ "${MOVED:-0}" -gt 0 ] || { echo "bench: iperf3 failed: $(jq -r '.error // empty' "$WORK/iperf3.json") $(cat "$WORK/send.err")" >&2; exit 1; }
+            record "$1" "$2" "$3" "$WORK/send.time" "$WORK/recv.time" ;;
+        ngtcp2-cubic|ngtcp2-bbr)
+            # HTTP/3 GET of the file: gtlsserver (the side that sends) in the sender's namespace,
+            # gtlsclient writing it into a directory in the receiver's; the client's wall time.
+            rm -rf "$WORK/dst"; mkdir -p "$WORK/dst"
+            ip netns exec "$SEND_NS" /usr/bin/time -f "%e %U %S %M" -o "$WORK/server.time" \
+                gtlsserver -q -d "$WORK/www" --cc "${2#ngtcp2-}" "$SEND_HOST" 4433 "$WORK/tls_key.pem" "$WORK/tls_cert.pem" >/dev/null 2>"$WORK/server.err" &
+            local server=$!; PIDS+=("$server")
+            wait_listen "$SEND_NS" u 4433
+            local start; start=$(date +%s%N)
+            ip netns exec "$RECV_NS" /usr/bin/time -f "%e %U %S %M" -o "$WORK/client.time" \
+                timeout -s INT "$CAP" gtlsclient -q --no-quic-dump --no-http-dump --exit-on-all-streams-close --cc "${2#ngtcp2-}" \
+                --download "$WORK/dst" "$SEND_HOST" 4433 "https://$SEND_HOST:4433/file.bin" >/dev/null 2>"$WORK/client.err" || true
+            stop_timed "$server" INT
+            MOVED=$(stat -c %s "$WORK/dst/file.bin" 2>/dev/null || echo 0)
+            if [ "$MOVED" -lt "$bytes" ]; then COMPLETE=0; else check "$WORK/dst/file.bin"; fi
+            [ "$MOVED" -gt 0 ] || { echo "bench: gtlsclient received nothing: $(tail -3 "$WORK/client.err")" >&2; exit 1; }
+            WALL=$(since "$start")
+            record "$1" "$2" "$3" "$WORK/server.time" "$WORK/client.time" ;;
         scp)
             rm -rf "$WORK/dst"; mkdir -p "$WORK/dst"
+            local before; before=$(sshd_cpu)
             timed "$WORK/send.time" scp -q "${SSH_OPTS[@]}" "$WORK/src/file.bin" "root@$HOST:$WORK/dst/file.bin"
+            sshd_cpu_since "$before" >"$WORK/recv.time"
             check "$WORK/dst/file.bin"
-            record "$1" "$2" "$3" "$WORK/send.time" ;;
+            record "$1" "$2" "$3" "$WORK/send.time" "$WORK/recv.time" ;;
         rsync)
             rm -rf "$WORK/dst"; mkdir -p "$WORK/dst"
+            local before; before=$(sshd_cpu)
             timed "$WORK/send.time" rsync -e "ssh ${SSH_OPTS[*]}" "$WORK/src/file.bin" "root@$HOST:$WORK/dst/file.bin"
+            sshd_cpu_since "$before" >"$WORK/recv.time"
             check "$WORK/dst/file.bin"
-            record "$1" "$2" "$3" "$WORK/send.time" ;;
+            record "$1" "$2" "$3" "$WORK/send.time" "$WORK/recv.time" ;;
     esac
 }
 
 FP=$("$QXFER" id --config-dir "$WORK/cfg-recv")
 "$QXFER" id --config-dir "$WORK/cfg-send" >/dev/null
-TOOLS=(qxfer-quic qxfer-tls scp rsync qxfer-tls-4files-1conn qxfer-tls-4files-4conn)
 for condition in $CONDITIONS; do
-    echo "== $condition ($BYTES, $RUNS runs)" >&2
+    echo "== $condition ($BYTES, $RUNS runs; load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
     setup "$condition"
     for run in $(seq 1 "$RUNS"); do
-        for tool in "${TOOLS[@]}"; do
+        for tool in $TOOLS; do
             run_tool "$condition" "$tool" "$run"
             tail -1 "$CSV" >&2
         done
@@ -202,21 +297,9 @@ for condition in $CONDITIONS; do
     teardown
 done
 
-# Markdown: per condition and tool, the median rate and its spread, CPU, RSS, ratio to scp.
 echo
-echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $BYTES, $RUNS runs; $(date -u +%Y-%m-%d)"
+echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $BYTES, $RUNS runs, CAP $CAP s; $(date -u +%Y-%m-%dT%H:%MZ)"
 echo
-echo "| condition | tool | MB/s (median) | min–max | sender CPU s/GB | receiver CPU s/GB | receiver RSS MiB | × scp |"
-echo "|---|---|---|---|---|---|---|---|"
-tail -n +2 "$CSV" | sort -t, -k1,1 -k2,2 -k6,6n | awk -F, -v gb="$(echo "$bytes / 1000000000" | bc -l)" '
-    { key = $1 "," $2; rates[key] = rates[key] " " $6; n[key]++; cpu_s[key] += $7; cpu_r[key] += $8; if ($10 > rss[key]) rss[key] = $10
-      if (!(key in seen)) { order[++k] = key; seen[key] = 1 } }
-    END {
-        for (i = 1; i <= k; i++) { key = order[i]; split(substr(rates[key], 2), r, " "); m = n[key]
-            med[key] = (m % 2) ? r[(m + 1) / 2] : (r[m / 2] + r[m / 2 + 1]) / 2; lo[key] = r[1]; hi[key] = r[m] }
-        for (i = 1; i <= k; i++) { key = order[i]; split(key, p, ","); scp = med[p[1] ",scp"]
-            printf "| %s | %s | %.1f | %.1f–%.1f | %.2f | %s | %s | %s |\n", p[1], p[2], med[key], lo[key], hi[key],
-                cpu_s[key] / n[key] / gb, (cpu_r[key] > 0 ? sprintf("%.2f", cpu_r[key] / n[key] / gb) : "–"),
-                (rss[key] > 0 ? sprintf("%.0f", rss[key] / 1024) : "–"), (scp > 0 ? sprintf("%.2f", med[key] / scp) : "–") } }'
+python3 bench/report.py transfer "$CSV"
 echo
 echo "CSV: $CSV"

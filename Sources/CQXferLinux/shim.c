@@ -9,3 +9,4 @@ _Static_assert(offsetof(cqxfer_tcp_info, tcpi_delivery_rate) == offsetof(struct 
 _Static_assert(offsetof(cqxfer_tcp_info, tcpi_bytes_received) == offsetof(struct tcp_info, tcpi_bytes_received), "bytes_received");
 _Static_assert(TCP_NODELAY == 1 && TCP_KEEPIDLE == 4 && TCP_KEEPINTVL == 5 && TCP_KEEPCNT == 6, "keepalive options");
 _Static_assert(TCP_INFO == 11 && TCP_CONGESTION == 13 && TCP_NOTSENT_LOWAT == 25, "tcp options");
+_Static_assert(TCP_USER_TIMEOUT == 18, "user timeout option");

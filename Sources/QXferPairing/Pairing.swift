@@ -74,10 +74,10 @@ public enum PairingMessage: Codable, Sendable {
 ///
 /// The transcript's identities are both certificate fingerprints, as each side sees them
 /// through the TLS handshake (which proves the matching private keys); the key confirmation
-/// also covers the names both sides sent and, on QUIC, a TLS exporter value of this very
-/// connection. A man in the middle terminates TLS with his own keys, so the fingerprints each
-/// real side sees differ from the other's and relaying fails; he can only take one guess at the
-/// code per attempt, and a failed attempt tells him nothing about it.
+/// also covers the names both sides sent and a TLS exporter value of this very connection. A
+/// man in the middle terminates TLS with his own keys, so the fingerprints and the exporter
+/// each real side sees differ from the other's and relaying fails; he can only take one guess
+/// at the code per attempt, and a failed attempt tells him nothing about it.
 public enum Pairing {
     /// The current protocol version.
     static let version = 1
@@ -250,8 +250,8 @@ public enum Pairing {
             identityB = Array("qxfer-pair responder ".utf8) + responder.bytes
             do {
                 exporter = try await connection.exportKeyingMaterial(label: Pairing.exporterLabel, length: 32)
-            } catch let error as QXferError where error.code == .unsupported {
-                exporter = []  // TCP+TLS: the fingerprints alone bind (see the type's comment)
+            } catch {
+                throw PairingError(.protocolViolation, "this connection offers no TLS exporter to bind the pairing to: \(error)")
             }
         }
 

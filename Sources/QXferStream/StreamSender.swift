@@ -51,14 +51,12 @@ enum Carriage: Sendable, Equatable {
     }
 }
 
-/// Whether the connection's transport offers QUIC streams and datagrams (false on TCP+TLS).
-func transportHasQUICExtras<Stack: ByteStreamProtocol>(_ connection: NetworkConnection<Stack>) async throws -> Bool {
-    do {
-        _ = try await connection.maximumDatagramSize
-        return true
-    } catch let error as QXferError where error.code == .unsupported {
-        return false
-    }
+/// Whether the connection's transport offers QUIC's independent streams and unreliable
+/// datagrams. TCP+TLS answers the same calls with child connections, whose datagrams are
+/// reliable and ordered: realtime repair and per-frame streams would gain nothing there, so
+/// frames stay on the ordered stream, where the sender drops expired ones itself.
+func transportHasQUICExtras<Stack: ByteStreamProtocol>(_ connection: NetworkConnection<Stack>) -> Bool {
+    connection.parameters.stack.transport.hasIndependentStreams
 }
 
 /// What the sender is asked to do.
@@ -110,7 +108,7 @@ public enum StreamSender {
         var source = source
         // The first frame is read before connecting: a bad input fails before anything is sent.
         var firstFrame = try source.next()
-        let hasExtras = try await transportHasQUICExtras(connection)
+        let hasExtras = transportHasQUICExtras(connection)
         let carriage = Carriage.choose(mode: options.mode, hasQUICExtras: hasExtras)
         let frameRate = options.frameRate ?? source.frameRate
         let deadlineNanoseconds = UInt64(options.deadline.components.seconds) * 1_000_000_000

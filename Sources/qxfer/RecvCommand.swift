@@ -86,7 +86,7 @@ struct RecvCommand: AsyncParsableCommand {
             reporter.warn("--paired-only with no paired devices: every sender will be refused; pair one with 'qxfer pair'")
         }
         let tls = NetworkListener(on: port, host: host, using: .parameters {
-            TLV { TLS().identity(identity).clientAuthentication(authentication) }
+            TLV { TLS { transferTCP }.identity(identity).clientAuthentication(authentication) }
         }.performanceMode(.bulk))
         let prompt = OfferPrompt(acceptAll: yes, reporter: reporter)
         let receiver = TransferReceiver(directory: dir, overwrite: overwrite, confirm: { await prompt.ask($0) })
@@ -151,6 +151,10 @@ struct RecvCommand: AsyncParsableCommand {
             }
             reporter.finish(outcome)
             finished.yield(.success(outcome.result))
+        } catch let superseded as TransferSuperseded {
+            // The same sender reconnected: its transfer goes on in the new connection, whose
+            // result is the one that counts (--once).
+            reporter.warn("transfer from \(sender?.description ?? "unknown sender") continues on a new connection: \(superseded.message)")
         } catch {
             reporter.failed(error, peer: sender)
             finished.yield(.failure(error))

@@ -2,9 +2,17 @@ import ArgumentParser
 import Foundation
 import QXfer
 import QXferTransfer
+import Synchronization
 
 /// The port `qxfer recv` listens on by default, TCP and UDP alike.
 let defaultTransferPort: UInt16 = 7447
+
+/// TCP under transfers, both sides: a peer cut off without a FIN or RST is noticed in about
+/// QUIC's 30 s idle timeout instead of TCP's quarter of an hour — keepalive probes after 15 s
+/// of silence, and the connection fails once data or probes go unacknowledged for 30 s. The
+/// sender then reconnects and resumes; the receiver lets go of the partials. A shorter cut
+/// is ridden out by TCP's own retransmissions.
+let transferTCP = TCP().keepAlive().userTimeout(.seconds(30))
 
 /// Which transport carries a transfer.
 enum StackChoice: String, ExpressibleByArgument, CaseIterable {
@@ -48,6 +56,12 @@ struct SendCommand: AsyncParsableCommand {
             The first connection to a host trusts and records its fingerprint (like ssh); a \
             changed fingerprint is refused. --fingerprint pins one explicitly. A fingerprint \
             advertised on the network is only a hint: the same rules apply.
+
+            Once the receiver has accepted, a network failure (connection reset, closed or \
+            timed out, receiver unreachable) does not end the transfer: the sender reconnects \
+            with backoff and resumes each file from what the receiver holds, for up to \
+            --retry-for seconds after the last attempt that the receiver accepted (0: never). \
+            Refusals and errors the receiver reports are not retried.
             """
     )
 
@@ -74,6 +88,9 @@ struct SendCommand: AsyncParsableCommand {
     @Flag(help: "Print JSON event lines on standard output instead of a progress bar.")
     var json = false
 
+    @Option(help: ArgumentHelp("After a network failure of an accepted transfer, reconnect and resume for up to this many seconds (0: never).", valueName: "seconds"))
+    var retryFor = 60
+
     /// The host given on the command line: the last argument, unless the receiver is found by
     /// name (`--to`) or a single path is sent to whichever receiver answers.
     var host: String? {
@@ -93,6 +110,9 @@ struct SendCommand: AsyncParsableCommand {
         }
         if let fingerprint, Fingerprint(parsing: fingerprint) == nil {
             throw ValidationError("'\(fingerprint)' is not a SHA-256 fingerprint (64 hex digits, colons allowed)")
+        }
+        if retryFor < 0 {
+            throw ValidationError("--retry-for takes a number of seconds, 0 or more")
         }
         if paths.filter({ $0 == "-" }).count > 1 {
             throw ValidationError("standard input ('-') can be sent once")
@@ -127,23 +147,60 @@ struct SendCommand: AsyncParsableCommand {
         case .quic:
             try await send(tree, to: endpoint, over: QUIC().identity(identity).peerTrust(receiverTrust.trust), trust: receiverTrust, reporter: reporter)
         case .tls:
-            try await send(tree, to: endpoint, over: TLS().identity(identity).peerTrust(receiverTrust.trust), trust: receiverTrust, reporter: reporter)
+            try await send(tree, to: endpoint, over: TLS { transferTCP }.identity(identity).peerTrust(receiverTrust.trust), trust: receiverTrust, reporter: reporter)
         }
     }
 
     private func send<Transport: SecureTransport>(
         _ tree: SourceTree, to endpoint: Endpoint, over transport: Transport, trust: ReceiverTrust, reporter: TransferReporter
     ) async throws {
-        let connection = NetworkConnection(to: endpoint, using: .parameters { TLV { transport } }.performanceMode(.bulk))
+        let parameters = NetworkParameters.parameters { TLV { transport } }.performanceMode(.bulk)
+        let clock = ContinuousClock()
+        // Set once a receiver accepted: from then on a network failure is retried until then.
+        var retryUntil: ContinuousClock.Instant?
+        var backoff = Duration.milliseconds(250)
+        var reconnects = 0
+        while true {
+            let accepted = AcceptedFlag()
+            do {
+                let outcome = try await attempt(tree, parameters: parameters, endpoint: endpoint, trust: trust, reporter: reporter, accepted: accepted, announce: reconnects == 0)
+                reporter.finish(outcome, reconnects: reconnects)
+                if let failure = outcome.result.failures.first { throw failure.error }
+                return
+            } catch where !Task.isCancelled && Self.isNetworkFailure(error) {
+                if accepted.isSet {
+                    // This attempt got somewhere: the retry window starts again from now.
+                    retryUntil = clock.now + .seconds(retryFor)
+                    backoff = .milliseconds(250)
+                }
+                guard let deadline = retryUntil, retryFor > 0, clock.now + backoff < deadline else { throw error }
+                reconnects += 1
+                let reason = (error as? QXferError)?.message ?? "\(error)"
+                reporter.reconnecting(reason: reason, after: backoff, attempt: reconnects)
+                try await Task.sleep(for: backoff)
+                backoff = min(backoff * 2, .seconds(4))
+            }
+        }
+    }
+
+    /// One connection: connect, offer, send what the receiver asks for.
+    private func attempt<Stack: TLVStack>(
+        _ tree: SourceTree, parameters: NetworkParameters<Stack>, endpoint: Endpoint, trust: ReceiverTrust,
+        reporter: TransferReporter, accepted: AcceptedFlag, announce: Bool
+    ) async throws -> (result: TransferSummary, elapsed: Duration) {
+        let connection = NetworkConnection(to: endpoint, using: parameters)
         try await connection.start()
         trust.connected(to: connection.peer)
-        if case .firstUse(let file) = connection.peer?.trust, let fingerprint = connection.peer?.fingerprint {
+        if announce, case .firstUse(let file) = connection.peer?.trust, let fingerprint = connection.peer?.fingerprint {
             reporter.warn("first contact with \(endpoint): trusting its fingerprint \(fingerprint) and recording it in \(file); compare it with 'qxfer id' on the receiver")
         }
-        let sender = TransferSender(tree: tree, algorithm: checksum, progress: TransferProgress(onEvent: reporter.handle))
-        let outcome: (result: TransferSummary, elapsed: Duration)
+        let progress = TransferProgress { event in
+            if case .accepted = event { accepted.set() }
+            reporter.handle(event)
+        }
+        let sender = TransferSender(tree: tree, algorithm: checksum, progress: progress)
         do {
-            outcome = try await reporter.showProgress(of: sender.progress, metrics: { await connection.metrics }) {
+            return try await reporter.showProgress(of: sender.progress, metrics: { await connection.metrics }) {
                 try await sender.run(over: connection)
             }
         } catch where Task.isCancelled {
@@ -153,7 +210,19 @@ struct SendCommand: AsyncParsableCommand {
             usleep(300_000)
             throw error
         }
-        reporter.finish(outcome)
-        if let failure = outcome.result.failures.first { throw failure.error }
     }
+
+    /// Failures of the path or the connection, which a new connection may not meet; not the
+    /// receiver's refusals, trust failures or local errors.
+    static func isNetworkFailure(_ error: any Error) -> Bool {
+        guard let error = error as? QXferError else { return false }
+        return [.connectFailed, .handshakeFailed, .connectionClosed, .idleTimeout, .truncated].contains(error.code)
+    }
+}
+
+/// Whether the receiver accepted the offer during one attempt.
+private final class AcceptedFlag: Sendable {
+    private let value = Mutex(false)
+    var isSet: Bool { value.withLock { $0 } }
+    func set() { value.withLock { $0 = true } }
 }

@@ -79,6 +79,15 @@ final class TransferReporter: Sendable {
         printLine("offer from \(from): \(offer.fileCount) files, \(offer.entries.count - offer.fileCount) folders and links, \(size): \(shownNames)")
     }
 
+    /// The connection was lost after the receiver accepted; a new one is tried after `delay`.
+    func reconnecting(reason: String, after delay: Duration, attempt: Int) {
+        if style == .json {
+            emit(["event": "reconnecting", "reason": reason, "delay_s": delay.seconds, "attempt": attempt])
+        } else {
+            printLine("connection lost (\(reason)); reconnecting in \(String(format: "%.2f", delay.seconds)) s to resume (attempt \(attempt))")
+        }
+    }
+
     func failed(_ error: any Error, peer: Fingerprint?) {
         let message = (error as? TransferError)?.message ?? (error as? QXferError)?.message ?? "\(error)"
         warn("transfer from \(peer?.description ?? "unknown sender") failed: \(message)")
@@ -143,7 +152,9 @@ final class TransferReporter: Sendable {
 
     // MARK: Summary
 
-    func finish(_ outcome: (result: TransferSummary, elapsed: Duration)) {
+    /// The summary; `reconnects` counts the connections lost and replaced on the way (the
+    /// figures are those of the last connection).
+    func finish(_ outcome: (result: TransferSummary, elapsed: Duration), reconnects: Int = 0) {
         let summary = outcome.result
         let seconds = max(outcome.elapsed.seconds, 0.000_001)
         let rate = Double(summary.transferredBytes) / seconds
@@ -152,7 +163,7 @@ final class TransferReporter: Sendable {
             var object: [String: Any] = [
                 "event": "summary", "succeeded": summary.succeeded, "failed": summary.failures.count,
                 "bytes": summary.transferredBytes, "resumed_bytes": summary.resumedBytes, "seconds": seconds,
-                "rate_bytes_per_s": Int(rate), "algorithm": summary.algorithm.name,
+                "rate_bytes_per_s": Int(rate), "algorithm": summary.algorithm.name, "reconnects": reconnects,
             ]
             if let checksum { object["digest"] = checksum }
             emit(object)
@@ -165,6 +176,7 @@ final class TransferReporter: Sendable {
         line += "; \(files) file\(files == 1 ? "" : "s") verified with \(summary.algorithm.name)"
         if let checksum { line += " \(checksum)" }
         if !summary.failures.isEmpty { line += "; \(summary.failures.count) not transferred" }
+        if reconnects > 0 { line += "; reconnected \(reconnects) time\(reconnects == 1 ? "" : "s")" }
         writeOut(line)
     }
 

@@ -159,18 +159,18 @@ struct PairingLoopbackTests {
         #expect(try b.store.devices().isEmpty)
     }
 
-    /// The QUIC connection gives both ends the same exporter value, which the pairing binds;
-    /// TCP+TLS says plainly that it has none.
+    /// Both ends of a connection compute the same exporter value, which the pairing binds; a
+    /// different label gives a different value. On both stacks.
     @Test(arguments: StackKind.allCases)
     func exporterValues(_ stack: StackKind) async throws {
         let server = try HostIdentity.ephemeral(), client = try HostIdentity.ephemeral()
         switch stack {
-        case .quic: try await checkExporter(QUIC(), server: server, client: client, expectSupported: true)
-        case .tls: try await checkExporter(TLS(), server: server, client: client, expectSupported: false)
+        case .quic: try await checkExporter(QUIC(), server: server, client: client)
+        case .tls: try await checkExporter(TLS(), server: server, client: client)
         }
     }
 
-    func checkExporter<Transport: SecureTransport>(_ transport: Transport, server: HostIdentity, client: HostIdentity, expectSupported: Bool) async throws {
+    func checkExporter<Transport: SecureTransport>(_ transport: Transport, server: HostIdentity, client: HostIdentity) async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { TLV { transport.identity(server) } }
         let (values, continuation) = AsyncStream.makeStream(of: [UInt8]?.self)
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -192,13 +192,9 @@ struct PairingLoopbackTests {
                 serverValue = value
                 break
             }
-            if expectSupported {
-                #expect(clientValue?.count == 32)
-                #expect(serverValue == .some(clientValue))
-                #expect(otherLabel != clientValue)
-            } else {
-                #expect(clientValue == nil && serverValue == .some(nil))
-            }
+            #expect(clientValue?.count == 32)
+            #expect(serverValue == .some(clientValue))
+            #expect(otherLabel != nil && otherLabel != clientValue)
             connection.cancel()
             group.cancelAll()
         }

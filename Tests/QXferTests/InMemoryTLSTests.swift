@@ -12,21 +12,26 @@ import Testing
 struct InMemoryTLSTests {
     func handshake(
         clientTLS: TLS, serverTLS: TLS, trust: PeerTrust, hostKey: String = "test.invalid:4433"
-    ) throws -> (clientResult: Result<String, any Error>?, serverResult: Result<String, any Error>?, clientVerifier: PeerVerifier, serverVerifier: PeerVerifier) {
+    ) throws -> (
+        clientResult: Result<String, any Error>?, serverResult: Result<String, any Error>?, clientVerifier: PeerVerifier,
+        serverVerifier: PeerVerifier, clientExporter: TLSExporter?, serverExporter: TLSExporter?
+    ) {
         let client = EmbeddedChannel()
         let server = EmbeddedChannel()
         // No finish(): closing starts TLS close_notify, which waits for a peer nobody drives.
         let clientVerifier = PeerVerifier(.client(trust, hostKey: hostKey))
         let serverVerifier = PeerVerifier(.server(serverTLS.clientAuthentication))
-        let clientContext = try TLSByteStream.makeContext(identity: clientTLS.identity!, tls: clientTLS, role: .client)
+        let clientSecrets = ExporterSecrets(), serverSecrets = ExporterSecrets()
+        let clientContext = try TLSByteStream.makeContext(
+            identity: clientTLS.identity!, tls: clientTLS, role: .client, exporterSecrets: clientSecrets)
         let serverContext = try TLSByteStream.makeContext(
-            identity: serverTLS.identity!, tls: serverTLS, role: .server(serverTLS.clientAuthentication))
+            identity: serverTLS.identity!, tls: serverTLS, role: .server(serverTLS.clientAuthentication), exporterSecrets: serverSecrets)
         let clientSetup = try TLSByteStream.Setup.install(
             try NIOSSLClientHandler(context: clientContext, serverHostname: nil, customVerificationCallback: clientVerifier.verify),
-            verifier: clientVerifier, tls: clientTLS, idle: nil, on: client)
+            accepting: clientTLS.applicationProtocols, idle: nil, exporterSecrets: (clientSecrets, isServer: false), on: client)
         let serverSetup = try TLSByteStream.Setup.install(
             NIOSSLServerHandler(context: serverContext, customVerificationCallback: serverVerifier.verify),
-            verifier: serverVerifier, tls: serverTLS, idle: nil, on: server)
+            accepting: serverTLS.applicationProtocols, idle: nil, exporterSecrets: (serverSecrets, isServer: true), on: server)
         let clientResult = Mutex<Result<String, any Error>?>(nil)
         let serverResult = Mutex<Result<String, any Error>?>(nil)
         clientSetup.handshake.whenComplete { result in clientResult.withLock { $0 = result } }
@@ -52,7 +57,10 @@ struct InMemoryTLSTests {
             }
             if !moved { break }
         }
-        return (clientResult.withLock { $0 }, serverResult.withLock { $0 }, clientVerifier, serverVerifier)
+        return (
+            clientResult.withLock { $0 }, serverResult.withLock { $0 }, clientVerifier, serverVerifier,
+            clientSetup.randomObserver?.value.takeExporter(), serverSetup.randomObserver?.value.takeExporter()
+        )
     }
 
     var serverTLS: TLS { TLS().identity(Identities.server) }
@@ -66,6 +74,21 @@ struct InMemoryTLSTests {
         #expect(outcome.clientVerifier.result.trust == .pinned)
         #expect(outcome.clientVerifier.result.fingerprint == Identities.server.fingerprint)
         #expect(outcome.serverVerifier.result.fingerprint == Identities.client.fingerprint)
+    }
+
+    @Test("Both ends derive the same TLS exporter values; another label or context gives another value")
+    func exporterAgrees() throws {
+        let outcome = try handshake(clientTLS: clientTLS, serverTLS: serverTLS, trust: .pinned(Identities.server.fingerprint))
+        let client = try #require(outcome.clientExporter)
+        let server = try #require(outcome.serverExporter)
+        let value = client.export(label: "EXPORTER-test", context: [], length: 32)
+        #expect(value.count == 32)
+        #expect(value == server.export(label: "EXPORTER-test", context: [], length: 32))
+        #expect(value != client.export(label: "EXPORTER-other", context: [], length: 32))
+        #expect(value != client.export(label: "EXPORTER-test", context: [1], length: 32))
+        // A second handshake between the same identities has a secret of its own.
+        let again = try handshake(clientTLS: clientTLS, serverTLS: serverTLS, trust: .pinned(Identities.server.fingerprint))
+        #expect(try #require(again.clientExporter).export(label: "EXPORTER-test", context: [], length: 32) != value)
     }
 
     @Test("A server whose fingerprint differs from the pin is refused, naming both fingerprints")

@@ -85,6 +85,32 @@ struct InteropTests {
         }
     }
 
+    @Test("The TLS stack's exporter (RFC 8446 7.5) equals openssl s_client -keymatexport, for SHA-256 and SHA-384 suites",
+          .enabled(if: openssl != nil, "openssl is not installed"),
+          arguments: ["TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384"])
+    func opensslExporter(cipherSuite: String) async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { TLS().identity(Identities.server) }
+        try await withListener(listener, handler: { connection in
+            let stream = try #require(connection.currentTransport() as? TLSByteStream)
+            let value = try stream.tlsExporter(label: "EXPORTER-qxfer-test", context: [], length: 32)
+            try await connection.send(Data(("exported " + value.map { String(format: "%02X", $0) }.joined() + "\n").utf8))
+            _ = try? await connection.receive(atLeast: 1, atMost: 1024)
+        }) { port in
+            let result = try await Subprocess.run(
+                Self.openssl!, ["s_client", "-connect", "127.0.0.1:\(port)", "-alpn", "qxfer/1", "-tls1_3", "-ciphersuites", cipherSuite,
+                                "-keymatexport", "EXPORTER-qxfer-test", "-keymatexportlen", "32", "-ign_eof"],
+                stdin: Data("bye\n".utf8))
+            let output = result.stdout + result.stderr
+            #expect(!result.timedOut)
+            #expect(output.contains(cipherSuite), "\(output)")
+            let theirs = output.split(separator: "\n").first { $0.contains("Keying material:") }?
+                .split(separator: ":").last?.trimmingCharacters(in: .whitespaces)
+            let ours = output.split(separator: "\n").first { $0.hasPrefix("exported ") }?.dropFirst("exported ".count)
+            #expect(theirs != nil && theirs?.count == 64, "\(output)")
+            #expect(theirs == ours.map(String.init), "\(output)")
+        }
+    }
+
     @Test("Mutual TLS with openssl s_client: its certificate on the allow-list is admitted, no certificate is refused",
           .enabled(if: openssl != nil, "openssl is not installed"))
     func opensslMutualTLS() async throws {

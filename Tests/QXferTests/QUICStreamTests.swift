@@ -3,7 +3,21 @@ import NIOCore
 import Testing
 @testable import QXfer
 
+/// The stacks that stack-agnostic stream and datagram tests run on.
+enum TestStack: String, CaseIterable, Sendable, CustomTestStringConvertible {
+    case quic, tls
+    var testDescription: String { rawValue }
+
+    /// A TLS client pinned to the test server.
+    static func tlsClient(_ port: UInt16) -> NetworkConnection<TLS> {
+        NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
+            TLS().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
+        }
+    }
+}
+
 /// QUIC's extras through the public API: many streams, datagrams, bounded memory, closing.
+/// The stack-agnostic ones run on TCP+TLS too, where child connections carry them.
 @Suite("QUIC streams and datagrams")
 struct QUICStreamTests {
     func client(_ port: UInt16, _ parameters: (NetworkParameters<QUIC>) -> NetworkParameters<QUIC> = { $0 }) -> NetworkConnection<QUIC> {
@@ -22,9 +36,21 @@ struct QUICStreamTests {
         try await connection.send(Data(String(total).utf8))
     }
 
-    @Test("100 streams in parallel each echo their own bytes back")
-    func parallelStreams() async throws {
-        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+    @Test("100 streams in parallel each echo their own bytes back", arguments: TestStack.allCases)
+    func parallelStreams(on stack: TestStack) async throws {
+        switch stack {
+        case .quic:
+            try await Self.parallelStreams(
+                NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }, client: { client($0) })
+        case .tls:
+            try await Self.parallelStreams(
+                NetworkListener(on: 0, host: "127.0.0.1") { TLS().identity(Identities.server) }, client: { TestStack.tlsClient($0) })
+        }
+    }
+
+    static func parallelStreams<Stack: ByteStreamProtocol>(
+        _ listener: NetworkListener<Stack>, client: @escaping @Sendable (UInt16) -> NetworkConnection<Stack>
+    ) async throws {
         try await withListener(listener, handler: { connection in
             try await withThrowingDiscardingTaskGroup { group in
                 for try await stream in connection.incomingStreams {
@@ -61,9 +87,23 @@ struct QUICStreamTests {
         }
     }
 
-    @Test("Datagrams arrive unreliably but intact, and oversize ones are refused")
-    func datagrams() async throws {
-        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+    @Test("Datagrams arrive intact (unreliably on QUIC, reliably and in order on TLS), and oversize ones are refused",
+          arguments: TestStack.allCases)
+    func datagrams(on stack: TestStack) async throws {
+        switch stack {
+        case .quic:
+            try await Self.datagrams(
+                NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }, client: { client($0) })
+        case .tls:
+            try await Self.datagrams(
+                NetworkListener(on: 0, host: "127.0.0.1") { TLS().identity(Identities.server) }, client: { TestStack.tlsClient($0) })
+        }
+    }
+
+    static func datagrams<Stack: ByteStreamProtocol>(
+        _ listener: NetworkListener<Stack>, client: @escaping @Sendable (UInt16) -> NetworkConnection<Stack>
+    ) async throws {
+        let isReliable = !listener.parameters.stack.transport.hasIndependentStreams
         try await withListener(listener, handler: { connection in
             for try await datagram in connection.datagrams {
                 try await connection.sendDatagram(datagram)
@@ -75,16 +115,21 @@ struct QUICStreamTests {
             #expect(maximum > 1000 && maximum < 1500)
             // The limit can grow as the path is validated, so refuse something no path carries.
             await #expect(throws: QXferError.self) { try await connection.sendDatagram(Data(count: 65536)) }
-            var echoed = Set<Data>()
+            var echoed: [Data] = []
             var iterator = connection.datagrams.makeAsyncIterator()
             for index in 0..<50 {
                 let payload = Data("datagram \(index)".utf8) + Data(count: index * 10)
                 try await connection.sendDatagram(payload)
-                if let back = try await iterator.next() { echoed.insert(back) }
+                if let back = try await iterator.next() { echoed.append(back) }
             }
-            // Loopback loses nothing in practice; what came back must be exactly what was sent.
-            #expect(echoed.count >= 45)
-            for datagram in echoed { #expect(datagram.starts(with: Data("datagram ".utf8))) }
+            if isReliable {
+                // TCP+TLS: nothing is lost, and everything arrives in order.
+                #expect(echoed == (0..<50).map { Data("datagram \($0)".utf8) + Data(count: $0 * 10) })
+            } else {
+                // Loopback loses nothing in practice; what came back must be exactly what was sent.
+                #expect(Set(echoed).count >= 45)
+                for datagram in echoed { #expect(datagram.starts(with: Data("datagram ".utf8))) }
+            }
             connection.cancel()
         }
     }
@@ -243,32 +288,6 @@ struct QUICStreamTests {
             let error = await #expect(throws: QXferError.self) { _ = try await connection.receive(atLeast: 1, atMost: 1) }
             #expect(error?.code == .connectionClosed)
             #expect(error?.message.contains("error 66") == true && error?.message.contains("shutting down") == true, "\(String(describing: error))")
-        }
-    }
-
-    @Test("On TLS, streams and datagrams are refused clearly and finish() half-closes")
-    func tlsDegrades() async throws {
-        let listener = NetworkListener(on: 0, host: "127.0.0.1") { TLS().identity(Identities.server) }
-        try await withListener(listener, handler: { connection in
-            var received = Data()
-            while true {
-                do { received += try await connection.receive(atLeast: 1, atMost: 65536).content }
-                catch let error as QXferError where error.code == .endOfStream { break }
-            }
-            try await connection.send(Data("got \(received.count)".utf8))  // after the client's FIN
-        }) { port in
-            let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
-                TLS().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
-            }
-            let streamError = await #expect(throws: QXferError.self) { _ = try await connection.openStream() }
-            #expect(streamError?.code == .unsupported)
-            let datagramError = await #expect(throws: QXferError.self) { try await connection.sendDatagram(Data([1])) }
-            #expect(datagramError?.code == .unsupported)
-            try await connection.send(Data(count: 1000))
-            try await connection.finish()
-            let reply = try await connection.receive(atLeast: 1, atMost: 100).content
-            #expect(String(decoding: reply, as: UTF8.self) == "got 1000")
-            connection.cancel()
         }
     }
 }

@@ -92,6 +92,7 @@ static inline int cqxfer_opt_tcp_keepidle(void) { return 4; }
 static inline int cqxfer_opt_tcp_keepintvl(void) { return 5; }
 static inline int cqxfer_opt_tcp_keepcnt(void) { return 6; }
 static inline int cqxfer_opt_tcp_info(void) { return 11; }
+static inline int cqxfer_opt_tcp_user_timeout(void) { return 18; }
 static inline int cqxfer_opt_tcp_congestion(void) { return 13; }
 static inline int cqxfer_opt_tcp_notsent_lowat(void) { return 25; }
 

@@ -22,6 +22,10 @@ public struct TCP: Sendable, Hashable {
     public var noDelay: Bool?
     /// TCP keepalive probing; nil leaves it off.
     public var keepAlive: KeepAlive?
+    /// `TCP_USER_TIMEOUT`: how long sent data (or keepalive probes) may go unacknowledged
+    /// before the connection fails; nil leaves the kernel's default (retransmissions for
+    /// about 15 minutes).
+    public var userTimeout: Duration?
 
     /// TCP keepalive timing.
     public struct KeepAlive: Sendable, Hashable {
@@ -50,6 +54,15 @@ public struct TCP: Sendable, Hashable {
     public func keepAlive(_ keepAlive: KeepAlive = KeepAlive()) -> TCP {
         var copy = self
         copy.keepAlive = keepAlive
+        return copy
+    }
+
+    /// Fails the connection when what it sent (data or keepalive probes) stays unacknowledged
+    /// for `timeout`: a peer cut off is noticed in that time rather than after the kernel's
+    /// quarter of an hour of retransmissions (`TCP_USER_TIMEOUT`).
+    public func userTimeout(_ timeout: Duration?) -> TCP {
+        var copy = self
+        copy.userTimeout = timeout
         return copy
     }
 }

@@ -5,9 +5,10 @@ extension NetworkConnection {
     /// mixes it into its own authentication (a PAKE, a signature) so that a result obtained on
     /// one connection cannot be replayed on another.
     ///
-    /// QUIC only: swift-nio-ssl, under the TCP+TLS stack, offers no exporter; there this throws
-    /// ``QXferError/Code/unsupported``, and applications bind to the certificate fingerprints,
-    /// which the TLS handshake proves, instead.
+    /// Both stacks: QUIC asks GnuTLS; on TCP+TLS, where swift-nio-ssl offers no exporter, the
+    /// value is derived as RFC 8446 defines it from the exporter secret BoringSSL logs for the
+    /// connection (checked against `openssl s_client -keymatexport`). Extra streams of a TLS
+    /// connection have none of their own: use the connection's.
     public func exportKeyingMaterial(label: String, context: [UInt8] = [], length: Int = 32) async throws -> [UInt8] {
         try await transport().exportKeyingMaterial(label: label, context: context, length: length)
     }

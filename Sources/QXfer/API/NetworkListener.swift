@@ -172,9 +172,13 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
     private func runTLS(_ tls: TLS, _ handler: @escaping @Sendable (NetworkConnection<Stack>) async throws -> Void) async throws {
         let server: NIOAsyncChannel<TLSByteStream.Setup, Never>
         let verifierFactory: @Sendable () -> PeerVerifier
+        // Extra streams and datagrams arrive as child connections naming their parent.
+        let sessions = TLSSessionRegistry()
         do {
             let identity = try tls.identity ?? HostIdentity.loadOrCreate()
-            let context = try TLSByteStream.makeContext(identity: identity, tls: tls, role: .server(tls.clientAuthentication))
+            let secrets = ExporterSecrets()
+            let context = try TLSByteStream.makeContext(
+                identity: identity, tls: tls, role: .server(tls.clientAuthentication), exporterSecrets: secrets)
             let settings = SocketTuning.Settings(parameters, tcp: tls.tcp)
             let idle = parameters.idleTimeout
             verifierFactory = { PeerVerifier(.server(tls.clientAuthentication)) }
@@ -187,7 +191,9 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
                     SocketTuning.apply(settings, to: channel)
                     let verifier = verifierFactory()
                     let tlsHandler = NIOSSLServerHandler(context: context, customVerificationCallback: verifier.verify)
-                    var setup = try TLSByteStream.Setup.install(tlsHandler, verifier: verifier, tls: tls, idle: idle, on: channel)
+                    var setup = try TLSByteStream.Setup.install(
+                        tlsHandler, accepting: tls.applicationProtocols + [TLSChildProtocol.alpn], idle: idle,
+                        exporterSecrets: (secrets, isServer: true), on: channel)
                     setup.verifier = verifier
                     return setup
                 }
@@ -217,7 +223,8 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
                 do {
                     for try await setup in inbound {
                         group.addTask {
-                            await Self.serve(setup, parameters: parameters, handshakeTimeout: handshakeTimeout, handler: handler)
+                            await Self.serve(
+                                setup, parameters: parameters, sessions: sessions, handshakeTimeout: handshakeTimeout, handler: handler)
                         }
                     }
                 } catch {
@@ -228,8 +235,8 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
     }
 
     private static func serve(
-        _ setup: TLSByteStream.Setup, parameters: NetworkParameters<Stack>, handshakeTimeout: Duration,
-        handler: @Sendable (NetworkConnection<Stack>) async throws -> Void
+        _ setup: TLSByteStream.Setup, parameters: NetworkParameters<Stack>, sessions: TLSSessionRegistry,
+        handshakeTimeout: Duration, handler: @Sendable (NetworkConnection<Stack>) async throws -> Void
     ) async {
         let remote = setup.channel.remoteAddress.flatMap { address -> Endpoint? in
             guard let ip = address.ipAddress, let port = address.port else { return nil }
@@ -242,6 +249,14 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
         } catch {
             logger.debug("refused \(remote?.description ?? "a client"): \(error)")
             return
+        }
+        if stream.peer.applicationProtocol == TLSChildProtocol.alpn {
+            // An extra stream or a datagram carrier: it goes to its parent, not to the handler.
+            await sessions.admit(stream, timeout: handshakeTimeout)
+            return
+        }
+        if let token = try? TLSSession.token(of: stream) {
+            stream.adopt(TLSSession(server: sessions, token: token, peer: stream.peer))
         }
         await serve(NetworkConnection(accepted: stream, parameters: parameters, remote: remote), handler: handler)
     }

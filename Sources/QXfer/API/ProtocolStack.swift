@@ -30,9 +30,11 @@ public struct TransportDescription: Sendable {
     }
     let kind: Kind
 
-    /// Whether the transport carries many ordered streams side by side and unreliable
-    /// datagrams (QUIC), rather than one ordered byte stream (TCP+TLS). Applications that
-    /// can use either ask this once instead of catching ``QXferError/Code/unsupported``.
+    /// Whether one connection carries many ordered streams side by side and unreliable
+    /// datagrams (QUIC). False on TCP+TLS, where each extra stream is a connection of its own
+    /// (a TCP and TLS handshake per stream) and "datagrams" are delivered reliably and in
+    /// order: the calls work there, but a plan built on cheap streams or on dropping late
+    /// datagrams gains nothing. Applications that can use either ask this once.
     public var hasIndependentStreams: Bool {
         if case .quic = kind { true } else { false }
     }

@@ -216,14 +216,27 @@ enum QUICTransport {
 
     /// A client's UDP socket bound to `host` (any port) on `group`, with its QUIC handler.
     static func openClientSocket(on group: any EventLoopGroup, host: String, trafficClass: Int32) async throws -> any Channel {
-        try await DatagramBootstrap(group: group)
+        try await bindClientSocket(on: group, host: host, port: 0, trafficClass: trafficClass).get()
+    }
+
+    /// A client's UDP socket bound to `host` and `port`, with its QUIC handler.
+    static func bindClientSocket(on group: any EventLoopGroup, host: String, port: Int, trafficClass: Int32) -> EventLoopFuture<any Channel> {
+        clientBootstrap(on: group, trafficClass: trafficClass).bind(host: host, port: port)
+    }
+
+    /// A client's UDP socket bound to `address` (a socket that died, taken again), with its QUIC handler.
+    static func bindClientSocket(on group: any EventLoopGroup, to address: SocketAddress, trafficClass: Int32) -> EventLoopFuture<any Channel> {
+        clientBootstrap(on: group, trafficClass: trafficClass).bind(to: address)
+    }
+
+    private static func clientBootstrap(on group: any EventLoopGroup, trafficClass: Int32) -> DatagramBootstrap {
+        DatagramBootstrap(group: group)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try tune(channel, trafficClass: trafficClass)
                     try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: nil))
                 }
             }
-            .bind(host: host, port: 0).get()
     }
 
     /// Connects to `endpoint`: resolves it, races its addresses (RFC 8305: IPv6 first,

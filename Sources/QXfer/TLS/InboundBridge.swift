@@ -31,9 +31,24 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     func handlerAdded(context: ChannelHandlerContext) { self.context = context }
     func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
 
+    /// Set once the bytes go to a handler of their own (a TLS child connection's datagrams)
+    /// instead of an async reader.
+    private var sink: ((ByteBuffer?) -> Void)?
+    /// Told once when the peer's bytes end, however they end.
+    private var endObservers: [() -> Void] = []
+
+    /// Calls `observer` once the peer's bytes have ended (at once if they already have).
+    func whenEnded(_ observer: @escaping () -> Void) {
+        if end != nil { observer() } else { endObservers.append(observer) }
+    }
+
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let buffer = unwrapInboundIn(data)
         guard buffer.readableBytes > 0 else { return }
+        if let sink {
+            sink(buffer)
+            return
+        }
         queuedBytes += buffer.readableBytes
         queue.append(buffer)
         deliver()
@@ -64,7 +79,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func read(context: ChannelHandlerContext) {
-        if queuedBytes >= highWatermark {
+        if sink == nil && queuedBytes >= highWatermark {
             readHeldBack = true
         } else {
             context.read()
@@ -82,6 +97,34 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
             let promise = eventLoop.makePromise(of: [ByteBuffer]?.self)
             waiter = promise
             return promise.futureResult
+        }
+    }
+
+    /// Puts back bytes a reader took ahead of its need (the answer to a TLS child connection's
+    /// hello, with whatever followed it): the next read returns them first.
+    func pushBack(_ buffers: [ByteBuffer]) {
+        for buffer in buffers.reversed() where buffer.readableBytes > 0 {
+            queue.prepend(buffer)
+            queuedBytes += buffer.readableBytes
+        }
+    }
+
+    /// From now on hands every buffer to `sink` as it arrives, and nil at the end of the stream,
+    /// instead of queueing for a reader; what was queued goes first. Reads are never held back
+    /// then: the sink keeps (or drops) what it gets.
+    func redirect(to sink: @escaping (ByteBuffer?) -> Void) {
+        precondition(waiter == nil, "redirecting a bridge that has a reader")
+        for buffer in queue { sink(buffer) }
+        queue.removeAll()
+        queuedBytes = 0
+        if end != nil {
+            sink(nil)
+            return
+        }
+        self.sink = sink
+        if readHeldBack, let context {
+            readHeldBack = false
+            context.read()
         }
     }
 
@@ -109,7 +152,16 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private func finish(_ result: Result<Void, any Error>) {
-        if end == nil { end = result }
+        if end == nil {
+            end = result
+            let observers = endObservers
+            endObservers = []
+            for observer in observers { observer() }
+            if let sink {
+                self.sink = nil
+                sink(nil)
+            }
+        }
         deliver()
     }
 }

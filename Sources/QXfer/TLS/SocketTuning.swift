@@ -15,6 +15,7 @@ enum SocketTuning {
         var notSentLowWatermark: Int32?
         var congestionControl: CongestionControl?
         var keepAlive: TCP.KeepAlive?
+        var userTimeout: Duration?
         var allowsFragmentation: Bool?
 
         init<Stack>(_ parameters: NetworkParameters<Stack>, tcp: TCP) {
@@ -34,6 +35,7 @@ enum SocketTuning {
                 congestionControl = parameters.congestionControl ?? .bbr
             }
             keepAlive = tcp.keepAlive
+            userTimeout = tcp.userTimeout
             allowsFragmentation = tcp.ip.allowsFragmentation
         }
     }
@@ -75,6 +77,10 @@ enum SocketTuning {
             set(tcpLevel, cqxfer_opt_tcp_keepidle(), Int32(keepAlive.idle.components.seconds), "TCP_KEEPIDLE")
             set(tcpLevel, cqxfer_opt_tcp_keepintvl(), Int32(keepAlive.interval.components.seconds), "TCP_KEEPINTVL")
             set(tcpLevel, cqxfer_opt_tcp_keepcnt(), Int32(keepAlive.count), "TCP_KEEPCNT")
+        }
+        if let timeout = settings.userTimeout {
+            let milliseconds = timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000
+            set(tcpLevel, cqxfer_opt_tcp_user_timeout(), Int32(clamping: milliseconds), "TCP_USER_TIMEOUT")
         }
         if let algorithm = settings.congestionControl {
             setCongestionControl(algorithm, on: channel)

@@ -3,17 +3,54 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 import NIOTLS
+import Synchronization
 
 /// The TCP+TLS stack: a TLS 1.3 channel from swift-nio-ssl, seen as a ``ByteStreamTransport``.
+///
+/// A connection with ALPN `qxfer/1` (or the application's own) is a parent: its
+/// ``TLSSession`` opens and accepts extra streams and carries datagrams, each on a child
+/// connection of its own (see TLSSession.swift). Children share the parent's session.
 final class TLSByteStream: ByteStreamTransport {
     let channel: any Channel
     let peer: PeerIdentity
-    private let bridge: NIOLoopBound<InboundBridge>
+    let bridge: NIOLoopBound<InboundBridge>
+    /// The connection's exporter; nil if its secret was not captured (a child connection).
+    let exporter: TLSExporter?
+    private let link = Mutex<(session: TLSSession, isChild: Bool)?>(nil)
 
-    private init(channel: any Channel, bridge: NIOLoopBound<InboundBridge>, peer: PeerIdentity) {
+    init(channel: any Channel, bridge: NIOLoopBound<InboundBridge>, peer: PeerIdentity, exporter: TLSExporter?) {
         self.channel = channel
         self.bridge = bridge
         self.peer = peer
+        self.exporter = exporter
+    }
+
+    /// Makes this connection the parent of `session`, which ends when the connection does.
+    func adopt(_ session: TLSSession) {
+        link.withLock { $0 = (session, false) }
+        session.attach(parent: channel)
+        channel.closeFuture.whenComplete { _ in session.close() }
+        let bridge = self.bridge
+        channel.eventLoop.execute { bridge.value.whenEnded { session.peerFinished() } }
+    }
+
+    /// Makes this connection a child of `session` (an extra stream or the datagram carrier).
+    func join(_ session: TLSSession) {
+        link.withLock { $0 = (session, true) }
+    }
+
+    /// The session this connection belongs to, as parent or child.
+    var session: TLSSession? { link.withLock { $0?.session } }
+
+    /// A TLS exporter value (RFC 8446 section 7.5) of this connection.
+    func tlsExporter(label: String, context: [UInt8], length: Int) throws -> [UInt8] {
+        guard let exporter else { throw QXferError(.unsupported, "this TLS connection has no exporter secret") }
+        return exporter.export(label: label, context: context, length: length)
+    }
+
+    func exportKeyingMaterial(label: String, context: [UInt8], length: Int) async throws -> [UInt8] {
+        guard (1...255).contains(length) else { throw QXferError(.invalidUse, "exporter length \(length) out of range") }
+        return try tlsExporter(label: label, context: context, length: length)
     }
 
     func write(_ buffer: ByteBuffer) async throws {
@@ -41,15 +78,35 @@ final class TLSByteStream: ByteStreamTransport {
         }
     }
 
+    /// On a child (an extra stream), an abortive close: TCP RST without close_notify, so the
+    /// peer's reads fail instead of ending cleanly. TCP has no place for `errorCode`.
     func reset(errorCode: UInt64) {
-        channel.close(promise: nil)
+        guard let link = link.withLock({ $0 }), link.isChild else {
+            channel.close(promise: nil)
+            return
+        }
+        // SO_LINGER with a zero timeout makes close() send RST and drop unsent data.
+        guard let socket = channel as? any SocketOptionProvider else {
+            channel.close(promise: nil)
+            return
+        }
+        let channel = self.channel
+        socket.setSoLinger(linger(l_onoff: 1, l_linger: 0)).whenComplete { _ in
+            // Closed from below the TLS handler, which would otherwise send close_notify first.
+            if let tls = try? channel.pipeline.syncOperations.context(handlerType: NIOSSLHandler.self) {
+                tls.close(promise: nil)
+            } else {
+                channel.close(promise: nil)
+            }
+        }
     }
 
     func close() {
+        if let link = link.withLock({ $0 }), !link.isChild { link.session.close() }
         channel.close(promise: nil)
     }
 
-    var multiplexer: (any StreamMultiplexer)? { nil }
+    var multiplexer: (any StreamMultiplexer)? { session }
 
     func metrics() async -> ConnectionMetrics {
         await SocketTuning.metrics(of: channel)
@@ -78,7 +135,8 @@ extension TLSByteStream {
         let identity = try tls.identity ?? HostIdentity.loadOrCreate()
         let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? tls.peerTrust
         let hostKey = KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))
-        let context = try makeContext(identity: identity, tls: tls, role: .client)
+        let secrets = ExporterSecrets()
+        let context = try makeContext(identity: identity, tls: tls, role: .client, exporterSecrets: secrets)
         let settings = SocketTuning.Settings(parameters, tcp: tls.tcp)
         let idle = parameters.idleTimeout
         let verifier = PeerVerifier(.client(trust, hostKey: hostKey))
@@ -93,7 +151,9 @@ extension TLSByteStream {
                     SocketTuning.apply(settings, to: channel)
                     let tlsHandler = try NIOSSLClientHandler(
                         context: context, serverHostname: nil, customVerificationCallback: verifier.verify)
-                    return try Setup.install(tlsHandler, verifier: verifier, tls: tls, idle: idle, on: channel)
+                    return try Setup.install(
+                        tlsHandler, accepting: tls.applicationProtocols, idle: idle,
+                        exporterSecrets: (secrets, isServer: false), on: channel)
                 }
             }
             if let literal = try? SocketAddress(ipAddress: endpoint.host, port: Int(endpoint.port)) {
@@ -116,6 +176,12 @@ extension TLSByteStream {
                 throw error
             }
         }
+        if let remote = stream.channel.remoteAddress, let token = try? TLSSession.token(of: stream) {
+            let connector = TLSChildConnector(
+                address: remote, identity: identity, tls: tls, settings: settings, idle: idle,
+                serverPeer: stream.peer, timeout: parameters.connectTimeout)
+            stream.adopt(TLSSession(client: connector, token: token, peer: stream.peer))
+        }
         return stream
     }
 
@@ -127,14 +193,24 @@ extension TLSByteStream {
         /// The listener's per-connection verifier (clients keep theirs on the stack).
         var verifier: PeerVerifier?
 
+        /// The client random observer, when the connection's exporter is wanted.
+        var randomObserver: NIOLoopBound<ClientRandomObserver>?
+
         static func install(
-            _ tlsHandler: some ChannelHandler, verifier: PeerVerifier, tls: TLS, idle: Duration?, on channel: any Channel
+            _ tlsHandler: some ChannelHandler, accepting acceptedProtocols: [String], idle: Duration?,
+            exporterSecrets: (ExporterSecrets, isServer: Bool)?, on channel: any Channel
         ) throws -> Setup {
             let promise = channel.eventLoop.makePromise(of: String.self)
             let bridge = InboundBridge()
             let pipeline = channel.pipeline.syncOperations
+            var randomObserver: NIOLoopBound<ClientRandomObserver>?
+            if let (secrets, isServer) = exporterSecrets {
+                let observer = ClientRandomObserver(isServer: isServer, secrets: secrets)
+                try pipeline.addHandler(observer)  // below TLS: it sees the ClientHello's bytes
+                randomObserver = NIOLoopBound(observer, eventLoop: channel.eventLoop)
+            }
             try pipeline.addHandler(tlsHandler)
-            try pipeline.addHandler(HandshakeObserver(promise: promise, accepted: tls.applicationProtocols))
+            try pipeline.addHandler(HandshakeObserver(promise: promise, accepted: acceptedProtocols))
             try pipeline.addHandler(bridge)
             // The idle timer starts once the handshake is done: a slow handshake is the
             // handshake timeout's business, not an idle connection.
@@ -146,7 +222,7 @@ extension TLSByteStream {
                 }
                 return alpn
             }
-            return Setup(channel: channel, handshake: handshake, bridge: bound)
+            return Setup(channel: channel, handshake: handshake, bridge: bound, randomObserver: randomObserver)
         }
 
         /// Waits for the handshake and turns its failure into the verifier's precise reason.
@@ -166,13 +242,22 @@ extension TLSByteStream {
             }
             let outcome = verifier.result
             let peer = PeerIdentity(fingerprint: outcome.fingerprint, trust: outcome.trust, applicationProtocol: alpn)
-            return TLSByteStream(channel: channel, bridge: bridge, peer: peer)
+            // The exporter secret was logged during the handshake, on this event loop.
+            var exporter: TLSExporter?
+            if let randomObserver {
+                exporter = try? await channel.eventLoop.submit { randomObserver.value.takeExporter() }.get()
+            }
+            return TLSByteStream(channel: channel, bridge: bridge, peer: peer, exporter: exporter)
         }
     }
 
     enum Role { case client, server(ClientAuthentication) }
 
-    static func makeContext(identity: HostIdentity, tls: TLS, role: Role) throws -> NIOSSLContext {
+    /// A TLS context for `role`. A server also accepts the child-connection protocol
+    /// (``TLSChildProtocol/alpn``); `exporterSecrets` receives each handshake's exporter secret.
+    static func makeContext(
+        identity: HostIdentity, tls: TLS, role: Role, exporterSecrets: ExporterSecrets?
+    ) throws -> NIOSSLContext {
         do {
             let certificate = try NIOSSLCertificate(bytes: identity.certificateDER, format: .der)
             let key = try NIOSSLPrivateKey(bytes: Array(identity.privateKeyPEM.utf8), format: .pem)
@@ -199,6 +284,8 @@ extension TLSByteStream {
             configuration.minimumTLSVersion = .tlsv13
             configuration.maximumTLSVersion = .tlsv13
             configuration.applicationProtocols = tls.applicationProtocols
+            if case .server = role { configuration.applicationProtocols.append(TLSChildProtocol.alpn) }
+            configuration.keyLogCallback = exporterSecrets?.keyLogCallback
             return try NIOSSLContext(configuration: configuration)
         } catch {
             throw QXferError(.identity, "cannot use the host identity for TLS: \(error)", underlying: error)

@@ -35,6 +35,9 @@ public struct TransferReceiver: Sendable {
     public var progress: TransferProgress
     /// Decides whether to accept an offer (asks the user, or applies a policy).
     public var confirm: @Sendable (IncomingOffer) async -> Bool
+    /// The targets being received right now, shared by every copy of this receiver (one per
+    /// connection), so a sender that reconnects can take over from its stalled connection.
+    let registry = ReceptionRegistry()
 
     public init(
         directory: String, overwrite: Bool = false, maximumEntries: Int = ProtocolLimits.maximumEntries,
@@ -63,10 +66,16 @@ public struct TransferReceiver: Sendable {
         let incoming = IncomingOffer(sender: connection.peer?.fingerprint, entries: offer.entries, algorithm: offer.algorithm)
         progress.report(.offered(entries: offer.entries.count, bytes: incoming.totalSize, sizeUnknown: incoming.hasSizeUnknown))
 
+        // Claimed before planning: the resume offsets are read once an older, superseded
+        // transfer of the same files has checkpointed and let go of them.
+        let registration = registry.register(sender: connection.peer?.fingerprint)
+        defer { registry.leave(registration) }
         let paths: [SafePath]
         var plans: [Plan]
         do {
             paths = try check(offer)
+            let files = zip(offer.entries, paths).filter { $0.0.kind == .file }.map { directory + "\u{0}" + $0.1.description }
+            await registry.claim(files, for: registration)
             plans = try plan(offer, paths: paths, store: store)
         } catch {
             try await decline(error, on: connection)
@@ -96,8 +105,16 @@ public struct TransferReceiver: Sendable {
         let usesStreams = connection.parameters.stack.transport.hasIndependentStreams
         let funnel = InboundFunnel()
         var inbound = funnel.makeIterator()
+        let superseded = Locked(false)
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await funnel.pump(.control) { try await connection.receiveMessage() } }
+            group.addTask {
+                for await _ in registration.superseded {
+                    superseded.withLock { $0 = true }
+                    await stop(funnel, connection: connection)
+                    return
+                }
+            }
             if usesStreams {
                 group.addTask {
                     await withDiscardingTaskGroup { streams in
@@ -125,25 +142,49 @@ public struct TransferReceiver: Sendable {
                 let complete = try session.finishTree()
                 try await connection.send(.complete(complete))
                 await waitForSenderToClose(&inbound, connection: connection)
-                await close(funnel, &inbound, group: &group, connection: connection, session: &session)
+                await close(funnel, &inbound, group: &group, connection: connection, session: &session, registration: registration)
                 return session.summary
             } catch {
+                // Partials checkpointed and closed first: a newer transfer may be waiting for them.
+                session.abandonOpenFiles()
+                registry.release(registration)
                 if let error = error as? TransferError {
                     await connection.sendFinalError(error)
-                    await close(funnel, &inbound, group: &group, connection: connection, session: &session)
+                    await close(funnel, &inbound, group: &group, connection: connection, session: &session, registration: registration)
+                    if superseded.withLock({ $0 }) { throw TransferSuperseded(message: error.message) }
                     throw AlreadyCommunicated(error: error)
                 }
-                await close(funnel, &inbound, group: &group, connection: connection, session: &session)
+                await close(funnel, &inbound, group: &group, connection: connection, session: &session, registration: registration)
+                if superseded.withLock({ $0 }) { throw TransferSuperseded(message: "\(error)") }
                 throw error
             }
         }
     }
 
+    /// Superseded: the transfer loop learns it like a lost connection (it tells the peer,
+    /// which therefore does not reconnect in turn, and keeps the partials). If the loop cannot
+    /// take it within a few seconds (blocked sending on a stalled connection), the connection
+    /// is cancelled, which unblocks it.
+    private func stop<Stack: TLVStack>(_ funnel: InboundFunnel, connection: NetworkConnection<Stack>) async {
+        let takenOver = TransferError(.cancelled, "a new connection from the same sender took over this transfer")
+        await withTaskGroup(of: Bool.self) { race in
+            race.addTask { await funnel.interrupt(with: takenOver); return true }
+            race.addTask {
+                try? await Task.sleep(for: .seconds(3))
+                return false
+            }
+            if await race.next() == false { connection.cancel() }
+            race.cancelAll()
+        }
+    }
+
     private func close<Stack: TLVStack>(
         _ funnel: InboundFunnel, _ inbound: inout AsyncStream<InboundFunnel.Delivery>.AsyncIterator,
-        group: inout ThrowingTaskGroup<Void, any Error>, connection: NetworkConnection<Stack>, session: inout ReceivingSession
+        group: inout ThrowingTaskGroup<Void, any Error>, connection: NetworkConnection<Stack>, session: inout ReceivingSession,
+        registration: ReceptionRegistry.Registration
     ) async {
         session.abandonOpenFiles()
+        registry.release(registration)
         group.cancelAll()
         connection.cancel()
         await funnel.close(draining: &inbound)
@@ -258,6 +299,14 @@ public struct TransferReceiver: Sendable {
         try store.checkFreeSpace(for: needed)
         return plans
     }
+}
+
+/// A transfer that stopped because a newer connection of the same sender took over its files
+/// (docs/PROTOCOL.md §6): not a failure of the transfer, which goes on in the new connection.
+public struct TransferSuperseded: Error, CustomStringConvertible, Sendable {
+    /// One line for a person.
+    public let message: String
+    public var description: String { message }
 }
 
 /// What the receiver does with one entry.

@@ -77,7 +77,9 @@ public struct TransferSender: Sendable {
             var summary = TransferSummary(succeeded: 0, failures: skipped, transferredBytes: 0, resumedBytes: resumed, algorithm: algorithm, digests: [])
             while true {
                 guard let message = try await connection.receiveMessage() else {
-                    throw TransferError(.protocolViolation, "the receiver closed the connection before reporting the result")
+                    // The receiver vanished (crashed, killed): a network failure, which a new
+                    // connection may resume from.
+                    throw QXferError(.connectionClosed, "the receiver closed the connection before reporting the result")
                 }
                 switch message {
                 case .verified(let entry):

@@ -43,6 +43,12 @@ final class InboundFunnel: Sendable {
         }
     }
 
+    /// Hands the consumer a failure that did not come from a stream (the transfer was taken
+    /// over), as if the control stream had failed; returns once it was handled.
+    func interrupt(with error: any Error) async {
+        await deliver(.control, .failed(error))
+    }
+
     private func deliver(_ source: Source, _ event: Event) async {
         await withCheckedContinuation { handled in
             if case .terminated = continuation.yield((source, event, handled)) { handled.resume() }

@@ -375,6 +375,51 @@ final class QUICConnectionDriver {
         onTerminated?()
     }
 
+    /// Called by the socket when it died under the established connection: what is sent until a
+    /// new socket is bound is lost (and recovered by QUIC, whose idle timeout still bounds the
+    /// wait). The new socket takes the same local address, so the path does not change; if that
+    /// address cannot be had, the connection migrates to a new port. Retried with backoff while
+    /// binding fails.
+    func rebind(after delay: TimeAmount = .milliseconds(100)) {
+        send = nil
+        flush = nil
+        route = nil
+        onTerminated = nil
+        socket = nil
+        // Confined to the event loop, like everything here; the closures run on it.
+        let bound = NIOLoopBound(self, eventLoop: eventLoop)
+        let loop = eventLoop
+        let trafficClass = self.trafficClass
+        eventLoop.scheduleTask(in: delay) {
+            let driver = bound.value
+            guard !driver.terminated else { return }
+            let host = driver.engine.path.remote.isIPv6 ? "::" : "0.0.0.0"
+            let sameAddress = driver.engine.path.local.socketAddress.map {
+                QUICTransport.bindClientSocket(on: loop, to: $0, trafficClass: trafficClass)
+            } ?? loop.makeFailedFuture(QXferError(.invalidUse, "the connection has no local address"))
+            sameAddress.flatMapError { _ in
+                QUICTransport.bindClientSocket(on: loop, host: host, port: 0, trafficClass: trafficClass)
+            }.whenComplete { result in
+                let driver = bound.value
+                switch result {
+                case .success(let channel):
+                    guard !driver.terminated, let handler = try? channel.pipeline.syncOperations.handler(type: QUICSocketHandler.self),
+                          let newLocal = handler.localAddress else {
+                        channel.close(promise: nil)
+                        return
+                    }
+                    handler.attach(client: driver)
+                    if newLocal != driver.engine.path.local {
+                        try? driver.engine.migrate(toLocalAddress: newLocal, now: Self.now)
+                    }
+                    driver.process()
+                case .failure:
+                    driver.rebind(after: min(delay * 2, .seconds(1)))
+                }
+            }
+        }
+    }
+
     /// Called by the socket when its writes can go on after backpressure.
     func socketWritable() {
         process()

@@ -166,7 +166,15 @@ final class QUICSocketHandler: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        for driver in Array(drivers.values) { driver.socketClosed() }
+        if server == nil, let driver = clientDriver, driver.engine.isHandshakeComplete, !driver.engine.isTerminated {
+            // The socket died under a live connection: Linux fails sendmsg with ENETUNREACH
+            // while the interface is down, and NIO closes a datagram socket on that error. For
+            // QUIC that is packet loss, not the end: the connection goes on from a new socket.
+            detach(client: driver)
+            driver.rebind()
+        } else {
+            for driver in Array(drivers.values) { driver.socketClosed() }
+        }
         context.fireChannelInactive()
     }
 
