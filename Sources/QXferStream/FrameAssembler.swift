@@ -25,6 +25,9 @@ public struct FrameAssembler: Sendable {
         public var lateGrace: UInt64 = 2_000_000_000
         /// Frames in reassembly at most; the oldest is given up beyond this (bounded memory).
         public var maximumFramesInProgress = 512
+        /// The most bytes the frames in progress may announce together: what a sender can make
+        /// the receiver hold (older frames give way).
+        public var maximumBytesInProgress = 256 << 20
 
         public init(repair: RepairScheme) { self.repair = repair }
     }
@@ -115,9 +118,10 @@ public struct FrameAssembler: Sendable {
             frames[index] = PartialFrame(header: header, layout: layout, blocks: blocks, lastArrival: now, expiry: expiry)
             unseen[index] = nil
             if !header.isRetransmission {
-                if let highest = highestSeen, index > highest &+ 1 {
-                    // Frames between were sent before this one and none of their shards came.
-                    for missing in (highest + 1)..<index where frames[missing] == nil && !finished.contains(missing) {
+                if let highest = highestSeen, index > highest, index - highest > 1 {
+                    // Frames between were sent before this one and none of their shards came; only
+                    // the latest 256 are worth waiting for (a hostile index must not mean a long loop).
+                    for missing in max(highest + 1, index.subtractingReportingOverflow(256).overflow ? 0 : index - 256)..<index where frames[missing] == nil && !finished.contains(missing) {
                         if unseen.count < 256 { unseen[missing] = UnseenFrame(expiry: expiry) }
                     }
                 }
@@ -296,7 +300,10 @@ public struct FrameAssembler: Sendable {
     }
 
     private mutating func trimFramesInProgress(_ events: inout [Event]) {
-        while frames.count > configuration.maximumFramesInProgress, let oldest = frames.keys.min() {
+        var announced = frames.values.reduce(0) { $0 + Int($1.header.frameLength) }
+        while frames.count > configuration.maximumFramesInProgress || announced > configuration.maximumBytesInProgress,
+              let oldest = frames.keys.min() {
+            announced -= Int(frames[oldest]!.header.frameLength)
             frames[oldest] = nil
             finished.insert(oldest)
             events.append(.expired(oldest))

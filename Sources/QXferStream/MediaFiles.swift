@@ -65,7 +65,9 @@ public final class ByteInput {
     /// Up to `count` bytes: fewer only at the end of the input.
     public func read(upTo count: Int) throws -> Data {
         while buffer.count < count {
-            let chunk = try handle.read(upToCount: max(count - buffer.count, 64 << 10)) ?? Data()
+            // In pieces of at most 4 MiB: a header claiming a huge picture or frame must not
+            // make a short file allocate that much before it runs out.
+            let chunk = try handle.read(upToCount: min(max(count - buffer.count, 64 << 10), 4 << 20)) ?? Data()
             if chunk.isEmpty { break }
             buffer.append(chunk)
         }

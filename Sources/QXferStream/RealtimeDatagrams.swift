@@ -63,6 +63,7 @@ public enum RealtimeDatagram: Sendable, Hashable {
             let deadline = try reader.read(UInt32.self, "shard")
             let length = try reader.read(UInt32.self, "shard")
             let flags = try reader.read(UInt8.self, "shard")
+            guard flags & ~3 == 0 else { throw StreamError(.malformed, "shard flags \(flags) set unknown bits") }
             let shardSize = try reader.read(UInt16.self, "shard")
             let block = try reader.read(UInt16.self, "shard")
             let blockCount = try reader.read(UInt16.self, "shard")
@@ -80,11 +81,13 @@ public enum RealtimeDatagram: Sendable, Hashable {
         case nackType:
             let frame = try reader.read(UInt64.self, "nack")
             let count = try reader.read(UInt16.self, "nack")
-            if count == UInt16.max { return .nack(frame: frame, missing: nil) }
-            var missing: [ShardAddress] = []
-            for _ in 0..<count {
-                missing.append(ShardAddress(block: try reader.read(UInt16.self, "nack"), shard: try reader.read(UInt8.self, "nack")))
+            var missing: [ShardAddress]?
+            if count != UInt16.max {
+                missing = try (0..<count).map { _ in
+                    ShardAddress(block: try reader.read(UInt16.self, "nack"), shard: try reader.read(UInt8.self, "nack"))
+                }
             }
+            guard reader.remaining == 0 else { throw StreamError(.malformed, "\(reader.remaining) stray bytes after a NACK") }
             return .nack(frame: frame, missing: missing)
         case let other:
             throw StreamError(.malformed, "unknown datagram type \(other)")
@@ -130,8 +133,12 @@ public struct ShardHeader: Sendable, Hashable {
 
     /// Checks the header against the frame layout it implies, so a hostile datagram cannot make
     /// the receiver index out of range or allocate without bound.
+    /// Shards of at least this size (or the whole frame) keep the receiver's bookkeeping per
+    /// announced byte small, whatever a sender claims. QUIC datagrams hold 1,100 bytes or more.
+    static let minimumShardSize = 256
+
     func validate(payloadCount: Int) throws {
-        guard shardSize > 0, frameLength <= UInt32(ControlMessage.maximumBodySize) else {
+        guard shardSize > 0, shardSize >= min(frameLength, UInt32(Self.minimumShardSize)), frameLength <= UInt32(ControlMessage.maximumBodySize) else {
             throw StreamError(.malformed, "shard header: size \(shardSize), frame length \(frameLength)")
         }
         let layout = ShardLayout(frameLength: Int(frameLength), shardSize: Int(shardSize))

@@ -214,6 +214,9 @@ public enum StreamSender {
                         guard let limit = try await connection.maximumDatagramSize else {
                             throw QXferError(.unsupported, "the receiver does not accept QUIC datagrams")
                         }
+                        guard limit >= RealtimeDatagram.shardHeaderSize + ShardHeader.minimumShardSize else {
+                            throw QXferError(.unsupported, "the path carries datagrams of only \(limit) bytes, too small for realtime mode; use --mode stream-per-frame")
+                        }
                         let datagrams = shared.withLock { $0.realtime.datagrams(for: frame, maximumDatagramSize: limit, now: WallClock.now()) }
                         var next = datagrams.startIndex
                         while next < datagrams.endIndex {

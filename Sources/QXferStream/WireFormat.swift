@@ -157,6 +157,7 @@ public enum ControlMessage: Sendable, Hashable {
             let timestamp = try reader.read(UInt64.self, "frame timestamp")
             let deadline = try reader.read(UInt32.self, "frame deadline")
             let flags = try reader.read(UInt8.self, "frame flags")
+            guard flags & ~1 == 0 else { throw StreamError(.malformed, "frame flags \(flags) set unknown bits") }
             message = .frame(Frame(
                 index: index, isKeyframe: flags & 1 != 0, captureTime: capture,
                 deadline: .milliseconds(Int64(deadline)), payload: Data(reader.readRest()), timestamp: timestamp))

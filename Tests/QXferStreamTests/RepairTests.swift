@@ -77,6 +77,48 @@ import Testing
         }
     }
 
+    @Test func strictnessOfDatagrams() throws {
+        // Unknown flag bits, and bytes after a NACK's last entry, are refused.
+        let frame = Frame(index: 1, isKeyframe: false, captureTime: 0, deadline: .milliseconds(100), payload: Data(count: 10))
+        var sender = RealtimeSender(repair: .none)
+        var shard = try #require(sender.datagrams(for: frame, maximumDatagramSize: 1200, now: 0).first)
+        shard[shard.startIndex + 33] |= 0x80
+        #expect(throws: StreamError.self) { try RealtimeDatagram.decode(shard) }
+        #expect(throws: StreamError.self) { try RealtimeDatagram.decode(RealtimeDatagram.nack(frame: 1, missing: []).encoded() + Data([0])) }
+        #expect(throws: StreamError.self) { try RealtimeDatagram.decode(RealtimeDatagram.nack(frame: 1, missing: nil).encoded() + Data([0x0d])) }
+    }
+
+    /// A sender (authenticated, but hostile or broken) that jumps to the largest frame index and
+    /// back, or far ahead, must cost the receiver neither a trap nor a loop over the gap.
+    @Test func extremeFrameIndicesNeitherTrapNorLoop() {
+        var assembler = FrameAssembler(configuration: .init(repair: .both))
+        var sender = RealtimeSender(repair: .none)
+        let now: UInt64 = 1_000_000_000
+        for index: UInt64 in [0, 3, 5, 1 << 62, .max, 7, .max - 1, 1] {
+            let frame = Frame(index: index, isKeyframe: false, captureTime: now, deadline: .milliseconds(100), payload: Data(count: 3000))
+            for datagram in sender.datagrams(for: frame, maximumDatagramSize: 1200, now: now) {
+                _ = assembler.receive(datagram, now: now)
+            }
+        }
+        let (events, requests) = assembler.tick(now: now + 1_000_000)
+        #expect(requests.count <= 256 + 8, "\(requests.count) requests")
+        #expect(events.count <= 256 + 8)
+    }
+
+    /// Announced bytes of the frames in reassembly are bounded, whatever frame lengths say.
+    @Test func bytesInProgressAreBounded() {
+        var configuration = FrameAssembler.Configuration(repair: .fec)
+        configuration.maximumBytesInProgress = 1 << 20
+        var assembler = FrameAssembler(configuration: configuration)
+        var sender = RealtimeSender(repair: .none)
+        for index: UInt64 in 0..<40 {
+            // The first shard of each 100 kB frame only: every frame stays incomplete.
+            let frame = Frame(index: index, isKeyframe: true, captureTime: 0, deadline: .seconds(10), payload: Data(count: 100_000))
+            _ = assembler.receive(sender.datagrams(for: frame, maximumDatagramSize: 1200, now: 0)[0], now: 0)
+        }
+        #expect(assembler.framesInProgress == 10, "\(assembler.framesInProgress) frames of 100 kB kept under a 1 MiB bound")
+    }
+
     /// Runs a realtime stream through a simulated link and returns what the receiver counted.
     func simulate(repair: RepairScheme, loss: Double, seed: UInt64, frames: Int = 600) -> SimulationResult {
         var link = SimulatedLink(oneWayDelay: 25_000_000, loss: loss, seed: seed)
