@@ -117,4 +117,74 @@ struct FramerTests {
         let end = await #expect(throws: QXferError.self) { _ = try await receiver.receive(atLeast: 1, atMost: 10) }
         #expect(end?.code == .endOfStream)
     }
+
+    @Test("A property list that contains itself or nests too deep is refused before decoding, not a stack overflow")
+    func propertyListShape() throws {
+        // An array whose only element is itself (bplist00, one object, 1-byte offsets and refs).
+        let cycle: [UInt8] = Array("bplist00".utf8) + [0xA1, 0x00] + [0x08]
+            + [0, 0, 0, 0, 0, 0, 0, 1, 1] + [0, 0, 0, 0, 0, 0, 0, 1] + [UInt8](repeating: 0, count: 8) + [0, 0, 0, 0, 0, 0, 0, 10]
+        let refused = #expect(throws: QXferError.self) { _ = try CoderFormat.propertyList.decode(Sample.self, from: Data(cycle)) }
+        #expect(refused?.code == .malformedMessage)
+        #expect(refused?.description.contains("contains itself") == true, "\(String(describing: refused))")
+
+        // Each Sample level is three containers (case, payload, array): 150 levels = 450, 200 = 600.
+        func nested(_ depth: Int) -> Sample { (0..<depth).reduce(Sample.empty) { inner, _ in .nested([inner]) } }
+        let deepEnough = try CoderFormat.propertyList.encode(nested(150))
+        #expect(try CoderFormat.propertyList.decode(Sample.self, from: deepEnough) == nested(150))
+        let tooDeep = try CoderFormat.propertyList.encode(nested(200))
+        let deepError = #expect(throws: QXferError.self) { _ = try CoderFormat.propertyList.decode(Sample.self, from: tooDeep) }
+        #expect(deepError?.description.contains("deeper than 512") == true, "\(String(describing: deepError))")
+
+        let xml = #expect(throws: QXferError.self) { _ = try CoderFormat.propertyList.decode(Sample.self, from: Data("<?xml version=\"1.0\"?><plist/>".utf8)) }
+        #expect(xml?.code == .malformedMessage)
+    }
+
+    /// The message type of fuzz/harness/FuzzFramers.swift.
+    indirect enum Sample: Codable, Equatable {
+        case hello(name: String, version: Int64, flags: [Bool])
+        case chunk(id: UInt64, bytes: Data, tags: [String: Int]?)
+        case nested([Sample])
+        case empty
+    }
+
+    /// Every input of the framers' fuzz corpus (fuzz/corpus/framers: byte 0 the framer, byte 1
+    /// the limit / 64, then the stream; crashes the fuzzer finds are added there) through a real
+    /// connection, in pieces of 7 bytes: the messages come out whole and within the limit, and
+    /// the connection ends cleanly or with malformed-message / truncated, never otherwise.
+    @Test("The framers' fuzz corpus through a real connection: whole messages, clear errors")
+    func framersCorpus() async throws {
+        let corpus = URL(fileURLWithPath: #filePath)
+            .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("fuzz/corpus/framers")
+        let names = try FileManager.default.contentsOfDirectory(atPath: corpus.path).sorted()
+        #expect(names.count >= 10)
+        var messagesSeen = 0
+        for name in names {
+            let input = try [UInt8](Data(contentsOf: corpus.appendingPathComponent(name)))
+            guard input.count >= 2 else { continue }
+            let limit = Int(input[1]) * 64
+            let stream = ScriptedStream(Array(input.dropFirst(2)), chunkSize: 7)
+            do {
+                switch input[0] % 3 {
+                case 0:
+                    let connection = NetworkConnection(
+                        accepted: stream, parameters: .parameters { TLV(maximumMessageSize: limit) { TLS() } }, remote: nil)
+                    for try await (content, _) in connection.messages {
+                        #expect(content.count <= limit, "\(name)")
+                        messagesSeen += 1
+                    }
+                default:
+                    let format: CoderFormat = input[0] % 3 == 1 ? .json : .propertyList
+                    let connection = NetworkConnection(
+                        accepted: stream, parameters: .parameters { Coder(Sample.self, using: format, maximumMessageSize: limit) { TLS() } },
+                        remote: nil)
+                    for try await _ in connection.messages { messagesSeen += 1 }
+                }
+            } catch let error as QXferError {
+                #expect([.malformedMessage, .truncated].contains(error.code), "\(name): \(error)")
+                #expect(!error.description.contains("\n"), "\(name)")
+            }
+        }
+        #expect(messagesSeen >= 8, "the seeds hold valid messages")
+    }
 }

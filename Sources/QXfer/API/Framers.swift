@@ -64,34 +64,6 @@ public struct Coder<Message: Codable & Sendable, Transport: ByteStreamProtocol>:
     public var transport: TransportDescription { inner.transport }
 }
 
-/// An encoding for ``Coder``.
-public struct CoderFormat: Sendable, Hashable {
-    enum Kind: Sendable, Hashable { case json, propertyList }
-    let kind: Kind
-
-    /// JSON (`JSONEncoder`).
-    public static let json = CoderFormat(kind: .json)
-    /// Binary property lists (`PropertyListEncoder`).
-    public static let propertyList = CoderFormat(kind: .propertyList)
-
-    func encode<T: Encodable>(_ value: T) throws -> Data {
-        switch kind {
-        case .json: return try JSONEncoder().encode(value)
-        case .propertyList:
-            let encoder = PropertyListEncoder()
-            encoder.outputFormat = .binary
-            return try encoder.encode(value)
-        }
-    }
-
-    func decode<T: Decodable>(_ type: T.Type, from data: Data) throws -> T {
-        switch kind {
-        case .json: return try JSONDecoder().decode(type, from: data)
-        case .propertyList: return try PropertyListDecoder().decode(type, from: data)
-        }
-    }
-}
-
 // MARK: - Frames on a connection
 
 extension NetworkConnection {
@@ -104,9 +76,10 @@ extension NetworkConnection {
         } catch let error as QXferError where error.code == .endOfStream {
             return nil
         }
-        let length = Int(header.getInteger(at: header.readerIndex + lengthOffset, endianness: .big, as: UInt32.self)!)
-        guard length <= limit else {
-            let error = QXferError(.malformedMessage, "the peer sent a \(length)-byte message; the limit is \(limit) bytes")
+        let length: Int
+        do {
+            length = try FrameLength.body(in: header.readableBytesView, at: lengthOffset, limit: limit)
+        } catch {
             cancel()
             throw error
         }
