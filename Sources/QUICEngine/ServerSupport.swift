@@ -31,11 +31,16 @@ public struct QUICPacketHeader: Hashable, Sendable {
     ///     issues (``QUICConfiguration/connectionIDLength``); short headers do not carry it.
     /// The corresponding ngtcp2 function is `ngtcp2_pkt_decode_version_cid`.
     public static func decode(datagram: [UInt8], shortHeaderConnectionIDLength: Int) -> Decoded {
+        datagram.withUnsafeBytes { decode(datagram: $0, shortHeaderConnectionIDLength: shortHeaderConnectionIDLength) }
+    }
+
+    /// ``decode(datagram:shortHeaderConnectionIDLength:)`` in place, without copying the datagram
+    /// (a listener decodes every datagram that reaches it, junk included).
+    public static func decode(datagram: UnsafeRawBufferPointer, shortHeaderConnectionIDLength: Int) -> Decoded {
         guard !datagram.isEmpty else { return .invalid }
         var vc = ngtcp2_version_cid()
-        let rv = datagram.withUnsafeBufferPointer {
-            ngtcp2_pkt_decode_version_cid(&vc, $0.baseAddress, $0.count, shortHeaderConnectionIDLength)
-        }
+        let rv = ngtcp2_pkt_decode_version_cid(
+            &vc, datagram.baseAddress!.assumingMemoryBound(to: UInt8.self), datagram.count, shortHeaderConnectionIDLength)
         let header = QUICPacketHeader(
             version: vc.version,
             destinationConnectionID: QUICConnectionID(pointer: vc.dcid, length: vc.dcidlen),

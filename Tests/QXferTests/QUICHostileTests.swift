@@ -183,6 +183,31 @@ struct QUICHostileTests {
         }
     }
 
+    @Test("Version Negotiation answers are capped at 100 a second: spoofed probes cannot make the listener a reflector",
+          .timeLimit(.minutes(1)))
+    func versionNegotiationBudget() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        try await withListener(listener, handler: Self.echo) { port in
+            var random = SplitMix64(seed: 0x5eed)
+            let prober = try UDPSocket()
+            // 400 probes over about 200 ms on a quiet machine, a pace the listener reads without
+            // loss: unbudgeted, each would be answered.
+            let clock = ContinuousClock()
+            let started = clock.now
+            for round in 0..<400 {
+                prober.send(Self.longHeader(version: 0xbaba_baba, dcid: random.bytes(8), scid: random.bytes(8), totalLength: 1200, &random), to: port)
+                if round % 10 == 9 { try await Task.sleep(for: .milliseconds(5)) }
+            }
+            // 100 for every second (or part of one) the probes spanned: two on a quiet machine,
+            // more when a loaded one stretched the loop.
+            let seconds = Int((clock.now - started).components.seconds) + 2
+            var answers = 0
+            while await prober.receive(within: .milliseconds(500)) != nil { answers += 1 }
+            #expect(answers >= 1 && answers <= min(seconds, 3) * 100, "\(answers) Version Negotiation answers to 400 probes sent in \(clock.now - started)")
+            try await Self.echoOnce(port: port)
+        }
+    }
+
     @Test("A client offering only ALPN h3 is refused with protocol-mismatch, and the handler never runs",
           .timeLimit(.minutes(1)))
     func wrongALPN() async throws {

@@ -43,8 +43,9 @@ final class QUICSocketHandler: ChannelInboundHandler {
     /// Retry packets sent, for tests and logs.
     private(set) var retriesSent = 0
 
-    /// Answers sent without any connection state (stateless resets, Retries) are capped per
-    /// second, so that spoofed traffic cannot turn the listener into a reflector or busy it.
+    /// Answers sent without any connection state (stateless resets, Retries, Version
+    /// Negotiation) are capped per second, so that spoofed traffic cannot turn the listener
+    /// into a reflector or busy it.
     struct AnswerBudget {
         let perSecond: Int
         private var second: UInt64 = 0
@@ -65,8 +66,10 @@ final class QUICSocketHandler: ChannelInboundHandler {
     }
     static let resetsPerSecond = 100
     static let retriesPerSecond = 2000
+    static let versionNegotiationsPerSecond = 100
     private var resetBudget = AnswerBudget(perSecond: resetsPerSecond)
     private var retryBudget = AnswerBudget(perSecond: retriesPerSecond)
+    private var versionNegotiationBudget = AnswerBudget(perSecond: versionNegotiationsPerSecond)
 
     private let server: Server?
     private var context: ChannelHandlerContext?
@@ -190,13 +193,13 @@ final class QUICSocketHandler: ChannelInboundHandler {
             return
         }
         guard let server else { return }
-        let bytes = Array(datagram)
-        switch QUICPacketHeader.decode(datagram: bytes, shortHeaderConnectionIDLength: server.connectionIDLength) {
+        switch QUICPacketHeader.decode(datagram: datagram, shortHeaderConnectionIDLength: server.connectionIDLength) {
         case .supported(let header):
             if let driver = routes[header.destinationConnectionID] {
                 driver.receive(datagram, path: path)
                 dirty[ObjectIdentifier(driver)] = driver
             } else if header.isLongHeader {
+                let bytes = Array(datagram)
                 if drivers.count < server.maximumConnections, let initial = QUICInitialPacket.accept(datagram: bytes) {
                     let now = QUICConnectionDriver.now
                     if let original = QUICRetry.validate(initial, remote: path.remote, secret: retrySecret, now: now) {
@@ -210,10 +213,11 @@ final class QUICSocketHandler: ChannelInboundHandler {
                     }
                 }
             } else {
-                sendStatelessReset(for: header.destinationConnectionID, triggeredBy: bytes.count, to: path.remote, server: server)
+                sendStatelessReset(for: header.destinationConnectionID, triggeredBy: datagram.count, to: path.remote, server: server)
             }
         case .unsupportedVersion(let header):
-            if bytes.count >= 1200, let reply = QUICVersionNegotiation.write(for: header) {
+            if datagram.count >= 1200, versionNegotiationBudget.spend(now: QUICConnectionDriver.now),
+               let reply = QUICVersionNegotiation.write(for: header) {
                 sendRaw(reply, to: path.remote)
             }
         case .invalid:
