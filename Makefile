@@ -29,9 +29,16 @@ test: deps
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/transfer.sh
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/faults.sh
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/pairing.sh
+	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/hostile.sh
+	# AddressSanitizer over the library, transfer and CLI tests (its own build folder; leak
+	# checking off: XCTest's runner leaks a few bytes of its own at exit).
+	$(SWIFT) build --build-tests --sanitize=address --scratch-path .build-asan
+	ASAN_OPTIONS=detect_leaks=0 $(SWIFT) test --skip-build --sanitize=address --scratch-path .build-asan \
+		--skip QUICEngineTests --skip QXferStreamTests
 
 ## Builds the libFuzzer targets (fuzz/harness: qxfer/1 codec and framing, path validation, resume
-## journal, mDNS) and runs each for FUZZ_SECONDS (default 60); prints executions and coverage.
+## journal, mDNS, TLV/Coder, IVF/Y4M, stream messages and datagrams, the QUIC listener's input)
+## and runs each for FUZZ_SECONDS (default 60); prints executions and coverage.
 FUZZ_SECONDS ?= 60
 fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Builds and runs qxfer's libFuzzer targets (fuzz/harness/*.swift), one binary per parser,
 # each compiled with swiftc -sanitize=fuzzer,address together with the project's own source
-# files it exercises (no SwiftPM: the parsers need only the standard library, Glibc and,
-# for the journal's check line, libxxhash).
+# files it exercises (no SwiftPM: the parsers need only the standard library, Foundation, Glibc,
+# libxxhash for the journal's check line, and for the QUIC engine its C shim, ngtcp2 and GnuTLS).
 #
 #   fuzz/run.sh [TARGET...]        build, then run each target for $FUZZ_SECONDS (default 60)
 #   fuzz/run.sh build [TARGET...]  build only
 #   fuzz/run.sh seeds              regenerate the seed corpora in fuzz/corpus/ (committed)
 #
-# Targets: codec frames paths journal dns. Seeds are read from fuzz/corpus/TARGET; new inputs
+# Targets: codec frames paths journal dns framers media streamwire quic. Seeds are read from fuzz/corpus/TARGET; new inputs
 # the fuzzer finds go to $FUZZ_BUILD/corpus/TARGET (not committed), crashes to
 # $FUZZ_BUILD/artifacts/TARGET/. The last lines printed are one summary line per target:
 # executions (libFuzzer's stat::number_of_executed_units) and its final cov:/ft: figures.
@@ -19,12 +19,16 @@ cd "$(dirname "$0")/.."
 SWIFTC=${SWIFTC:-swiftc}
 OUT=${FUZZ_BUILD:-.build-fuzz}
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
-ALL_TARGETS=(codec frames paths journal dns)
+ALL_TARGETS=(codec frames paths journal dns framers media streamwire quic)
 
 T=Sources/QXferTransfer
 D=Sources/QXfer/Discovery
+S=Sources/QXferStream
 WIRE="$T/Wire/MessageCodec.swift $T/Wire/Messages.swift $T/Limits.swift $T/TransferError.swift"
+STREAM="$S/WireFormat.swift $S/Bytes.swift $S/Frame.swift $S/RealtimeDatagrams.swift $S/ReedSolomon.swift"
 CXXHASH=(-Xcc -fmodule-map-file=fuzz/support/CXXHash.modulemap -I Sources/CXXHash/include -lxxhash)
+# The QUIC engine's C shim is compiled apart (as SwiftPM does) and linked with ngtcp2 and GnuTLS.
+CNGTCP2=(-Xcc -fmodule-map-file=fuzz/support/CNGTCP2.modulemap -I Sources/CNGTCP2/include "$OUT/cngtcp2-shims.o")
 
 sources() {
     case "$1" in
@@ -33,6 +37,10 @@ sources() {
         paths)   echo "fuzz/harness/FuzzPaths.swift $T/Paths/SafePath.swift $T/Limits.swift $T/TransferError.swift" ;;
         journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $WIRE fuzz/support/JournalSupport.swift" ;;
         dns)     echo "fuzz/harness/FuzzDNS.swift $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift" ;;
+        framers) echo "fuzz/harness/FuzzFramers.swift Sources/QXfer/API/FrameRules.swift Sources/QXfer/API/QXferError.swift" ;;
+        media)   echo "fuzz/harness/FuzzMedia.swift $S/MediaFiles.swift $STREAM" ;;
+        streamwire) echo "fuzz/harness/FuzzStreamWire.swift $S/FrameAssembler.swift $STREAM" ;;
+        quic)    echo "fuzz/harness/FuzzQUIC.swift $(echo Sources/QUICEngine/*.swift)" ;;
         *) echo "unknown fuzz target '$1' (targets: ${ALL_TARGETS[*]})" >&2; return 1 ;;
     esac
 }
@@ -42,14 +50,20 @@ build() {
     mkdir -p "$OUT"
     # shellcheck disable=SC2046
     if [ -x "$binary" ]; then
-        newer=$(find $(sources "$target") fuzz/support fuzz/run.sh -newer "$binary" | head -1)
+        newer=$(find $(sources "$target") Sources/CNGTCP2 fuzz/support fuzz/run.sh -newer "$binary" | head -1)
         [ -z "$newer" ] && { echo "== fuzz-$target is up to date"; return 0; }
     fi
     echo "== building fuzz-$target"
+    local extra=("${CXXHASH[@]}")
+    if [ "$target" = quic ]; then
+        "${CLANG:-clang}" -c -O1 -g -fsanitize=address,fuzzer-no-link -I Sources/CNGTCP2/include \
+            Sources/CNGTCP2/shims.c -o "$OUT/cngtcp2-shims.o"
+        extra=("${CNGTCP2[@]}")
+    fi
     # shellcheck disable=SC2046
     "$SWIFTC" -swift-version 6 -O -g -sanitize=fuzzer,address -parse-as-library \
         -module-name "QXferFuzz_$target" -module-cache-path "$OUT/module-cache" \
-        "${CXXHASH[@]}" $(sources "$target") -o "$OUT/fuzz-$target" 2>&1 \
+        "${extra[@]}" $(sources "$target") -o "$OUT/fuzz-$target" 2>&1 \
         | { grep -v "Cannot export local symbol '__asan" || true; }
     return "${PIPESTATUS[0]}"
 }
@@ -91,6 +105,7 @@ if [ "$mode" = seeds ]; then
         $T/Paths/SafePath.swift fuzz/support/JournalSupport.swift \
         $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift -o "$OUT/seeds"
     "$OUT/seeds" fuzz/corpus
+    python3 fuzz/seeds/wire_seeds.py fuzz/corpus
     exit 0
 fi
 

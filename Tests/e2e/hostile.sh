@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Hostile peers against the `qxfer recv` binary on loopback, over TCP+TLS and QUIC
+# (Tests/e2e/hostile_peer.py): the path-traversal corpus declined with nothing written, a TLS
+# 1.2-only client and clients offering another ALPN refused; then a real `qxfer send` still
+# goes through. No root needed; everything it creates is removed on exit.
+#
+#   Tests/e2e/hostile.sh        (QXFER=path picks the binary)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+QXFER=${QXFER:-$ROOT/.build/debug/qxfer}
+[ -x "$QXFER" ] || { echo "hostile: $QXFER not built" >&2; exit 1; }
+python3 -c 'import aioquic' 2>/dev/null || { echo "hostile: python3 with aioquic needed (scripts/install-deps.sh)" >&2; exit 1; }
+
+WORK=$(mktemp -d /tmp/qxfer-hostile.XXXXXX)
+RECV_PID=
+cleanup() {
+    [ -n "$RECV_PID" ] && kill -9 "$RECV_PID" 2>/dev/null || true
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+fail() { echo "hostile: FAIL: $*" >&2; exit 1; }
+
+# The target folder sits alone in its parent, so anything escaping it shows up there.
+mkdir -p "$WORK/parent/target" "$WORK/src"
+echo "still serving" >"$WORK/src/real.txt"
+PORT=$((20000 + RANDOM % 20000))
+"$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --yes --port "$PORT" --dir "$WORK/parent/target" \
+    >"$WORK/recv.out" 2>"$WORK/recv.err" </dev/null &
+RECV_PID=$!
+for _ in $(seq 1 100); do
+    grep -q "on port $PORT" "$WORK/recv.out" 2>/dev/null && break
+    kill -0 "$RECV_PID" 2>/dev/null || fail "recv exited: $(cat "$WORK/recv.err")"
+    sleep 0.1
+done
+grep -q "on port $PORT" "$WORK/recv.out" || fail "recv did not start"
+
+for stack in tls quic; do
+    python3 "$ROOT/Tests/e2e/hostile_peer.py" --stack "$stack" --port "$PORT" --target "$WORK/parent/target" \
+        || fail "$stack: see above; recv said: $(tail -5 "$WORK/recv.err")"
+done
+kill -0 "$RECV_PID" 2>/dev/null || fail "recv died under the hostile peers: $(tail -5 "$WORK/recv.err")"
+
+for stack in quic tls; do
+    timeout 60 "$QXFER" send --config-dir "$WORK/cfg-send" --stack "$stack" "$WORK/src/real.txt" "127.0.0.1:$PORT" \
+        >"$WORK/send.out" 2>&1 </dev/null || fail "a real send over $stack after the hostile peers: $(cat "$WORK/send.out")"
+    cmp -s "$WORK/src/real.txt" "$WORK/parent/target/real.txt" || fail "the real file did not arrive over $stack"
+    rm "$WORK/parent/target/real.txt"
+done
+echo "hostile: ok: a real send still goes through on both stacks"
+[ "$(ls -A "$WORK/parent")" = "target" ] || fail "something appeared beside the target folder: $(ls -A "$WORK/parent")"
+echo "hostile: all checks passed"

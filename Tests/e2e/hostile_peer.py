@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Hostile peers against a running `qxfer recv` (driven by Tests/e2e/hostile.sh).
+
+Written from docs/PROTOCOL.md alone, with Python's ssl module for TCP+TLS and aioquic for QUIC,
+so it is also an independent encoder of qxfer/1 Offers. Checks, on the stack given:
+  * every Offer of the path-traversal corpus is answered with Decline (unsafe-path) or Error
+    (malformed / limit-exceeded, where the structure itself is broken) and nothing is written:
+    the target folder stays empty and its parent keeps exactly its entries;
+  * TCP+TLS only: a TLS 1.2-only client fails its handshake;
+  * a client offering ALPN h2 (TLS) or h3 (QUIC) is refused: no handshake, or a connection the
+    receiver closes without answering an Offer.
+Prints one line per check; exits 1 on the first failure.
+
+    hostile_peer.py --stack tls|quic --port P --target DIR
+"""
+import argparse
+import asyncio
+import os
+import socket
+import ssl
+import struct
+import sys
+
+UNSAFE_PATH, MALFORMED, LIMIT_EXCEEDED = 3, 1, 2
+
+
+def frame(kind, body):
+    return struct.pack(">II", kind, len(body)) + body
+
+
+def str16(data):
+    return struct.pack(">H", len(data)) + data
+
+
+def entry(components, kind=0, target=b"", size=0):
+    return (struct.pack(">BBH", kind, 0, len(components)) + b"".join(str16(c) for c in components)
+            + struct.pack(">QIq", size, 0o644, 0) + str16(target))
+
+
+def offer(*entries):
+    return frame(1, struct.pack(">BBI", 1, 0, len(entries)) + b"".join(entries))
+
+
+FILE, DIRECTORY, SYMLINK = 0, 1, 2
+CORPUS = [
+    ("dot-dot", offer(entry([b".."]))),
+    ("dot", offer(entry([b"."]))),
+    ("climb under a folder", offer(entry([b"a"], DIRECTORY), entry([b"a", b".."]))),
+    ("climb then name", offer(entry([b"..", b"escaped"]))),
+    ("slash inside a component", offer(entry([b"../escaped"]))),
+    ("absolute path", offer(entry([b"/tmp/qxfer-escaped"]))),
+    ("empty component", offer(entry([b""]))),
+    ("NUL", offer(entry([b"a\x00b"]))),
+    ("terminal escape", offer(entry([b"evil\x1b[2J"]))),
+    ("DEL", offer(entry([b"x\x7f"]))),
+    ("256-byte name", offer(entry([b"n" * 256]))),
+    ("65 levels", offer(entry([b"d"] * 65))),
+    ("reserved partial suffix", offer(entry([b"f.qxfer-partial"]))),
+    ("reserved journal suffix", offer(entry([b"f.qxfer-journal"]))),
+    ("duplicate names", offer(entry([b"same"]), entry([b"same"]))),
+    ("entry under a file", offer(entry([b"f"]), entry([b"f", b"g"]))),
+    ("entry under a symlink", offer(entry([b"l"], SYMLINK, b"."), entry([b"l", b"x"]))),
+    ("symlink climbing out", offer(entry([b"l"], SYMLINK, b"../escaped"))),
+    ("absolute symlink", offer(entry([b"l"], SYMLINK, b"/etc"))),
+    ("symlink dot-dot after a name", offer(entry([b"d"], DIRECTORY), entry([b"d", b"l"], SYMLINK, b"x/../../escaped"))),
+    ("symlink climbing through a combining mark", offer(entry([b"l"], SYMLINK, "../\u0301x".encode()))),
+    ("count past the bytes sent", frame(1, struct.pack(">BBI", 1, 0, 1_000_000) + entry([b"a"]))),
+    ("depth past the bytes sent", frame(1, struct.pack(">BBIBBH", 1, 0, 1, 0, 0, 64) + str16(b"a"))),
+]
+EXPECTED_CODES = {UNSAFE_PATH, MALFORMED, LIMIT_EXCEEDED}
+
+
+def fail(message):
+    print(f"hostile_peer: FAIL: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def ok(message):
+    print(f"hostile_peer: ok: {message}")
+
+
+def parse_decline(reply, name):
+    if len(reply) < 8:
+        fail(f"{name}: the connection ended without an answer ({len(reply)} bytes)")
+    kind, length = struct.unpack(">II", reply[:8])
+    body = reply[8:8 + length]
+    if kind not in (3, 9) or len(body) < 4:
+        fail(f"{name}: answered with message type {kind}, not Decline or Error")
+    code = struct.unpack(">H", body[:2])[0]
+    if code not in EXPECTED_CODES:
+        fail(f"{name}: declined with code {code}, expected one of {sorted(EXPECTED_CODES)}")
+    message = body[4:4 + struct.unpack(">H", body[2:4])[0]].decode(errors="replace")
+    return code, message
+
+
+def tls_context(alpn=("qxfer/1",), maximum=None):
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if maximum:
+        context.maximum_version = maximum
+    else:
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.set_alpn_protocols(list(alpn))
+    return context
+
+
+def read_reply(sock, timeout=10):
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) >= 8 and len(data) >= 8 + struct.unpack(">I", data[4:8])[0]:
+                break
+    except (ssl.SSLError, ConnectionError, socket.timeout):
+        pass
+    return data
+
+
+def tls_exchange(port, message, **context_options):
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with tls_context(**context_options).wrap_socket(raw, server_hostname="qxfer") as sock:
+            sock.sendall(message)
+            return read_reply(sock), sock.selected_alpn_protocol()
+
+
+async def quic_exchange(port, message, alpn=("qxfer/1",)):
+    from aioquic.asyncio import connect
+    from aioquic.quic.configuration import QuicConfiguration
+
+    configuration = QuicConfiguration(is_client=True, alpn_protocols=list(alpn), verify_mode=ssl.CERT_NONE)
+    async with connect("127.0.0.1", port, configuration=configuration, wait_connected=True) as client:
+        reader, writer = await client.create_stream()
+        writer.write(message)
+        data = b""
+        try:
+            while len(data) < 8 or len(data) < 8 + struct.unpack(">I", data[4:8])[0]:
+                chunk = await asyncio.wait_for(reader.read(65536), 10)
+                if not chunk:
+                    break
+                data += chunk
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        return data
+
+
+def exchange(stack, port, message):
+    if stack == "tls":
+        return tls_exchange(port, message)[0]
+    return asyncio.run(asyncio.wait_for(quic_exchange(port, message), 30))
+
+
+def snapshot(target):
+    parent = os.path.dirname(os.path.abspath(target))
+    return sorted(os.listdir(parent)), sorted(os.listdir(target))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stack", choices=["tls", "quic"], required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--target", required=True)
+    args = parser.parse_args()
+
+    before = snapshot(args.target)
+    if before[1]:
+        fail(f"the target folder is not empty to begin with: {before[1]}")
+    codes = {}
+    for name, message in CORPUS:
+        code, text = parse_decline(exchange(args.stack, args.port, message), name)
+        codes[code] = codes.get(code, 0) + 1
+        if "\n" in text:
+            fail(f"{name}: a multi-line refusal")
+        after = snapshot(args.target)
+        if after != before:
+            fail(f"{name}: something was written: parent {after[0]}, target {after[1]}")
+    ok(f"{args.stack}: {len(CORPUS)} hostile offers declined (codes {dict(sorted(codes.items()))}), nothing written")
+
+    probe = offer(entry([b"probe.txt"], size=5))
+    if args.stack == "tls":
+        try:
+            reply, _ = tls_exchange(args.port, probe, maximum=ssl.TLSVersion.TLSv1_2)
+            fail(f"a TLS 1.2-only client completed a handshake (answer: {reply[:16]!r})")
+        except (ssl.SSLError, ConnectionError):
+            ok("tls: a TLS 1.2-only client is refused in the handshake")
+        try:
+            reply, selected = tls_exchange(args.port, probe, alpn=("h2",))
+            if reply or selected:
+                fail(f"a client offering only h2 got ALPN {selected!r} and answer {reply[:16]!r}")
+            ok("tls: a client offering only h2 is closed without an answer")
+        except (ssl.SSLError, ConnectionError):
+            ok("tls: a client offering only h2 is refused in the handshake")
+    else:
+        try:
+            reply = asyncio.run(asyncio.wait_for(quic_exchange(args.port, probe, alpn=("h3",)), 15))
+            if reply:
+                fail(f"a QUIC client offering only h3 got an answer {reply[:16]!r}")
+            ok("quic: a client offering only h3 is closed without an answer")
+        except (ConnectionError, asyncio.TimeoutError):
+            ok("quic: a client offering only h3 is refused in the handshake")
+    if snapshot(args.target) != before:
+        fail("the refused clients left something behind")
+
+
+if __name__ == "__main__":
+    main()
