@@ -514,9 +514,9 @@ struct LoopbackTests {
         let closed = try ClosedPort()
         let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: closed.port), using: .parameters {
             TLS().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
-        }.connectTimeout(.seconds(5)))  // room for several attempts even on a loaded machine
+        }.connectTimeout(.seconds(15)))  // room for several attempts even under AddressSanitizer on a loaded machine
         let states = collectStates(connection)
-        let error = try await within(.seconds(20), "connecting to a closed port") {
+        let error = try await within(.seconds(45), "connecting to a closed port") {
             await qxferError { try await connection.start() }
         }
         #expect(error?.code == .connectFailed)
