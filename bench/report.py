@@ -200,7 +200,11 @@ def plot(transfer_paths, stream_paths, out_dir):
 
     written = []
     if transfer_paths:
-        summary = summarize_transfer(read_transfer(transfer_paths))
+        rows = read_transfer(transfer_paths)
+        summary = summarize_transfer(rows)
+        size = max(int(r["bytes"]) for group in rows.values() for r in group)
+        size_label = f"{size / 2**30:g} GiB" if size >= 2**30 else f"{size / 2**20:g} MiB"
+        runs = max(len(group) for group in rows.values())
         conditions = list(OrderedDict.fromkeys(c for c, _ in summary))
         fig, axes = plt.subplots(1, len(conditions), figsize=(5.2 * len(conditions), 4.8), squeeze=False)
         for ax, condition in zip(axes[0], conditions):
@@ -216,7 +220,7 @@ def plot(transfer_paths, stream_paths, out_dir):
             ax.set_title(CONDITION_TITLES.get(condition, condition))
             ax.set_xlabel("MB/s (median, bars: min–max)")
             ax.set_xscale("log" if max(medians) / max(min(medians), 1e-3) > 50 else "linear")
-        fig.suptitle("1 GiB file transfer: qxfer (blue) vs peers (grey); * stopped at the time cap")
+        fig.suptitle(f"{size_label} file transfer, {runs} run{'s' if runs > 1 else ''} each: qxfer (blue) vs peers (grey); * stopped at the time cap")
         fig.tight_layout()
         path = f"{out_dir}/bench-throughput.png"
         fig.savefig(path, dpi=110)
