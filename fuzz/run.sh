@@ -8,10 +8,11 @@
 #   fuzz/run.sh build [TARGET...]  build only
 #   fuzz/run.sh seeds              regenerate the seed corpora in fuzz/corpus/ (committed)
 #
-# Targets: codec frames paths journal dns framers media streamwire quic. Seeds are read from fuzz/corpus/TARGET; new inputs
-# the fuzzer finds go to $FUZZ_BUILD/corpus/TARGET (not committed), crashes to
-# $FUZZ_BUILD/artifacts/TARGET/. The last lines printed are one summary line per target:
-# executions (libFuzzer's stat::number_of_executed_units) and its final cov:/ft: figures.
+# Targets: codec frames paths journal dns framers media streamwire quic. Seeds are read from
+# fuzz/corpus/TARGET; new inputs the fuzzer finds go to $FUZZ_BUILD/corpus/TARGET (not
+# committed), crashes to $FUZZ_BUILD/artifacts/TARGET/. The last lines printed are one summary
+# line per target: executions (libFuzzer's stat::number_of_executed_units) and its final
+# cov:/ft: figures.
 # Exit status: non-zero if any target crashed, leaked, timed out or did not build.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -121,7 +121,8 @@ public struct FrameAssembler: Sendable {
                 if let highest = highestSeen, index > highest, index - highest > 1 {
                     // Frames between were sent before this one and none of their shards came; only
                     // the latest 256 are worth waiting for (a hostile index must not mean a long loop).
-                    for missing in max(highest + 1, index.subtractingReportingOverflow(256).overflow ? 0 : index - 256)..<index where frames[missing] == nil && !finished.contains(missing) {
+                    let skipped = index - highest - 1
+                    for missing in (index - min(skipped, 256))..<index where frames[missing] == nil && !finished.contains(missing) {
                         if unseen.count < 256 { unseen[missing] = UnseenFrame(expiry: expiry) }
                     }
                 }

@@ -131,12 +131,12 @@ public struct ShardHeader: Sendable, Hashable {
     public var blockDataShards: UInt8
     public var blockParityShards: UInt8
 
-    /// Checks the header against the frame layout it implies, so a hostile datagram cannot make
-    /// the receiver index out of range or allocate without bound.
     /// Shards of at least this size (or the whole frame) keep the receiver's bookkeeping per
     /// announced byte small, whatever a sender claims. QUIC datagrams hold 1,100 bytes or more.
     static let minimumShardSize = 256
 
+    /// Checks the header against the frame layout it implies, so a hostile datagram cannot make
+    /// the receiver index out of range or allocate without bound.
     func validate(payloadCount: Int) throws {
         guard shardSize > 0, shardSize >= min(frameLength, UInt32(Self.minimumShardSize)), frameLength <= UInt32(ControlMessage.maximumBodySize) else {
             throw StreamError(.malformed, "shard header: size \(shardSize), frame length \(frameLength)")
