@@ -110,6 +110,13 @@ func beforeHandshake(_ inputs: [[UInt8]]) {
     }
 }
 
+/// Lets each connection handle its timer if it has come due.
+func runDueTimers(_ connections: QUICConnection..., now: QUICTime) {
+    for connection in connections {
+        if let deadline = connection.nextTimeout, deadline <= now { connection.handleTimeout(now: now) }
+    }
+}
+
 /// Moves every pending datagram between the two until both are quiet; returns the client's.
 @discardableResult
 func exchange(_ client: QUICConnection, _ server: QUICConnection, now: QUICTime, rounds: Int = 50) -> [[UInt8]] {
@@ -153,8 +160,7 @@ func afterHandshake(_ inputs: [[UInt8]], rawFlags: UInt8) {
     for _ in 0..<200 where !(client.isHandshakeComplete && server.isHandshakeComplete) {
         genuine += exchange(client, server, now: now)
         now = now.advanced(by: .milliseconds(1))
-        if let deadline = client.nextTimeout, deadline <= now { client.handleTimeout(now: now) }
-        if let deadline = server.nextTimeout, deadline <= now { server.handleTimeout(now: now) }
+        runDueTimers(client, server, now: now)
     }
     precondition(client.isHandshakeComplete && server.isHandshakeComplete, "the in-memory handshake did not complete")
     while client.pollEvent() != nil {}
@@ -193,8 +199,7 @@ func afterHandshake(_ inputs: [[UInt8]], rawFlags: UInt8) {
         while let event = server.pollEvent() {
             if case .streamReadable(let id) = event, id == probe, let read = try? server.read(stream: id) { received += read.bytes }
         }
-        if let deadline = client.nextTimeout, deadline <= now { client.handleTimeout(now: now) }
-        if let deadline = server.nextTimeout, deadline <= now { server.handleTimeout(now: now) }
+        runDueTimers(client, server, now: now)
     }
     precondition(received == payload, "after the injected datagrams a stream carried \(received.count) of \(payload.count) bytes, or other bytes")
 }
