@@ -172,6 +172,16 @@ struct QUICStreamTests {
         }
     }
 
+    /// When an idle connection must have ended: QUIC's idle period is at least three probe
+    /// timeouts (RFC 9000 §10.1), and a loaded machine (sanitizers, parallel suites) measures
+    /// RTTs of seconds; then 7 s of slack for scheduling. A hang still fails.
+    static func idleDeadline<Stack>(of connection: NetworkConnection<Stack>, idleTimeout: Duration) async -> Duration {
+        let metrics = await connection.metrics
+        let probeTimeout = (metrics.smoothedRTT ?? .zero)
+            + max((metrics.rttVariance ?? .zero) * 4, .milliseconds(1)) + .milliseconds(25)
+        return max(idleTimeout, probeTimeout * 3) + .seconds(7)
+    }
+
     @Test("An idle QUIC connection times out with a clear error")
     func idleTimeout() async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
@@ -181,11 +191,12 @@ struct QUICStreamTests {
         }) { port in
             let connection = client(port) { $0.idleTimeout(.seconds(2)) }
             try await connection.send(Data("x".utf8))
+            let deadline = await Self.idleDeadline(of: connection, idleTimeout: .seconds(2))
             let clock = ContinuousClock()
             let started = clock.now
             let error = await #expect(throws: QXferError.self) { _ = try await connection.receive(atLeast: 1, atMost: 1) }
             #expect(error?.code == .idleTimeout)
-            #expect(clock.now - started < .seconds(10))
+            #expect(clock.now - started < deadline)
         }
     }
 
@@ -199,12 +210,13 @@ struct QUICStreamTests {
             let connection = client(relay.port) { $0.idleTimeout(.seconds(3)) }
             try await connection.send(Data("x".utf8))
             _ = try await connection.receive(exactly: 1)
+            let deadline = await Self.idleDeadline(of: connection, idleTimeout: .seconds(3))
             relay.blackhole()
             let clock = ContinuousClock()
             let started = clock.now
             let error = await #expect(throws: QXferError.self) { _ = try await connection.receive(atLeast: 1, atMost: 1) }
             #expect(error?.code == .idleTimeout)
-            #expect(clock.now - started < .seconds(10))
+            #expect(clock.now - started < deadline)
             await relay.stop()
         }
     }
