@@ -22,6 +22,13 @@ public struct QUICSocketAddress: Hashable, Sendable, CustomStringConvertible {
     /// Whether this is an IPv6 address.
     public var isIPv6: Bool { addressBytes.count == 16 }
 
+    /// Whether this is a loopback address: 127.0.0.0/8, ::1, or ::ffff:127.0.0.0/104.
+    public var isLoopback: Bool {
+        if addressBytes.count == 4 { return addressBytes[0] == 127 }
+        if addressBytes == [UInt8](repeating: 0, count: 15) + [1] { return true }
+        return addressBytes.prefix(12) == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] && addressBytes[12] == 127
+    }
+
     /// Creates an address from raw bytes (4 → IPv4, 16 → IPv6); nil for any other length.
     public init?(addressBytes: [UInt8], port: UInt16, scopeID: UInt32 = 0) {
         guard addressBytes.count == 4 || addressBytes.count == 16 else { return nil }

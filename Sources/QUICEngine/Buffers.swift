@@ -109,15 +109,17 @@ struct ByteQueue {
         storage.append(contentsOf: bytes)
     }
 
-    mutating func read(max: Int) -> [UInt8] {
-        let n = Swift.min(max, count)
-        let out = Array(storage[head..<head + n])
+    /// Moves as many bytes as fit into `buffer`; returns how many.
+    mutating func read(into buffer: UnsafeMutableRawBufferPointer) -> Int {
+        let n = Swift.min(buffer.count, count)
+        guard n > 0 else { return 0 }
+        storage.withUnsafeBytes { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[head..<head + n])) }
         head += n
         if head == storage.count {
             storage.removeAll(keepingCapacity: storage.capacity <= 1 << 16)
             head = 0
         }
-        return out
+        return n
     }
 
     mutating func removeAll() {

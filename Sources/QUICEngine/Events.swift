@@ -113,16 +113,24 @@ public enum QUICEvent: Sendable, Equatable {
 /// `AddressedEnvelope.Metadata(segmentSize:)`; without GSO, send `data` in slices of
 /// `segmentSize`.
 public struct QUICTransmit: Sendable {
-    /// Where to send from and to.
-    public var path: QUICPath
-    /// ECN codepoint to set on every segment.
-    public var ecn: QUICECN
+    /// Where the packets go and how they are cut.
+    public var info: QUICTransmitInfo
     /// The packets, back to back.
     public var data: [UInt8]
+
+    public init(_ info: QUICTransmitInfo, data: [UInt8]) {
+        self.info = info
+        self.data = data
+    }
+
+    /// Where to send from and to.
+    public var path: QUICPath { info.path }
+    /// ECN codepoint to set on every segment.
+    public var ecn: QUICECN { info.ecn }
     /// The size of each segment but the last.
-    public var segmentSize: Int
+    public var segmentSize: Int { info.segmentSize }
     /// How many packets `data` holds.
-    public var segmentCount: Int
+    public var segmentCount: Int { info.segmentCount }
 
     /// The individual datagrams (for drivers without GSO and for tests).
     public var segments: [ArraySlice<UInt8>] {
@@ -130,6 +138,21 @@ public struct QUICTransmit: Sendable {
             data[$0..<min($0 + segmentSize, data.count)]
         }
     }
+}
+
+/// A batch of datagrams that ``QUICConnection/pollTransmit(now:into:)`` wrote: where they go
+/// and how the bytes are cut into packets.
+public struct QUICTransmitInfo: Sendable, Equatable {
+    /// Where to send from and to.
+    public var path: QUICPath
+    /// ECN codepoint to set on every segment.
+    public var ecn: QUICECN
+    /// Bytes written, all packets together.
+    public var byteCount: Int
+    /// The size of each segment but the last.
+    public var segmentSize: Int
+    /// How many packets were written.
+    public var segmentCount: Int
 }
 
 /// The result of ``QUICConnection/read(stream:maxLength:)``.

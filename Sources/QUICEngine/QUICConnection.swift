@@ -59,6 +59,8 @@ public final class QUICConnection {
     private var nextDatagramID: UInt64 = 0
 
     private var carriedTransmit: QUICTransmit?
+    /// Scratch space for the stream bytes offered to one packet, allocated once, not per packet.
+    private let streamVectors = UnsafeMutableBufferPointer<ngtcp2_vec>.allocate(capacity: 16)
     private var lastExpiryHandled: QUICTime?
     private var currentPath: QUICPath
 
@@ -109,7 +111,7 @@ public final class QUICConnection {
         var dcid = originalDestinationConnectionID.ngtcp2CID
         var scidC = scid.ngtcp2CID
         var callbacks = Self.makeCallbacks(isServer: false)
-        var settings = makeSettings(now: now)
+        var settings = makeSettings(now: now, remote: path.remote)
         var params = makeTransportParameters()
         var newConn: OpaquePointer?
         let rv = path.withNGTCP2Path { p in
@@ -153,7 +155,7 @@ public final class QUICConnection {
         var dcid = initialPacket.sourceConnectionID.ngtcp2CID
         var scidC = scid.ngtcp2CID
         var callbacks = Self.makeCallbacks(isServer: true)
-        var settings = makeSettings(now: now)
+        var settings = makeSettings(now: now, remote: path.remote)
         var params = makeTransportParameters()
         if let originalDestination {
             params.original_dcid = originalDestination.ngtcp2CID
@@ -183,10 +185,11 @@ public final class QUICConnection {
         if let conn { ngtcp2_conn_del(conn) }
         connRef.deinitialize(count: 1)
         connRef.deallocate()
+        streamVectors.deallocate()
         // `tls` (session, credentials) is released after this body.
     }
 
-    private func makeSettings(now: QUICTime) -> ngtcp2_settings {
+    private func makeSettings(now: QUICTime, remote: QUICSocketAddress) -> ngtcp2_settings {
         var settings = ngtcp2_settings()
         cngtcp2_settings_default(&settings)
         settings.initial_ts = now.nanoseconds
@@ -195,7 +198,7 @@ public final class QUICConnection {
         settings.max_stream_window = configuration.maxStreamWindow
         settings.handshake_timeout = configuration.handshakeTimeout.quicNanoseconds
         if let rtt = configuration.initialRTT { settings.initial_rtt = rtt.quicNanoseconds }
-        if let size = configuration.maxUDPPayloadSize {
+        if let size = configuration.maxUDPPayloadSize ?? (remote.isLoopback ? configuration.loopbackUDPPayloadSize : nil) {
             settings.max_tx_udp_payload_size = size
             settings.no_tx_udp_payload_size_shaping = 1
         }
@@ -356,34 +359,54 @@ public final class QUICConnection {
 
     // MARK: - Outputs
 
-    /// Returns the next batch of datagrams to send, or nil when there is nothing to
-    /// send now (idle, congestion-limited, or waiting for the pacing timer).
+    /// Bytes a buffer given to ``pollTransmit(now:into:)`` should offer for a full batch:
+    /// as many packets as one GSO send carries (at most 64 segments, 64 000 bytes).
+    public var transmitCapacity: Int {
+        guard let conn else { return 1200 }
+        let maxUDP = max(ngtcp2_conn_get_max_tx_udp_payload_size(conn), 1200)
+        return maxUDP * max(1, min(configuration.maxSegmentsPerTransmit, Self.maximumGSOSegments, Self.maximumGSOBytes / maxUDP))
+    }
+
+    /// Linux's limits for one UDP_SEGMENT send: 64 segments (UDP_MAX_SEGMENTS), and one IP
+    /// datagram's worth of bytes in all.
+    static let maximumGSOSegments = 64
+    static let maximumGSOBytes = 64_000
+
+    /// Writes the next batch of datagrams to send into `buffer`, back to back, and says where
+    /// they go; nil when there is nothing to send now (idle, congestion-limited, or waiting
+    /// for the pacing timer).
     ///
-    /// Call it repeatedly until it returns nil after every input. Each result holds up
-    /// to ``QUICConfiguration/maxSegmentsPerTransmit`` packets for one path, all of
-    /// ``QUICTransmit/segmentSize`` bytes except possibly the last (a GSO batch).
+    /// Call it repeatedly until it returns nil after every input. A batch holds up to
+    /// ``QUICConfiguration/maxSegmentsPerTransmit`` packets for one path and ECN codepoint,
+    /// all of ``QUICTransmitInfo/segmentSize`` bytes except possibly the last (one GSO send).
+    /// Writing straight into the caller's buffer (a socket buffer) spares a copy and an
+    /// allocation per batch. `buffer` must hold at least one full-size packet;
+    /// ``transmitCapacity`` is what a full batch takes.
     /// The corresponding ngtcp2 functions are `ngtcp2_conn_writev_stream`,
     /// `ngtcp2_conn_writev_datagram`, `ngtcp2_conn_write_connection_close` and
     /// `ngtcp2_conn_update_pkt_tx_time`.
-    public func pollTransmit(now: QUICTime) -> QUICTransmit? {
+    public func pollTransmit(now: QUICTime, into buffer: UnsafeMutableRawBufferPointer) -> QUICTransmitInfo? {
         if let carried = carriedTransmit {
+            precondition(buffer.count >= carried.data.count, "pollTransmit: buffer smaller than one packet")
             carriedTransmit = nil
-            count(carried)
-            return carried
+            buffer.copyBytes(from: carried.data)
+            count(carried.info)
+            return carried.info
         }
         guard let conn, case .open = state else { return nil }
         if let close = pendingClose {
             pendingClose = nil
-            return writeClosePacket(kind: close.kind, code: close.code, reason: close.reason, now: now)
+            return writeClosePacket(kind: close.kind, code: close.code, reason: close.reason, now: now, into: buffer)
         }
 
         let maxUDP = ngtcp2_conn_get_max_tx_udp_payload_size(conn)
+        precondition(buffer.count >= maxUDP, "pollTransmit: buffer smaller than one packet")
         let pathMax = ngtcp2_conn_get_path_max_tx_udp_payload_size(conn)
         let quantum = ngtcp2_conn_get_send_quantum(conn)
-        let maxPackets = max(1, min(configuration.maxSegmentsPerTransmit, quantum / max(maxUDP, 1)))
+        let maxPackets = max(1, min(configuration.maxSegmentsPerTransmit, Self.maximumGSOSegments,
+                                    quantum / max(maxUDP, 1), buffer.count / maxUDP))
         compactSendQueue()
 
-        var buffer = [UInt8](repeating: 0, count: maxUDP * maxPackets)
         var used = 0
         var segmentSize = 0
         var packets = 0
@@ -391,34 +414,32 @@ public final class QUICConnection {
         var batchECN = QUICECN.notECT
         var failure: Int32 = 0
 
-        buffer.withUnsafeMutableBytes { raw in
-            while packets < maxPackets {
-                var ps = ngtcp2_path_storage()
-                ngtcp2_path_storage_zero(&ps)
-                var info = ngtcp2_pkt_info()
-                let dest = raw.baseAddress!.advanced(by: used).assumingMemoryBound(to: UInt8.self)
-                let n = writePacket(conn: conn, path: &ps.path, info: &info, dest: dest, capacity: maxUDP, now: now)
-                if n < 0 { failure = Int32(n); break }
-                if n == 0 { break }
-                let length = Int(n)
-                let packetPath = QUICPath(ps.path) ?? currentPath
-                let packetECN = QUICECN(rawValue: UInt8(truncatingIfNeeded: info.ecn))
-                if packets == 0 {
-                    batchPath = packetPath
-                    batchECN = packetECN
-                    segmentSize = length
-                } else if packetPath != batchPath || packetECN != batchECN || length > segmentSize
-                            || (segmentSize > pathMax && length != segmentSize) {
-                    // Cannot join this GSO batch: hand it out on the next poll.
-                    carriedTransmit = QUICTransmit(path: packetPath, ecn: packetECN,
-                                                   data: Array(UnsafeRawBufferPointer(start: dest, count: length)),
-                                                   segmentSize: length, segmentCount: 1)
-                    break
-                }
-                used += length
-                packets += 1
-                if length < segmentSize { break } // a short packet must be the batch's last
+        while packets < maxPackets {
+            var ps = ngtcp2_path_storage()
+            ngtcp2_path_storage_zero(&ps)
+            var info = ngtcp2_pkt_info()
+            let dest = buffer.baseAddress!.advanced(by: used).assumingMemoryBound(to: UInt8.self)
+            let n = writePacket(conn: conn, path: &ps.path, info: &info, dest: dest, capacity: maxUDP, now: now)
+            if n < 0 { failure = Int32(n); break }
+            if n == 0 { break }
+            let length = Int(n)
+            let packetPath = QUICPath(ps.path) ?? currentPath
+            let packetECN = QUICECN(rawValue: UInt8(truncatingIfNeeded: info.ecn))
+            if packets == 0 {
+                batchPath = packetPath
+                batchECN = packetECN
+                segmentSize = length
+            } else if packetPath != batchPath || packetECN != batchECN || length > segmentSize
+                        || (segmentSize > pathMax && length != segmentSize) {
+                // Cannot join this GSO batch: hand it out on the next poll.
+                carriedTransmit = QUICTransmit(
+                    QUICTransmitInfo(path: packetPath, ecn: packetECN, byteCount: length, segmentSize: length, segmentCount: 1),
+                    data: Array(UnsafeRawBufferPointer(start: dest, count: length)))
+                break
             }
+            used += length
+            packets += 1
+            if length < segmentSize { break } // a short packet must be the batch's last
         }
         ngtcp2_conn_update_pkt_tx_time(conn, now.nanoseconds)
         afterLibraryCall(now: now)
@@ -427,21 +448,30 @@ public final class QUICConnection {
             failConnection(libraryError: failure, now: now)
             if let close = pendingClose {
                 pendingClose = nil
-                return writeClosePacket(kind: close.kind, code: close.code, reason: close.reason, now: now)
+                return writeClosePacket(kind: close.kind, code: close.code, reason: close.reason, now: now, into: buffer)
             }
             return nil
         }
         guard packets > 0, let batchPath else { return nil }
-        buffer.removeSubrange(used...)
-        let transmit = QUICTransmit(path: batchPath, ecn: batchECN, data: buffer, segmentSize: segmentSize,
-                                    segmentCount: packets)
-        count(transmit)
-        return transmit
+        let info = QUICTransmitInfo(path: batchPath, ecn: batchECN, byteCount: used, segmentSize: segmentSize, segmentCount: packets)
+        count(info)
+        return info
     }
 
-    private func count(_ transmit: QUICTransmit) {
-        counters.packetsSent += UInt64(transmit.segmentCount)
-        counters.bytesSent += UInt64(transmit.data.count)
+    /// The next datagrams to send in an array of their own (for tests and drivers that do
+    /// not write into socket buffers); see ``pollTransmit(now:into:)``.
+    public func pollTransmit(now: QUICTime) -> QUICTransmit? {
+        var info: QUICTransmitInfo?
+        let data = [UInt8](unsafeUninitializedCapacity: transmitCapacity) { buffer, initialized in
+            info = pollTransmit(now: now, into: UnsafeMutableRawBufferPointer(buffer))
+            initialized = info?.byteCount ?? 0
+        }
+        return info.map { QUICTransmit($0, data: data) }
+    }
+
+    private func count(_ info: QUICTransmitInfo) {
+        counters.packetsSent += UInt64(info.segmentCount)
+        counters.bytesSent += UInt64(info.byteCount)
     }
 
     /// Writes one QUIC packet, coalescing datagrams and stream frames of several streams.
@@ -455,7 +485,6 @@ public final class QUICConnection {
         let start = candidates == 0 ? 0 : roundRobin % candidates
         roundRobin &+= 1
         var triedDatagram = false
-        var vecs = [ngtcp2_vec](repeating: ngtcp2_vec(), count: 16)
 
         while true {
             // Unreliable datagrams go first: they are the latency-sensitive traffic.
@@ -504,17 +533,15 @@ public final class QUICConnection {
             var vecCount = 0
             var offeredAll = true
             if let stream, let send = stream.send {
-                vecCount = vecs.withUnsafeMutableBufferPointer { send.unsentVectors(into: $0) }
-                let offered = vecs.prefix(vecCount).reduce(0) { $0 + $1.len }
+                vecCount = send.unsentVectors(into: streamVectors)
+                let offered = streamVectors.prefix(vecCount).reduce(0) { $0 + $1.len }
                 offeredAll = offered == send.unsentBytes
                 flags = UInt32(NGTCP2_WRITE_STREAM_FLAG_MORE)
                 if stream.finRequested && offeredAll { flags |= UInt32(NGTCP2_WRITE_STREAM_FLAG_FIN) }
             }
             var written: ngtcp2_ssize = -1
-            let n = vecs.withUnsafeBufferPointer { v in
-                cngtcp2_conn_writev_stream(conn, path, info, dest, capacity, &written, flags, streamID,
-                                           vecCount > 0 ? v.baseAddress : nil, vecCount, now.nanoseconds)
-            }
+            let n = cngtcp2_conn_writev_stream(conn, path, info, dest, capacity, &written, flags, streamID,
+                                               vecCount > 0 ? streamVectors.baseAddress : nil, vecCount, now.nanoseconds)
             if let stream, let send = stream.send, written >= 0 {
                 send.markSent(written)
                 if flags & UInt32(NGTCP2_WRITE_STREAM_FLAG_FIN) != 0 && send.unsentBytes == 0 { stream.finSent = true }
@@ -541,12 +568,14 @@ public final class QUICConnection {
         }
     }
 
-    private func writeClosePacket(kind: UInt32, code: UInt64, reason: [UInt8], now: QUICTime) -> QUICTransmit? {
+    /// Writes CONNECTION_CLOSE into `buffer` and keeps a copy to answer packets that arrive
+    /// during the closing period.
+    private func writeClosePacket(kind: UInt32, code: UInt64, reason: [UInt8], now: QUICTime,
+                                  into buffer: UnsafeMutableRawBufferPointer) -> QUICTransmitInfo? {
         guard let conn else { return nil }
         let pto = ngtcp2_conn_get_pto(conn)
         state = .closing(deadline: now.advanced(by: .nanoseconds(Int64(clamping: 3 * pto))))
         if ngtcp2_conn_is_in_closing_period(conn) != 0 || ngtcp2_conn_is_in_draining_period(conn) != 0 { return nil }
-        var buffer = [UInt8](repeating: 0, count: max(ngtcp2_conn_get_max_tx_udp_payload_size(conn), 1200))
         var ps = ngtcp2_path_storage()
         ngtcp2_path_storage_zero(&ps)
         var info = ngtcp2_pkt_info()
@@ -555,18 +584,17 @@ public final class QUICConnection {
             var ccerr = ngtcp2_connection_close_error(
                 type: ngtcp2_connection_close_error_code_type(kind), error_code: code, frame_type: 0,
                 reason: r.baseAddress, reasonlen: r.count)
-            return buffer.withUnsafeMutableBufferPointer { b in
-                cngtcp2_conn_write_connection_close(conn, &ps.path, &info, b.baseAddress, b.count, &ccerr,
-                                                    now.nanoseconds)
-            }
+            return cngtcp2_conn_write_connection_close(
+                conn, &ps.path, &info, buffer.baseAddress!.assumingMemoryBound(to: UInt8.self),
+                min(buffer.count, ngtcp2_conn_get_max_tx_udp_payload_size(conn)), &ccerr, now.nanoseconds)
         }
         guard n > 0 else { return nil }
-        buffer.removeSubrange(Int(n)...)
-        let transmit = QUICTransmit(path: QUICPath(ps.path) ?? currentPath, ecn: QUICECN(rawValue: UInt8(truncatingIfNeeded: info.ecn)),
-                                    data: buffer, segmentSize: Int(n), segmentCount: 1)
-        closePacket = transmit
-        count(transmit)
-        return transmit
+        let transmitInfo = QUICTransmitInfo(
+            path: QUICPath(ps.path) ?? currentPath, ecn: QUICECN(rawValue: UInt8(truncatingIfNeeded: info.ecn)),
+            byteCount: Int(n), segmentSize: Int(n), segmentCount: 1)
+        closePacket = QUICTransmit(transmitInfo, data: Array(UnsafeRawBufferPointer(rebasing: buffer[..<Int(n)])))
+        count(transmitInfo)
+        return transmitInfo
     }
 
     /// Returns the next event, or nil when none is queued.
@@ -661,26 +689,46 @@ public final class QUICConnection {
         forgetIfDone(s)
     }
 
-    /// Reads up to `maxLength` buffered bytes of a stream, in order, and returns the
-    /// same amount of flow-control credit to the peer.
+    /// Copies buffered bytes of a stream, in order, into `buffer` (as many as fit) and returns
+    /// the same amount of flow-control credit to the peer. `isFinished` is true when the bytes
+    /// read end the stream: the FIN has arrived and nothing is left. An empty `buffer` only
+    /// asks whether the stream is finished.
     ///
     /// This is the only place receive windows grow: a reader that stops reading stops
     /// the peer once the window (at most ``QUICConfiguration/maxStreamWindow``) is full.
     /// The corresponding ngtcp2 functions are `ngtcp2_conn_extend_max_stream_offset` and
     /// `ngtcp2_conn_extend_max_offset`.
-    public func read(stream: QUICStreamID, maxLength: Int = .max) throws(QUICEngineError) -> QUICStreamRead {
+    public func read(stream: QUICStreamID, into buffer: UnsafeMutableRawBufferPointer) throws(QUICEngineError)
+        -> (byteCount: Int, isFinished: Bool) {
         guard let s = streams[stream.rawValue] else { throw QUICEngineError(.unknownStream, "\(stream) is unknown") }
-        let bytes = s.receive.read(max: maxLength)
-        if !bytes.isEmpty, let conn, case .open = state {
+        let count = s.receive.read(into: buffer)
+        if count > 0, let conn, case .open = state {
             if !s.closed && !s.receiveDone {
-                _ = ngtcp2_conn_extend_max_stream_offset(conn, stream.rawValue, UInt64(bytes.count))
+                _ = ngtcp2_conn_extend_max_stream_offset(conn, stream.rawValue, UInt64(count))
             }
-            ngtcp2_conn_extend_max_offset(conn, UInt64(bytes.count))
+            ngtcp2_conn_extend_max_offset(conn, UInt64(count))
         }
         let finished = s.finReceived && s.receive.isEmpty
         if finished { s.receiveDone = true }
         forgetIfDone(s)
-        return QUICStreamRead(bytes: bytes, isFinished: finished)
+        return (count, finished)
+    }
+
+    /// Reads up to `maxLength` buffered bytes of a stream into an array of their own; see
+    /// ``read(stream:into:)``.
+    public func read(stream: QUICStreamID, maxLength: Int = .max) throws(QUICEngineError) -> QUICStreamRead {
+        var result: (byteCount: Int, isFinished: Bool) = (0, false)
+        var failure: QUICEngineError?
+        let bytes = [UInt8](unsafeUninitializedCapacity: min(maxLength, readableBytes(stream: stream))) { buffer, initialized in
+            do throws(QUICEngineError) {
+                result = try read(stream: stream, into: UnsafeMutableRawBufferPointer(buffer))
+            } catch {
+                failure = error
+            }
+            initialized = result.byteCount
+        }
+        if let failure { throw failure }
+        return QUICStreamRead(bytes: bytes, isFinished: result.isFinished)
     }
 
     /// Bytes buffered for the application on this stream (0 for unknown streams).

@@ -152,8 +152,8 @@ final class Simulation {
     var down = LinkConditions()   // server → client
     private var linkFree: [Side: UInt64] = [.client: 0, .server: 0]
 
-    let serverAddress = QUICSocketAddress(ipAddress: "10.0.0.1", port: 4433)!
-    private(set) var clientAddress = QUICSocketAddress(ipAddress: "10.0.0.2", port: 50000)!
+    let serverAddress: QUICSocketAddress
+    private(set) var clientAddress: QUICSocketAddress
     /// Client local address → address the server sees (a NAT); identity when absent.
     var natOutbound: [QUICSocketAddress: QUICSocketAddress] = [:]
     private var natInbound: [QUICSocketAddress: QUICSocketAddress] = [:]
@@ -183,8 +183,15 @@ final class Simulation {
     let retrySecret = (0..<32).map { _ in UInt8.random(in: 0...255) }
     /// The largest GSO batch seen.
     private(set) var maxSegmentCount = 0
+    /// The largest datagram, and the most bytes in a batch of several, that either side sent.
+    private(set) var maxDatagramSize = 0
+    private(set) var maxBatchBytes = 0
 
-    init(seed: UInt64, client clientConfiguration: QUICConfiguration, server serverConfiguration: QUICConfiguration) throws {
+    /// With `loopback`, the two ends have addresses 127.0.0.2 and 127.0.0.1 instead of 10.0.0.x.
+    init(seed: UInt64, client clientConfiguration: QUICConfiguration, server serverConfiguration: QUICConfiguration,
+         loopback: Bool = false) throws {
+        serverAddress = QUICSocketAddress(ipAddress: loopback ? "127.0.0.1" : "10.0.0.1", port: 4433)!
+        clientAddress = QUICSocketAddress(ipAddress: loopback ? "127.0.0.2" : "10.0.0.2", port: 50000)!
         self.seed = seed
         self.rng = TestRNG(seed: seed)
         self.serverConfiguration = serverConfiguration
@@ -261,6 +268,8 @@ final class Simulation {
         precondition(segments.dropLast().allSatisfy { $0.count == transmit.segmentSize })
         precondition(segments.last!.count <= transmit.segmentSize)
         maxSegmentCount = max(maxSegmentCount, transmit.segmentCount)
+        maxDatagramSize = max(maxDatagramSize, transmit.segmentSize)
+        if transmit.segmentCount > 1 { maxBatchBytes = max(maxBatchBytes, transmit.data.count) }
         for segment in transmit.segments {
             let datagram = Array(segment)
             if datagram.count > conditions.mtu || rng.chance(conditions.loss) {

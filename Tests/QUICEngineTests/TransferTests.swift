@@ -83,13 +83,14 @@ final class BulkTransfer {
 
 @Suite(.serialized) struct TransferTests {
     static func run(seed: UInt64, size: Int, loss: Double, cc: QUICConfiguration.CongestionControl = .cubic,
-                    timeLimit: UInt64 = 600_000 * ms) throws -> (Simulation, BulkTransfer) {
+                    timeLimit: UInt64 = 600_000 * ms, loopback: Bool = false) throws -> (Simulation, BulkTransfer) {
         var clientConfig = QUICConfiguration.test(.client, expectPeer: .server)
         clientConfig.congestionControl = cc
         var serverConfig = QUICConfiguration.test(.server, expectPeer: nil)
         serverConfig.congestionControl = cc
-        let sim = try Simulation(seed: seed, client: clientConfig, server: serverConfig)
+        let sim = try Simulation(seed: seed, client: clientConfig, server: serverConfig, loopback: loopback)
         for direction in [\Simulation.up, \Simulation.down] {
+            if loopback { sim[keyPath: direction].mtu = 65_536 }
             sim[keyPath: direction].loss = loss
             sim[keyPath: direction].delay = 10 * ms
             sim[keyPath: direction].jitter = 2 * ms
@@ -126,5 +127,20 @@ final class BulkTransfer {
     func tenMiBWithTwentyPercentLoss(seed: UInt64) throws {
         let (sim, t) = try Self.run(seed: seed, size: 10 << 20, loss: 0.20)
         Self.check(sim, t, size: 10 << 20)
+    }
+
+    /// Towards a loopback address the engine sends 65 000-byte packets (the loopback interface
+    /// has no router to drop them); elsewhere at most ngtcp2's 1452. Every GSO batch stays within
+    /// Linux's limits for one send: 64 segments, 64 000 bytes.
+    @Test(arguments: [false, true])
+    func packetSizeFollowsThePath(loopback: Bool) throws {
+        let (sim, t) = try Self.run(seed: 61, size: 10 << 20, loss: 0.01, loopback: loopback)
+        Self.check(sim, t, size: 10 << 20)
+        if loopback {
+            #expect(sim.maxDatagramSize == 65_000)
+        } else {
+            #expect(sim.maxDatagramSize <= 1452 && sim.maxSegmentCount > 1)
+        }
+        #expect(sim.maxSegmentCount <= 64 && sim.maxBatchBytes <= 64_000)
     }
 }

@@ -19,9 +19,13 @@ final class UDPRelay: Sendable {
     /// The port clients send to.
     var port: UInt16 { UInt16(inside.localAddress!.port!) }
 
+    /// Room for the largest datagram: QUIC sends 65 000-byte packets to loopback addresses.
+    private static let wholeDatagrams = FixedSizeRecvByteBufferAllocator(capacity: 65536)
+
     static func start(to server: SocketAddress) async throws -> UDPRelay {
         let box = Mutex<UDPRelay?>(nil)
         let inside = try await DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .channelOption(.recvAllocator, value: Self.wholeDatagrams)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(Forwarder { envelope in
@@ -47,6 +51,7 @@ final class UDPRelay: Sendable {
     /// Moves the server-facing side to a new socket (new source port), as a NAT would.
     func rebind() async throws {
         let outside = try await DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .channelOption(.recvAllocator, value: Self.wholeDatagrams)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(Forwarder { [weak self] envelope in

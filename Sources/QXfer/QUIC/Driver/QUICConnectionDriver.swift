@@ -11,13 +11,14 @@ final class QUICConnectionDriver {
     let eventLoop: any EventLoop
     let verifier: PeerVerifier
     let acceptedProtocols: [String]
-    /// Sends one transmit on the socket; returns false when the socket cannot take more now.
-    var send: ((QUICTransmit) -> Bool)?
+    /// Has the engine write its next batch of packets into a socket buffer and sends it;
+    /// false when nothing was due or the socket cannot take more now.
+    var sendNextBatch: ((QUICConnection) -> Bool)?
     /// Tells the socket to route (true) or stop routing (false) a connection ID here.
     var route: ((QUICConnectionID, Bool) -> Void)?
     /// Called once the connection is terminated, so the socket forgets it.
     var onTerminated: (() -> Void)?
-    /// Pushes what `send` queued onto the wire.
+    /// Pushes what `sendNextBatch` queued onto the wire.
     var flush: (() -> Void)?
     /// The UDP socket this connection currently uses.
     var socket: (any Channel)?
@@ -251,6 +252,8 @@ final class QUICConnectionDriver {
         }
     }
 
+    private static let allocator = ByteBufferAllocator()
+
     private func serveReader(_ id: QUICStreamID) {
         guard var state = streams[id], let waiter = state.readWaiter else { return }
         if let error = state.error ?? closeError, engine.readableBytes(stream: id) == 0 {
@@ -259,18 +262,29 @@ final class QUICConnectionDriver {
             waiter.fail(error)
             return
         }
-        // maxLength 0 only asks whether the peer's FIN has been reached; it consumes nothing.
-        guard let result = try? engine.read(stream: id, maxLength: engine.readableBytes(stream: id) > 0 ? 4 << 20 : 0) else {
+        // The engine copies straight into the buffer handed to the reader. With nothing
+        // buffered the read only asks whether the peer's FIN has been reached.
+        let capacity = min(engine.readableBytes(stream: id), 4 << 20)
+        var buffer = Self.allocator.buffer(capacity: capacity)
+        var isFinished = false
+        let byteCount: Int
+        do {
+            byteCount = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: capacity) { raw in
+                let read = try engine.read(stream: id, into: UnsafeMutableRawBufferPointer(rebasing: raw.prefix(capacity)))
+                isFinished = read.isFinished
+                return read.byteCount
+            }
+        } catch {
             state.readWaiter = nil
             streams[id] = state
             waiter.succeed(nil)  // the engine forgot the stream: both sides are done
             return
         }
-        if !result.bytes.isEmpty {
+        if byteCount > 0 {
             state.readWaiter = nil
             streams[id] = state
-            waiter.succeed([ByteBuffer(bytes: result.bytes)])
-        } else if result.isFinished {
+            waiter.succeed([buffer])
+        } else if isFinished {
             state.readWaiter = nil
             streams[id] = state
             waiter.succeed(nil)
@@ -279,7 +293,7 @@ final class QUICConnectionDriver {
 
     private func pumpWrites(_ id: QUICStreamID) {
         guard var state = streams[id] else { return }
-        while var (buffer, promise) = state.pendingWrites.first {
+        while case (var buffer, let promise)? = state.pendingWrites.first {
             if buffer.readableBytes == 0 {
                 state.pendingWrites.removeFirst()
                 promise.succeed(())
@@ -332,9 +346,7 @@ final class QUICConnectionDriver {
     // MARK: Output and timers
 
     private func flushTransmits() {
-        while let transmit = engine.pollTransmit(now: Self.now) {
-            guard let send, send(transmit) else { break }
-        }
+        while let sendNextBatch, sendNextBatch(engine) {}
         flush?()
     }
 
@@ -381,7 +393,7 @@ final class QUICConnectionDriver {
     /// address cannot be had, the connection migrates to a new port. Retried with backoff while
     /// binding fails.
     func rebind(after delay: TimeAmount = .milliseconds(100)) {
-        send = nil
+        sendNextBatch = nil
         flush = nil
         route = nil
         onTerminated = nil
