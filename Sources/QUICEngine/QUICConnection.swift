@@ -363,14 +363,19 @@ public final class QUICConnection {
     /// as many packets as one GSO send carries (at most 64 segments, 64 000 bytes).
     public var transmitCapacity: Int {
         guard let conn else { return 1200 }
-        let maxUDP = max(ngtcp2_conn_get_max_tx_udp_payload_size(conn), 1200)
-        return maxUDP * max(1, min(configuration.maxSegmentsPerTransmit, Self.maximumGSOSegments, Self.maximumGSOBytes / maxUDP))
+        let maxUDP = ngtcp2_conn_get_max_tx_udp_payload_size(conn)
+        return maxUDP * packetsPerBatch(maxUDP: maxUDP)
     }
 
     /// Linux's limits for one UDP_SEGMENT send: 64 segments (UDP_MAX_SEGMENTS), and one IP
     /// datagram's worth of bytes in all.
     static let maximumGSOSegments = 64
     static let maximumGSOBytes = 64_000
+
+    /// Most packets of `maxUDP` bytes in one batch: the configuration's limit within Linux's.
+    private func packetsPerBatch(maxUDP: Int) -> Int {
+        max(1, min(configuration.maxSegmentsPerTransmit, Self.maximumGSOSegments, Self.maximumGSOBytes / max(maxUDP, 1)))
+    }
 
     /// Writes the next batch of datagrams to send into `buffer`, back to back, and says where
     /// they go; nil when there is nothing to send now (idle, congestion-limited, or waiting
@@ -403,8 +408,9 @@ public final class QUICConnection {
         precondition(buffer.count >= maxUDP, "pollTransmit: buffer smaller than one packet")
         let pathMax = ngtcp2_conn_get_path_max_tx_udp_payload_size(conn)
         let quantum = ngtcp2_conn_get_send_quantum(conn)
-        let maxPackets = max(1, min(configuration.maxSegmentsPerTransmit, Self.maximumGSOSegments,
-                                    quantum / max(maxUDP, 1), buffer.count / maxUDP))
+        // The buffer may offer more than transmitCapacity (allocators round up): the batch
+        // limit still holds.
+        let maxPackets = max(1, min(packetsPerBatch(maxUDP: maxUDP), quantum / max(maxUDP, 1), buffer.count / maxUDP))
         compactSendQueue()
 
         var used = 0

@@ -78,6 +78,8 @@ final class QUICSocketHandler: ChannelInboundHandler {
     private var drivers: [ObjectIdentifier: QUICConnectionDriver] = [:]
     private var dirty: [ObjectIdentifier: QUICConnectionDriver] = [:]
     private var needsFlush = false
+    /// A send buffer a connection did not fill (it had nothing to send), for the next send.
+    private var unusedSendBuffer: ByteBuffer?
     /// The connection of a client socket, which has exactly one.
     private var clientDriver: QUICConnectionDriver?
 
@@ -291,17 +293,21 @@ final class QUICSocketHandler: ChannelInboundHandler {
 
     // MARK: Send
 
-    /// The engine writes its packets straight into the buffer the socket sends.
+    /// The engine writes its packets straight into the buffer the socket sends. Most calls end
+    /// with nothing due; their buffer is kept for the next call instead of allocated afresh.
     private func sendNextBatch(of engine: QUICConnection) -> Bool {
         guard let context, context.channel.isActive else { return false }
         let capacity = engine.transmitCapacity
-        var buffer = context.channel.allocator.buffer(capacity: capacity)
+        var buffer = unusedSendBuffer.take() ?? context.channel.allocator.buffer(capacity: capacity)
         var written: QUICTransmitInfo?
         buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: capacity) { raw in
             written = engine.pollTransmit(now: QUICConnectionDriver.now, into: raw)
             return written?.byteCount ?? 0
         }
-        guard let transmit = written else { return false }
+        guard let transmit = written else {
+            unusedSendBuffer = buffer
+            return false
+        }
         guard let address = transmit.path.remote.socketAddress else { return true }  // unroutable: drop
         let metadata = transmit.segmentCount > 1
             ? AddressedEnvelope<ByteBuffer>.Metadata(ecnState: .transportNotCapable, packetInfo: nil, segmentSize: transmit.segmentSize)
