@@ -16,12 +16,12 @@ case $mode in
     quick)
         transfer_env=(BYTES=256MiB RUNS=1 CAP=30 "TOOLS=qxfer-quic qxfer-tls scp rsync iperf3-cubic iperf3-bbr ngtcp2-cubic ngtcp2-bbr")
         small_runs=3
-        stream_args=(--duration 10 --loss 1 --configs "quic:realtime:fec quic:reliable:- tls:reliable:- srt:live:- tcp:plain:bbr")
+        stream_args=(--duration 10 --loss 1 --configs "quic:realtime:both quic:reliable:- tls:reliable:- srt:live:- tcp:plain:bbr")
         stream_repeats=1 ;;
     full)
         transfer_env=(BYTES=1GiB RUNS=3 CAP=60)
         small_runs=9
-        stream_args=(--duration 20 --loss "0 1" --configs "quic:realtime:fec quic:realtime:nack quic:stream-per-frame:- quic:reliable:- tls:reliable:- srt:live:- tcp:plain:bbr tcp:plain:cubic")
+        stream_args=(--duration 20 --loss "0 1" --configs "quic:realtime:both quic:realtime:fec quic:realtime:nack quic:stream-per-frame:- quic:reliable:- tls:reliable:- srt:live:- tcp:plain:bbr tcp:plain:cubic")
         stream_repeats=2 ;;
     -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench/run.sh: unknown mode '$mode' (quick or full)" >&2; exit 2 ;;

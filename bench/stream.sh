@@ -223,6 +223,7 @@ for loss in $losses; do
         repair_flag=()
         [ "$repair" != "-" ] && repair_flag=(--repair "$repair")
         out=$scratch/recv.out
+        rm -f "$scratch/send.out"
         if [ "$stack" = srt ]; then
             run_srt "$out"
             status=$?
@@ -249,10 +250,13 @@ for loss in $losses; do
             failures=$((failures + 1))
             continue
         fi
-        echo "$final" | jq -c --arg loss "$loss" --arg bitrate "$bitrate" --argjson fps "$fps" --argjson deadline "$deadline" \
+        # The sender's warm-up before the first frame (QUIC realtime and stream-per-frame).
+        warm_up=$(grep -hs '"warm_up"' "$scratch/send.out" | tail -n 1)
+        [ -n "$warm_up" ] || warm_up='{}'
+        echo "$final" | jq -c --argjson warm "$warm_up" --arg loss "$loss" --arg bitrate "$bitrate" --argjson fps "$fps" --argjson deadline "$deadline" \
             --argjson duration "$duration" --arg requested_mode "$mode" \
             '. + {loss_percent: ($loss|tonumber), rtt_ms_link: 50, bitrate: $bitrate, fps: $fps, deadline_ms: $deadline,
-                  duration_s: $duration, requested_mode: $requested_mode}' >>"$results"
+                  duration_s: $duration, requested_mode: $requested_mode} + $warm' >>"$results"
         echo "$final" | jq -r --arg loss "$loss%" --arg stack "$stack" --arg mode "$mode" --arg repair "$repair" \
             '[$loss, $stack, $mode, $repair,
               "\(.delivered_ratio * 100 | . * 100 | round / 100)%", .frames_late, .frames_lost,

@@ -57,6 +57,8 @@ public struct FrameAssembler: Sendable {
         public var duplicates = 0
         /// Datagrams that failed to parse or did not match their frame's layout (dropped).
         public var malformed = 0
+        /// The sender's warm-up padding (dropped).
+        public var padding = 0
         /// Blocks rebuilt from parity.
         public var blocksRecovered = 0
         /// Shards asked for again.
@@ -94,7 +96,13 @@ public struct FrameAssembler: Sendable {
     /// Takes one received datagram. Returns what happened and the NACK datagrams to send.
     public mutating func receive(_ datagram: Data, now: UInt64) -> (events: [Event], requests: [Data]) {
         counters.datagrams += 1
-        guard case .shard(let header, let payload)? = try? RealtimeDatagram.decode(datagram) else {
+        let header: ShardHeader, payload: Data
+        switch try? RealtimeDatagram.decode(datagram) {
+        case .shard(let shardHeader, let shardPayload)?: (header, payload) = (shardHeader, shardPayload)
+        case .padding?:
+            counters.padding += 1
+            return ([], [])
+        case .nack?, nil:
             counters.malformed += 1
             return ([], [])
         }

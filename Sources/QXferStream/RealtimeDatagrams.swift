@@ -7,13 +7,16 @@ import Foundation
 /// block count u16, shard index in block u8, data shards in block u8, parity shards in block u8,
 /// then the shard's bytes (the last data shard of a frame may be shorter than the shard size).
 /// NACK: type 0x11, frame index u64, count u16 (0xFFFF: the whole frame), count × (block u16,
-/// shard u8).
+/// shard u8). Padding: type 0x12, then zero bytes (the sender's warm-up before the first frame).
 public enum RealtimeDatagram: Sendable, Hashable {
     case shard(ShardHeader, Data)
     case nack(frame: UInt64, missing: [ShardAddress]?)
+    /// Carries nothing: sent to open the congestion window before the first frame.
+    case padding(byteCount: Int)
 
     static let shardType: UInt8 = 0x10
     static let nackType: UInt8 = 0x11
+    static let paddingType: UInt8 = 0x12
     /// Bytes before a shard's payload.
     public static let shardHeaderSize = 43
 
@@ -48,6 +51,9 @@ public enum RealtimeDatagram: Sendable, Hashable {
             } else {
                 writer.write(UInt16.max)
             }
+        case .padding(let byteCount):
+            writer.write(Self.paddingType)
+            writer.write(Data(count: max(0, byteCount - 1)))
         }
         return writer.data
     }
@@ -89,6 +95,9 @@ public enum RealtimeDatagram: Sendable, Hashable {
             }
             guard reader.remaining == 0 else { throw StreamError(.malformed, "\(reader.remaining) stray bytes after a NACK") }
             return .nack(frame: frame, missing: missing)
+        case paddingType:
+            guard reader.readRest().allSatisfy({ $0 == 0 }) else { throw StreamError(.malformed, "padding carries data") }
+            return .padding(byteCount: data.count)
         case let other:
             throw StreamError(.malformed, "unknown datagram type \(other)")
         }

@@ -88,6 +88,9 @@ public struct StreamSenderSummary: Sendable {
     public var streamsReset: Int
     /// Realtime: shards resent on request.
     public var shardsRetransmitted: Int
+    /// What opening the congestion window before the first frame took; nil when there was
+    /// none (reliable mode, TCP+TLS, or a transport without datagrams).
+    public var warmUp: WarmUp?
     /// The receiver's final totals; nil if it did not send them.
     public var receiverTotals: StreamTotals?
 }
@@ -166,6 +169,14 @@ public enum StreamSender {
                     if state.controlEnded { throw QXferError(.connectionClosed, "the receiver closed the connection before the stream started") }
                     return state.ready
                 }
+            }
+
+            // Realtime and per-frame streams are about latency: open the congestion window
+            // before the first frame (a keyframe, the biggest burst) rather than during it.
+            var warmUp: WarmUp?
+            if carriage == .datagrams || carriage == .streamPerFrame, let first = firstFrame {
+                warmUp = try await openCongestionWindow(
+                    on: connection, toHold: min(2 * first.payload.count, WarmUp.largestTarget), shared: shared)
             }
 
             var framesSent = 0
@@ -256,7 +267,7 @@ public enum StreamSender {
                 StreamSenderSummary(
                     framesSent: framesSent, framesDroppedAtSender: state.droppedAtSender + state.framesExpiredInQueue,
                     streamsReset: state.streamsReset,
-                    shardsRetransmitted: state.realtime.retransmitted,
+                    shardsRetransmitted: state.realtime.retransmitted, warmUp: warmUp,
                     receiverTotals: state.report.flatMap { StreamTotals.parse(json: $0) })
             }
         }
@@ -294,6 +305,59 @@ public enum StreamSender {
         // Past the deadline the frame is worthless: stop QUIC from retransmitting it.
         if !taken { stream.reset(errorCode: StreamErrorCodes.frameExpired) } else { stream.cancel() }
         return taken
+    }
+}
+
+/// What the sender did to open the congestion window before the first frame.
+public struct WarmUp: Sendable, Hashable {
+    /// Padding bytes sent.
+    public var bytes: Int
+    /// From the first padding datagram to the window holding the target (or the time running out).
+    public var duration: Duration
+    /// The congestion window before and after, in bytes.
+    public var windowBefore: Int
+    public var windowAfter: Int
+    /// The window the warm-up aimed for: twice the first frame.
+    public var target: Int
+
+    /// Targets are capped here (a raw Y4M frame can be megabytes); time bounds the rest.
+    static let largestTarget = 4 << 20
+}
+
+extension StreamSender {
+    /// Grows the congestion window until it holds `target` bytes, with padding datagrams sent as
+    /// fast as congestion control lets them leave, for at most ten round trips (1 s at most).
+    ///
+    /// A new QUIC connection may have ~10 packets in flight and doubles that each round trip,
+    /// while a keyframe at 4 Mbit/s is ~90 datagrams: sent cold it takes three round trips and
+    /// misses a 150 ms deadline at 50 ms RTT, with every frame queued behind it. Growing the
+    /// window first costs those round trips once, before the stream starts. The padding goes
+    /// through the same gate as frames, so it never overflows the transport's datagram queue.
+    static func openCongestionWindow<Stack: ByteStreamProtocol>(
+        on connection: NetworkConnection<Stack>, toHold target: Int, shared: Locked<SenderShared>
+    ) async throws -> WarmUp? {
+        guard let limit = try await connection.maximumDatagramSize,
+              let before = await connection.metrics.congestionWindow else { return nil }
+        let roundTrip = await connection.metrics.smoothedRTT ?? .milliseconds(100)
+        let budget = min(max(roundTrip * 10, .milliseconds(50)), .seconds(1))
+        let padding = RealtimeDatagram.padding(byteCount: limit).encoded()
+        let clock = ContinuousClock()
+        let began = clock.now
+        var window = before, bytes = 0
+        while window < target, clock.now - began < budget {
+            let metrics = await connection.metrics
+            window = metrics.congestionWindow ?? window
+            if shared.withLock({ $0.gate.queued(transportBytesSent: metrics.bytesSent ?? 0) }) > DatagramGate.maximumQueued {
+                try await Task.sleep(for: .microseconds(500))
+                continue
+            }
+            for _ in 0..<DatagramGate.burst {
+                try await sendUnreliably(padding, on: connection)
+                shared.withLock { $0.gate.handed(padding.count) }
+                bytes += padding.count
+            }
+        }
+        return WarmUp(bytes: bytes, duration: clock.now - began, windowBefore: before, windowAfter: window, target: target)
     }
 }
 

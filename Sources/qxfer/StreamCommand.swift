@@ -154,10 +154,18 @@ struct StreamSendCommand: AsyncParsableCommand {
             throw StreamError(.malformed, "the receiver's totals could not be read")
         }
         if json {
+            if let warmUp = summary.warmUp {
+                print(#"{"warm_up":{"bytes":\#(warmUp.bytes),"ms":\#(milliseconds(warmUp.duration)),"#
+                    + #""window_before":\#(warmUp.windowBefore),"window_after":\#(warmUp.windowAfter),"target":\#(warmUp.target)}}"#)
+            }
             print(totals.json())
         } else {
             print(totals.text())
             var extras: [String] = []
+            if let warmUp = summary.warmUp, warmUp.bytes > 0 {
+                extras.append("congestion window opened from \(warmUp.windowBefore / 1000) to \(warmUp.windowAfter / 1000) kB "
+                    + "in \(milliseconds(warmUp.duration)) ms before the first frame (\(warmUp.bytes / 1000) kB of padding)")
+            }
             if summary.framesDroppedAtSender > 0 { extras.append("\(summary.framesDroppedAtSender) frames dropped at the sender (past their deadline)") }
             if summary.streamsReset > 0 { extras.append("\(summary.streamsReset) frame streams reset at their deadline") }
             if summary.shardsRetransmitted > 0 { extras.append("\(summary.shardsRetransmitted) shards retransmitted on request") }
@@ -326,4 +334,9 @@ enum BitRate {
         guard let value = Double(number), value > 0, value.isFinite else { return nil }
         return Int(value * scale)
     }
+}
+
+/// A duration in whole milliseconds, for reports.
+private func milliseconds(_ duration: Duration) -> Int64 {
+    duration.components.seconds * 1000 + duration.components.attoseconds / 1_000_000_000_000_000
 }

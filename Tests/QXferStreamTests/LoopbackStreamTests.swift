@@ -237,6 +237,13 @@ import Testing
         if stack == .quic && mode == .realtime {
             #expect(totals.repair == RepairScheme.default.rawValue)
         }
+        // The latency modes on QUIC open the congestion window before the first frame (twice
+        // that keyframe); reliable mode and TCP+TLS leave it to the transport.
+        #expect((outcome.sender.warmUp != nil) == (stack == .quic && mode != .reliable), "\(stack) \(mode)")
+        if let warmUp = outcome.sender.warmUp {
+            #expect(warmUp.target > 2 * 5000, "twice the first keyframe")
+            #expect(warmUp.windowAfter >= warmUp.target || warmUp.bytes > 0, "\(warmUp)")
+        }
     }
 
     @Test(arguments: [RepairScheme.fec, .nack, .both, .none])

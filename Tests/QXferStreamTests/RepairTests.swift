@@ -77,6 +77,29 @@ import Testing
         }
     }
 
+    /// The sender's warm-up padding: the size asked for, zeros only, ignored (and counted) by
+    /// the receiver without disturbing reassembly.
+    @Test func paddingIsSizedZeroAndIgnored() throws {
+        let padding = RealtimeDatagram.padding(byteCount: 1200).encoded()
+        #expect(padding.count == 1200 && padding.first == 0x12)
+        #expect(try RealtimeDatagram.decode(padding) == .padding(byteCount: 1200))
+        var carrying = padding
+        carrying[carrying.startIndex + 600] = 1
+        #expect(throws: StreamError.self) { try RealtimeDatagram.decode(carrying) }
+
+        var assembler = FrameAssembler(configuration: .init(repair: .both))
+        var sender = RealtimeSender(repair: .both)
+        let frame = Frame(index: 0, isKeyframe: true, captureTime: 0, deadline: .milliseconds(100), payload: Data((0..<3000).map { UInt8($0 % 251) }))
+        var completed: [Frame] = []
+        for datagram in [padding, padding] + sender.datagrams(for: frame, maximumDatagramSize: 1200, now: 0) {
+            let (events, requests) = assembler.receive(datagram, now: 1_000_000)
+            #expect(requests.isEmpty)
+            for case .completed(let whole, _) in events { completed.append(whole) }
+        }
+        #expect(completed.map(\.payload) == [frame.payload])
+        #expect(assembler.counters.padding == 2 && assembler.counters.malformed == 0)
+    }
+
     @Test func strictnessOfDatagrams() throws {
         // Unknown flag bits, and bytes after a NACK's last entry, are refused.
         let frame = Frame(index: 1, isKeyframe: false, captureTime: 0, deadline: .milliseconds(100), payload: Data(count: 10))

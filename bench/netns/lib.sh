@@ -32,7 +32,7 @@ le_bin() {
 # True if PID is alive and is a qxfer-linkemu process.
 le_is_emu() {
     local pid=$1
-    [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q qxfer-linkemu
+    [ -n "$pid" ] && { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q qxfer-linkemu
 }
 
 # le_up PREFIX MTU NET BIN START_EMU [emulator flags...]

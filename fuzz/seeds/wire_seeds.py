@@ -74,6 +74,7 @@ write("streamwire", "shard", bytes([1]) + shard(3, 10, 1157, 0, 1, 0, 1, 2, byte
 write("streamwire", "parity", bytes([1]) + shard(3, 3000, 1157, 0, 1, 3, 3, 2, bytes(1157)))
 write("streamwire", "nack", bytes([1]) + struct.pack(">BQH", 0x11, 9, 2) + struct.pack(">HBHB", 0, 1, 0, 2))
 write("streamwire", "nack-all", bytes([1]) + struct.pack(">BQH", 0x11, 9, 0xFFFF))
+write("streamwire", "padding", bytes([1, 0x12]) + bytes(64))
 write("streamwire", "reassembly-fec", bytes([2, 0, 0x10, 0x00, 200]) + bytes([0, 5, 5, 2, 3, 0x85, 5, 5]))
 write("streamwire", "reassembly-nack", bytes([2, 1, 0x20, 0x00, 100]) + bytes([0, 0, 5, 0x90, 5, 5, 2, 3, 5]))
 write("streamwire", "reassembly-own", bytes([2, 2, 0x01, 0x00, 255, 4, 20]) + shard(9, 10, 1157, 0, 1, 0, 1, 2, bytes(10))[:120])

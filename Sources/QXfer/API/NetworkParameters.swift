@@ -83,8 +83,9 @@ public struct PerformanceMode: Sendable, Hashable, CustomStringConvertible {
     /// Throughput: BBR, `TCP_NODELAY`, and a bounded amount of unsent data in the kernel
     /// (`TCP_NOTSENT_LOWAT` 1 MiB) so backpressure reaches the application promptly.
     public static let bulk = PerformanceMode(kind: .bulk)
-    /// Latency: BBR, `TCP_NODELAY` and `TCP_NOTSENT_LOWAT` 16 KiB, so a frame never waits
-    /// behind a deep kernel queue.
+    /// Latency: on TCP, BBR, `TCP_NODELAY` and `TCP_NOTSENT_LOWAT` 16 KiB, so a frame never
+    /// waits behind a deep kernel queue; on QUIC, BBR v2, which does not shrink the window of
+    /// an application-limited flow at every loss as BBR v1 does.
     public static let realtime = PerformanceMode(kind: .realtime)
 }
 
@@ -100,4 +101,7 @@ public struct CongestionControl: Sendable, Hashable, CustomStringConvertible {
     public static let bbr = CongestionControl(name: "bbr")
     /// NewReno (RFC 6582).
     public static let reno = CongestionControl(name: "reno")
+    /// BBR v2: also reacts to loss, but only above 2 % in a round. QUIC only (Linux's TCP has no
+    /// `bbr2`; there the socket keeps its default). QUIC's choice for `.performanceMode(.realtime)`.
+    public static let bbr2 = CongestionControl(name: "bbr2")
 }

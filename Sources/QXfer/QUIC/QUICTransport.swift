@@ -170,9 +170,13 @@ enum QUICTransport {
         // BBR unless asked otherwise: on loopback the two are within noise of each other
         // (bench/loopback.sh: 352 vs 272 MB/s in one run, 272 vs 314 in another), but under
         // 1 % random loss CUBIC collapses where BBR holds (the brief's TCP figures: 57.6 MB/s
-        // against under 0.5), and lossy WAN links are what qxfer is for.
-        switch (parameters.congestionControl ?? .bbr).name {
+        // against under 0.5), and lossy WAN links are what qxfer is for. Realtime takes BBR v2:
+        // ngtcp2's BBR v1 cuts an application-limited flow's window to what is in flight at
+        // every loss, which held frames back 17 ms or more after each one (docs/STREAMING.md).
+        let defaultAlgorithm: CongestionControl = parameters.performanceMode == .realtime ? .bbr2 : .bbr
+        switch (parameters.congestionControl ?? defaultAlgorithm).name {
         case "bbr": configuration.congestionControl = .bbr
+        case "bbr2": configuration.congestionControl = .bbr2
         case "reno": configuration.congestionControl = .reno
         default: configuration.congestionControl = .cubic
         }
