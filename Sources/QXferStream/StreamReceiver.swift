@@ -141,6 +141,9 @@ public enum StreamReceiver {
                         _ = try core.withLock { try $0.tick(now: WallClock.now()) }
                     }
                 }
+                // The sender's warm-up padding: read and dropped, so it does not sit in the
+                // transport's datagram queue for the rest of the stream.
+                group.addTask { for try await _ in connection.datagrams {} }
             case .ordered: break
             }
             group.addTask {
