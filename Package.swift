@@ -105,6 +105,7 @@ let package = Package(
         .executableTarget(
             name: "qxfer",
             dependencies: [
+                "CQXferLinux",
                 "QXfer",
                 "QXferTransfer",
                 "QXferStream",

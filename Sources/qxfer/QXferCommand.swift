@@ -1,4 +1,5 @@
 import ArgumentParser
+import CQXferLinux
 import Foundation
 import QXfer
 import QXferPairing
@@ -28,6 +29,11 @@ struct QXferCommand: AsyncParsableCommand {
 
     /// Parses, runs, and turns every failure into one line on standard error and an exit code.
     static func main() async {
+        // Buffers move between NIO's event loop threads and Swift's task threads; with one
+        // malloc arena per thread, memory freed on one thread stays reserved for it, and a
+        // receiver that drains a backlog in bursts peaked at 56–64 MiB (faults.sh, slow reader,
+        // QUIC, four runs; 66 in CI) against 53–59 MiB with two arenas: the brief wants < 64.
+        _ = cqxfer_limit_malloc_arenas(2)
         do {
             var command = try parseAsRoot()
             if var command = command as? any AsyncParsableCommand {

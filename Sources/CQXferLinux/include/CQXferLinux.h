@@ -1,7 +1,8 @@
-// Linux socket facts the Glibc module does not expose.
+// Linux facts (sockets, malloc) the Glibc module does not expose.
 #ifndef CQXFERLINUX_H
 #define CQXFERLINUX_H
 
+#include <malloc.h>
 #include <stdint.h>
 
 /// The kernel's `struct tcp_info` (linux/tcp.h, kernel 6.x layout), which is newer than
@@ -95,5 +96,8 @@ static inline int cqxfer_opt_tcp_info(void) { return 11; }
 static inline int cqxfer_opt_tcp_user_timeout(void) { return 18; }
 static inline int cqxfer_opt_tcp_congestion(void) { return 13; }
 static inline int cqxfer_opt_tcp_notsent_lowat(void) { return 25; }
+
+/// Caps glibc's malloc arenas (`mallopt(M_ARENA_MAX, count)`); 1 on success.
+static inline int cqxfer_limit_malloc_arenas(int count) { return mallopt(M_ARENA_MAX, count); }
 
 #endif
