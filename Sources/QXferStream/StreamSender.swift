@@ -154,12 +154,9 @@ public enum StreamSender {
                         // either (it would drop newer frames): skip the request when it is
                         // full; the receiver asks again after a round trip.
                         let sent = await connection.metrics.bytesSent ?? 0
-                        guard shared.withLock({ $0.gate.queued(transportBytesSent: sent) }) <= DatagramGate.maximumQueued else { continue }
+                        guard shared.withLock({ $0.gate.hasRoom(transportBytesSent: sent) }) else { continue }
                         let resend = shared.withLock { $0.realtime.handle(nackFor: frame, missing: missing, now: WallClock.now()) }
-                        for shard in resend {
-                            try await sendUnreliably(shard, on: connection)
-                            shared.withLock { $0.gate.handed(shard.count) }
-                        }
+                        try await handOver(resend, on: connection, shared: shared)
                     }
                 }
             }
@@ -235,8 +232,7 @@ public enum StreamSender {
                             // full (64 in the QUIC engine) while congestion control holds them
                             // back, and a keyframe is ~90 datagrams: hand over a few at a time.
                             let sent = await connection.metrics.bytesSent ?? 0
-                            let queued = shared.withLock { $0.gate.queued(transportBytesSent: sent) }
-                            if queued > DatagramGate.maximumQueued {
+                            if !shared.withLock({ $0.gate.hasRoom(transportBytesSent: sent) }) {
                                 if WallClock.now() >= frame.expiry {
                                     shared.withLock { $0.framesExpiredInQueue += 1 }
                                     break  // the rest would only arrive late: drop it here
@@ -244,11 +240,9 @@ public enum StreamSender {
                                 try await Task.sleep(for: .microseconds(500))
                                 continue
                             }
-                            for datagram in datagrams[next..<min(next + DatagramGate.burst, datagrams.endIndex)] {
-                                try await sendUnreliably(datagram, on: connection)
-                                shared.withLock { $0.gate.handed(datagram.count) }
-                            }
-                            next = min(next + DatagramGate.burst, datagrams.endIndex)
+                            let end = min(next + DatagramGate.burst, datagrams.endIndex)
+                            try await handOver(datagrams[next..<end], on: connection, shared: shared)
+                            next = end
                         }
                     }
                 }
@@ -336,9 +330,9 @@ extension StreamSender {
     static func openCongestionWindow<Stack: ByteStreamProtocol>(
         on connection: NetworkConnection<Stack>, toHold target: Int, shared: Locked<SenderShared>
     ) async throws -> WarmUp? {
-        guard let limit = try await connection.maximumDatagramSize,
-              let before = await connection.metrics.congestionWindow else { return nil }
-        let roundTrip = await connection.metrics.smoothedRTT ?? .milliseconds(100)
+        let start = await connection.metrics
+        guard let limit = try await connection.maximumDatagramSize, let before = start.congestionWindow else { return nil }
+        let roundTrip = start.smoothedRTT ?? .milliseconds(100)
         let budget = min(max(roundTrip * 10, .milliseconds(50)), .seconds(1))
         let padding = RealtimeDatagram.padding(byteCount: limit).encoded()
         let clock = ContinuousClock()
@@ -347,15 +341,12 @@ extension StreamSender {
         while window < target, clock.now - began < budget {
             let metrics = await connection.metrics
             window = metrics.congestionWindow ?? window
-            if shared.withLock({ $0.gate.queued(transportBytesSent: metrics.bytesSent ?? 0) }) > DatagramGate.maximumQueued {
+            if !shared.withLock({ $0.gate.hasRoom(transportBytesSent: metrics.bytesSent ?? 0) }) {
                 try await Task.sleep(for: .microseconds(500))
                 continue
             }
-            for _ in 0..<DatagramGate.burst {
-                try await sendUnreliably(padding, on: connection)
-                shared.withLock { $0.gate.handed(padding.count) }
-                bytes += padding.count
-            }
+            try await handOver(repeatElement(padding, count: DatagramGate.burst), on: connection, shared: shared)
+            bytes += DatagramGate.burst * padding.count
         }
         return WarmUp(bytes: bytes, duration: clock.now - began, windowBefore: before, windowAfter: window, target: target)
     }
@@ -368,6 +359,16 @@ func sendUnreliably<Stack: ByteStreamProtocol>(_ datagram: Data, on connection: 
         try await connection.sendDatagram(datagram)
     } catch let error as QXferError where error.code == .invalidUse {
         return
+    }
+}
+
+/// Hands datagrams to the transport, counting them in the sender's ``DatagramGate``.
+func handOver<Stack: ByteStreamProtocol>(
+    _ datagrams: some Sequence<Data>, on connection: NetworkConnection<Stack>, shared: Locked<SenderShared>
+) async throws {
+    for datagram in datagrams {
+        try await sendUnreliably(datagram, on: connection)
+        shared.withLock { $0.gate.handed(datagram.count) }
     }
 }
 
@@ -393,7 +394,10 @@ struct DatagramGate: Sendable {
     /// absorbs; counting more than the payload would let the estimate creep up and stall.
     mutating func handed(_ count: Int) { handedBytes += count }
 
-    mutating func queued(transportBytesSent sent: Int) -> Int {
+    /// Whether the transport's queue can take more: at most ``maximumQueued`` bytes wait in it.
+    mutating func hasRoom(transportBytesSent sent: Int) -> Bool { queued(transportBytesSent: sent) <= Self.maximumQueued }
+
+    private mutating func queued(transportBytesSent sent: Int) -> Int {
         if baseline == nil { baseline = sent }
         let written = sent - baseline!
         if handedBytes < written { handedBytes = written }
