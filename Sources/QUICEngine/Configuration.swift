@@ -82,8 +82,25 @@ public struct QUICConfiguration: Sendable {
     public var maxIncomingUnidirectionalStreams: UInt64 = 128
 
     /// Unacknowledged bytes the engine keeps per stream before ``QUICConnection/write(stream:bytes:finish:)``
-    /// accepts less than offered.
+    /// accepts less than offered: the floor when ``maxStreamSendBuffer`` lets it follow the path.
     public var streamSendBufferLimit: Int = 1 << 20
+    /// When set, the per-stream send buffer follows the path between ``streamSendBufferLimit``
+    /// and this ceiling: the congestion window plus one measured bandwidth-delay product
+    /// (delivery rate × smoothed RTT), so that what is in flight and what waits for the pacer
+    /// both fit on a long fat path, while memory stays bounded. nil keeps the fixed limit.
+    public var maxStreamSendBuffer: Int? = nil
+    /// When set, new stream data waits while the bytes in flight exceed this many measured
+    /// bandwidth-delay products (delivery rate × minimum RTT), or ``streamSendBufferLimit``
+    /// when that is more. ngtcp2 0.12's BBR in start-up sends at 2.89 times its estimate and
+    /// fills a path's queue until it overflows; with a send buffer that no longer bounds what
+    /// is in flight (``maxStreamSendBuffer``), this does. Retransmissions and control frames
+    /// are never held back. nil: only the congestion controller decides.
+    public var maxInFlightBandwidthDelayProducts: Double? = nil
+    /// ACK-eliciting packets received before an acknowledgement is sent at once
+    /// (`ngtcp2_settings.ack_thresh`, 2 by default as RFC 9000 §13.2.2 suggests). Bulk
+    /// transfers take more: each acknowledgement costs the receiver a packet and the sender a
+    /// read and a rate sample.
+    public var acknowledgementThreshold: Int = 2
     /// Largest DATAGRAM frame accepted (`max_datagram_frame_size`); 0 disables RFC 9221 datagrams.
     public var maxDatagramFrameSize: UInt64 = 1200
     /// Outgoing datagrams waiting for congestion window; when full the oldest is dropped.
@@ -130,8 +147,9 @@ public struct QUICConfiguration: Sendable {
         if connectionIDLength < 4 || connectionIDLength > Int(NGTCP2_MAX_CIDLEN) {
             throw QUICEngineError(.invalidConfiguration, "connectionIDLength must be in 4...20")
         }
-        if streamSendBufferLimit <= 0 || maxSegmentsPerTransmit <= 0 {
-            throw QUICEngineError(.invalidConfiguration, "buffer limits must be positive")
+        if streamSendBufferLimit <= 0 || maxSegmentsPerTransmit <= 0 || acknowledgementThreshold <= 0
+            || (maxStreamSendBuffer.map { $0 < streamSendBufferLimit } ?? false) {
+            throw QUICEngineError(.invalidConfiguration, "buffer limits and the acknowledgement threshold must be positive, the send buffer's ceiling at least its floor")
         }
         if statelessResetSecret.isEmpty {
             throw QUICEngineError(.invalidConfiguration, "statelessResetSecret must not be empty")
