@@ -170,10 +170,12 @@ enum QUICTransport {
         // BBR unless asked otherwise: on loopback the two are within noise of each other
         // (bench/loopback.sh: 352 vs 272 MB/s in one run, 272 vs 314 in another), but under
         // 1 % random loss CUBIC collapses where BBR holds (the brief's TCP figures: 57.6 MB/s
-        // against under 0.5), and lossy WAN links are what qxfer is for. Realtime takes BBR v2:
-        // ngtcp2's BBR v1 cuts an application-limited flow's window to what is in flight at
-        // every loss, which held frames back 17 ms or more after each one (docs/STREAMING.md).
-        let defaultAlgorithm: CongestionControl = parameters.performanceMode == .realtime ? .bbr2 : .bbr
+        // against under 0.5), and lossy WAN links are what qxfer is for. Realtime and bulk take
+        // BBR v2: ngtcp2's BBR v1 cuts an application-limited flow's window to what is in flight
+        // at every loss, which held frames back 17 ms or more after each one (docs/STREAMING.md),
+        // and under 1 % random loss on a 50 ms, 500 Mbit/s path it moved a bulk transfer 10-20 %
+        // slower than BBR v2 (docs/benchmarks.md, "Why QUIC overshot the emulated WAN").
+        let defaultAlgorithm: CongestionControl = parameters.performanceMode == .default ? .bbr : .bbr2
         switch (parameters.congestionControl ?? defaultAlgorithm).name {
         case "bbr": configuration.congestionControl = .bbr
         case "bbr2": configuration.congestionControl = .bbr2
@@ -188,11 +190,21 @@ enum QUICTransport {
             configuration.keepAliveInterval = .seconds(10)
         }
         if parameters.performanceMode == .bulk {
-            configuration.initialStreamWindow = 2 << 20
-            configuration.initialConnectionWindow = 4 << 20
+            // Sized for a long fat lossy path (docs/benchmarks.md, "Why QUIC overshot the
+            // emulated WAN"): a lost packet pins what follows it in the peer's receive window
+            // and in our send buffer for two round trips or more, so both must hold a few
+            // bandwidth-delay products (500 Mbit/s x 50 ms is 3.1 MB). The send buffer grows
+            // with the measured path up to 16 MiB; what is in flight stays within 1.5 of them.
+            configuration.initialStreamWindow = 8 << 20
+            configuration.initialConnectionWindow = 16 << 20
             configuration.maxStreamWindow = 16 << 20
             configuration.maxConnectionWindow = 32 << 20
             configuration.streamSendBufferLimit = 4 << 20
+            configuration.maxStreamSendBuffer = 16 << 20
+            configuration.maxInFlightBandwidthDelayProducts = 1.5
+            // One acknowledgement per 8 packets instead of 2: a quarter of the receiver's
+            // packets and of the sender's reads.
+            configuration.acknowledgementThreshold = 8
         }
         if let resetSecret { configuration.statelessResetSecret = resetSecret }
         return configuration
