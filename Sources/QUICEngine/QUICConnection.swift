@@ -507,13 +507,17 @@ public final class QUICConnection {
         pacedUntil = start.advanced(by: .nanoseconds(Int64(min(Double(paced) / bytesPerNanosecond, 1e12))))
     }
 
+    /// The in-flight cap never goes below this, so that a start-up whose estimate still lags
+    /// is not throttled; small enough to sit under a 40 ms, 300 Mbit/s path's BDP plus queue.
+    static let minimumInFlightCap = 1 << 20
+
     /// Whether ``QUICConfiguration/maxInFlightBandwidthDelayProducts`` holds new stream data back now.
     private func inFlightCapReached(_ conn: OpaquePointer) -> Bool {
         guard let products = configuration.maxInFlightBandwidthDelayProducts else { return false }
         var s = ngtcp2_conn_stat()
         cngtcp2_conn_get_conn_stat(conn, &s)
         guard s.delivery_rate_sec > 0, s.min_rtt != UInt64.max else { return false }
-        let cap = max(Double(configuration.streamSendBufferLimit), products * Double(s.delivery_rate_sec) * Double(s.min_rtt) / 1e9)
+        let cap = max(Double(Self.minimumInFlightCap), products * Double(s.delivery_rate_sec) * Double(s.min_rtt) / 1e9)
         return Double(s.bytes_in_flight) >= cap
     }
 
