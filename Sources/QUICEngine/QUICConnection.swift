@@ -416,7 +416,7 @@ public final class QUICConnection {
         // limit still holds.
         let maxPackets = max(1, min(packetsPerBatch(maxUDP: maxUDP), quantum / max(maxUDP, 1), buffer.count / maxUDP))
         compactSendQueue()
-        let inFlightBefore = bytesInFlight(conn)
+        let inFlightBefore = Self.statistics(conn).bytes_in_flight
 
         var used = 0
         var segmentSize = 0
@@ -496,8 +496,7 @@ public final class QUICConnection {
     private func pace(_ conn: OpaquePointer, inFlightBefore: UInt64, now: QUICTime) {
         let start = max(now, pacedUntil)
         ngtcp2_conn_update_pkt_tx_time(conn, start.nanoseconds)
-        var s = ngtcp2_conn_stat()
-        cngtcp2_conn_get_conn_stat(conn, &s)
+        let s = Self.statistics(conn)
         let paced = s.bytes_in_flight > inFlightBefore ? s.bytes_in_flight - inFlightBefore : 0
         guard paced > 0 else { return }
         // ngtcp2's own fallback when the controller sets no rate (RFC 9002 §7.7): cwnd / srtt × 1.25.
@@ -514,17 +513,16 @@ public final class QUICConnection {
     /// Whether ``QUICConfiguration/maxInFlightBandwidthDelayProducts`` holds new stream data back now.
     private func inFlightCapReached(_ conn: OpaquePointer) -> Bool {
         guard let products = configuration.maxInFlightBandwidthDelayProducts else { return false }
-        var s = ngtcp2_conn_stat()
-        cngtcp2_conn_get_conn_stat(conn, &s)
+        let s = Self.statistics(conn)
         guard s.delivery_rate_sec > 0, s.min_rtt != UInt64.max else { return false }
         let cap = max(Double(Self.minimumInFlightCap), products * Double(s.delivery_rate_sec) * Double(s.min_rtt) / 1e9)
         return Double(s.bytes_in_flight) >= cap
     }
 
-    private func bytesInFlight(_ conn: OpaquePointer) -> UInt64 {
+    private static func statistics(_ conn: OpaquePointer) -> ngtcp2_conn_stat {
         var s = ngtcp2_conn_stat()
         cngtcp2_conn_get_conn_stat(conn, &s)
-        return s.bytes_in_flight
+        return s
     }
 
     private func count(_ info: QUICTransmitInfo) {
@@ -689,8 +687,9 @@ public final class QUICConnection {
 
     /// Queues bytes on a stream; returns how many were accepted.
     ///
-    /// The engine keeps at most ``streamSendBufferLimit`` unacknowledged bytes per stream. When fewer than `bytes.count` are accepted, wait for
-    /// ``QUICEvent/streamWritable(_:)`` and offer the rest. With `finish`, the stream's
+    /// The engine keeps at most ``streamSendBufferLimit`` unacknowledged bytes per stream.
+    /// When fewer than `bytes.count` are accepted, wait for ``QUICEvent/streamWritable(_:)``
+    /// and offer the rest. With `finish`, the stream's
     /// sending side ends after these bytes, but only if all of them were accepted.
     public func write(stream: QUICStreamID, bytes: UnsafeRawBufferPointer, finish: Bool = false) throws(QUICEngineError) -> Int {
         let s = try sendableStream(stream)
@@ -710,8 +709,7 @@ public final class QUICConnection {
     public var streamSendBufferLimit: Int {
         let floor = configuration.streamSendBufferLimit
         guard let ceiling = configuration.maxStreamSendBuffer, let conn else { return floor }
-        var s = ngtcp2_conn_stat()
-        cngtcp2_conn_get_conn_stat(conn, &s)
+        let s = Self.statistics(conn)
         let seconds = Double(s.smoothed_rtt) / 1e9
         let product = Double(s.delivery_rate_sec) * seconds
         let wanted = Double(s.cwnd) + (product.isFinite ? product : 0)
@@ -1019,8 +1017,7 @@ public final class QUICConnection {
     /// Current path and congestion statistics.
     /// The corresponding ngtcp2 function is `ngtcp2_conn_get_conn_stat`.
     public var stats: QUICConnectionStats {
-        var s = ngtcp2_conn_stat()
-        if let conn { cngtcp2_conn_get_conn_stat(conn, &s) }
+        let s = conn.map(Self.statistics) ?? ngtcp2_conn_stat()
         let streamLoss = streams.values.reduce(counters.closedStreamLoss) { $0 + $1.lossCount }
         return QUICConnectionStats(
             smoothedRTT: .nanoseconds(Int64(clamping: s.smoothed_rtt)),

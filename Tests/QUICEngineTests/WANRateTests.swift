@@ -22,7 +22,7 @@ import Testing
     }
 
     /// As qxfer's bulk mode (QUICTransport.configuration): BBR v2, windows and a send buffer
-    /// of a few bandwidth-delay products, what is in flight capped at 1.5 of them.
+    /// of a few bandwidth-delay products, what is in flight capped at 1.25 of them.
     static func bulk(_ base: QUICConfiguration) -> QUICConfiguration {
         var c = base
         c.congestionControl = .bbr2
@@ -32,7 +32,7 @@ import Testing
         c.maxConnectionWindow = 32 << 20
         c.streamSendBufferLimit = 4 << 20
         c.maxStreamSendBuffer = 16 << 20
-        c.maxInFlightBandwidthDelayProducts = 1.5
+        c.maxInFlightBandwidthDelayProducts = 1.25
         c.acknowledgementThreshold = 8
         return c
     }
