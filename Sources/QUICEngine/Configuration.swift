@@ -131,6 +131,25 @@ public struct QUICConfiguration: Sendable {
     /// stateless resets for connections it no longer knows. Random per configuration by default.
     public var statelessResetSecret: [UInt8]
 
+    /// Windows, buffers and acknowledgement spacing for bulk transfer (qxfer's bulk mode), sized
+    /// for a long fat lossy path (docs/benchmarks.md, "Why QUIC overshot the emulated WAN"): a
+    /// lost packet pins what follows it in the peer's receive window and in this send buffer
+    /// for two round trips or more, so both hold a few bandwidth-delay products (500 Mbit/s ×
+    /// 50 ms is 3.1 MB). The send buffer grows with the measured path up to 16 MiB; what is in
+    /// flight stays within 1.25 of them; one acknowledgement per 8 packets instead of 2 spares
+    /// three quarters of the receiver's packets and of the sender's reads. Memory stays
+    /// bounded whatever the path: 16 MiB of send buffer and of receive window per stream.
+    public mutating func applyBulkTransferLimits() {
+        initialStreamWindow = 8 << 20
+        initialConnectionWindow = 16 << 20
+        maxStreamWindow = 16 << 20
+        maxConnectionWindow = 32 << 20
+        streamSendBufferLimit = 4 << 20
+        maxStreamSendBuffer = 16 << 20
+        maxInFlightBandwidthDelayProducts = 1.25
+        acknowledgementThreshold = 8
+    }
+
     /// Creates a configuration with the given identity and verifier and defaults elsewhere.
     public init(certificateChainPEM: String, privateKeyPEM: String, verifyPeer: @escaping PeerVerifier) {
         self.certificateChainPEM = certificateChainPEM

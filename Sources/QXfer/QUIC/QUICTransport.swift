@@ -189,23 +189,7 @@ enum QUICTransport {
             configuration.idleTimeout = .seconds(30)
             configuration.keepAliveInterval = .seconds(10)
         }
-        if parameters.performanceMode == .bulk {
-            // Sized for a long fat lossy path (docs/benchmarks.md, "Why QUIC overshot the
-            // emulated WAN"): a lost packet pins what follows it in the peer's receive window
-            // and in our send buffer for two round trips or more, so both must hold a few
-            // bandwidth-delay products (500 Mbit/s x 50 ms is 3.1 MB). The send buffer grows
-            // with the measured path up to 16 MiB; what is in flight stays within 1.25 of them.
-            configuration.initialStreamWindow = 8 << 20
-            configuration.initialConnectionWindow = 16 << 20
-            configuration.maxStreamWindow = 16 << 20
-            configuration.maxConnectionWindow = 32 << 20
-            configuration.streamSendBufferLimit = 4 << 20
-            configuration.maxStreamSendBuffer = 16 << 20
-            configuration.maxInFlightBandwidthDelayProducts = 1.25
-            // One acknowledgement per 8 packets instead of 2: a quarter of the receiver's
-            // packets and of the sender's reads.
-            configuration.acknowledgementThreshold = 8
-        }
+        if parameters.performanceMode == .bulk { configuration.applyBulkTransferLimits() }
         if let resetSecret { configuration.statelessResetSecret = resetSecret }
         return configuration
     }
