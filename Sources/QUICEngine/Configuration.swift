@@ -90,10 +90,11 @@ public struct QUICConfiguration: Sendable {
     /// both fit on a long fat path, while memory stays bounded. nil keeps the fixed limit.
     public var maxStreamSendBuffer: Int? = nil
     /// When set, new stream data waits while the bytes in flight exceed this many measured
-    /// bandwidth-delay products (delivery rate × minimum RTT), or 1 MiB when that is more. ngtcp2 0.12's BBR in start-up sends at 2.89 times its estimate and
-    /// fills a path's queue until it overflows; with a send buffer that no longer bounds what
-    /// is in flight (``maxStreamSendBuffer``), this does. Retransmissions and control frames
-    /// are never held back. nil: only the congestion controller decides.
+    /// bandwidth-delay products (delivery rate × minimum RTT), or 1 MiB when that is more.
+    /// ngtcp2 0.12's BBR in start-up sends at 2.89 times its estimate and fills a path's queue
+    /// until it overflows; with a send buffer that no longer bounds what is in flight
+    /// (``maxStreamSendBuffer``), this does. Retransmissions and control frames are never held
+    /// back. nil: only the congestion controller decides.
     public var maxInFlightBandwidthDelayProducts: Double? = nil
     /// ACK-eliciting packets received before an acknowledgement is sent at once
     /// (`ngtcp2_settings.ack_thresh`, 2 by default as RFC 9000 §13.2.2 suggests). Bulk
@@ -168,6 +169,9 @@ public struct QUICConfiguration: Sendable {
         if streamSendBufferLimit <= 0 || maxSegmentsPerTransmit <= 0 || acknowledgementThreshold <= 0
             || (maxStreamSendBuffer.map { $0 < streamSendBufferLimit } ?? false) {
             throw QUICEngineError(.invalidConfiguration, "buffer limits and the acknowledgement threshold must be positive, the send buffer's ceiling at least its floor")
+        }
+        if let products = maxInFlightBandwidthDelayProducts, !(products > 0 && products.isFinite) {
+            throw QUICEngineError(.invalidConfiguration, "maxInFlightBandwidthDelayProducts must be a positive number")
         }
         if statelessResetSecret.isEmpty {
             throw QUICEngineError(.invalidConfiguration, "statelessResetSecret must not be empty")
