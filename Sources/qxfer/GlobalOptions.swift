@@ -1,10 +1,15 @@
 import ArgumentParser
+import Foundation
 import Logging
 import QXfer
 
 /// Options every subcommand takes.
 struct GlobalOptions: ParsableArguments {
-    @Flag(name: .shortAndLong, help: "Log more: -v for progress details, -vv for protocol traces.")
+    @Flag(
+        name: .shortAndLong,
+        help: ArgumentHelp(
+            "Log on standard error: -v the connection, trust and file events, -vv path samples and protocol details.",
+            discussion: "-v: which stack and address won, the handshake, trust decisions, offers, each file and its resume point, mDNS queries and answers. -vv adds RTT and congestion window samples every second and protocol traces."))
     var verbose: Int
 
     @Option(
@@ -27,10 +32,31 @@ struct GlobalOptions: ParsableArguments {
         case 2: .debug
         default: .trace
         }
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
+        LoggingSystem.bootstrap { label in LineLogHandler(label: label, logLevel: level) }
+    }
+}
+
+/// Log lines on standard error, `qxfer[info] qxfer.tls: …`, each starting on a clean line (a
+/// progress bar being drawn there is wiped first; it redraws itself).
+struct LineLogHandler: LogHandler {
+    let label: String
+    var logLevel: Logger.Level
+    var metadata: Logger.Metadata = [:]
+    private let clearLine = isatty(STDERR_FILENO) == 1 ? "\r\u{1B}[K" : ""
+
+    init(label: String, logLevel: Logger.Level) {
+        self.label = label
+        self.logLevel = logLevel
+    }
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    func log(event: LogEvent) {
+        let merged = metadata.merging(event.metadata ?? [:]) { _, new in new }
+        let fields = merged.isEmpty ? "" : " " + merged.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+        FileHandle.standardError.write(Data("\(clearLine)qxfer[\(event.level)] \(label): \(event.message)\(fields)\n".utf8))
     }
 }
