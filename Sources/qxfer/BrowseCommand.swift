@@ -1,6 +1,7 @@
 import ArgumentParser
 import Dispatch
 import Foundation
+import Logging
 import QXfer
 
 struct BrowseCommand: AsyncParsableCommand, JSONOutput {
@@ -179,9 +180,12 @@ enum ReceiverDiscovery {
     ///   the message lists the receivers seen.
     static func resolve(name: String?, timeout: Duration = .seconds(3), interfaces: [String]? = nil) async throws -> Found {
         let browser = NetworkBrowser(for: .dnssd(type: serviceType), interfaces: interfaces)
+        let logger = Logger(label: "qxfer.discovery")
+        logger.info("asking the local network for \(name.map { "the receiver '\($0)'" } ?? "receivers") (\(serviceType), multicast DNS)")
         do {
             let endpoint = try await browser.resolve(named: name, timeout: timeout)
             let service = endpoint.service
+            logger.info("found \(service?.description ?? endpoint.description) at \(endpoint)")
             return Found(
                 endpoint: endpoint, name: service?.name ?? endpoint.host,
                 advertisedFingerprint: service?.txt[fingerprintKey].flatMap { Fingerprint(parsing: $0) })

@@ -9,7 +9,7 @@ struct GlobalOptions: ParsableArguments {
         name: .shortAndLong,
         help: ArgumentHelp(
             "Log on standard error: -v the connection, trust and file events, -vv path samples and protocol details.",
-            discussion: "-v: which stack and address won, the handshake, trust decisions, offers, each file and its resume point, mDNS queries and answers. -vv adds RTT and congestion window samples every second and protocol traces."))
+            discussion: "-v: which stack and address won, the handshake, trust decisions, offers, each file and its resume point, the receiver found or advertised on the local network. -vv adds RTT and congestion window samples every second and every mDNS packet sent and received."))
     var verbose: Int
 
     @Option(
