@@ -3,11 +3,12 @@ import Logging
 import QXfer
 
 /// Starts `connection` as a command-line user expects: a refused TCP connection (nothing
-/// listens on that port) fails at once, as scp and ssh say so, instead of being retried until
-/// the connect timeout as the library's `waiting` state does for failures that may pass. A
-/// transfer's own reconnect loop still retries it after the receiver accepted.
-func startFailingFastOnRefusal<Stack>(_ connection: NetworkConnection<Stack>) async throws {
-    let refused = String(cString: strerror(ECONNREFUSED))
+/// listens on that port) or a network the kernel has no route to fails at once, as scp and ssh
+/// say so, instead of being retried until the connect timeout as the library's `waiting` state
+/// does for failures that may pass. A transfer's own reconnect loop still retries them after
+/// the receiver accepted.
+func startFailingFast<Stack>(_ connection: NetworkConnection<Stack>) async throws {
+    let definitive = [ECONNREFUSED, ENETUNREACH, EHOSTUNREACH].map { String(cString: strerror($0)) }
     // true: started; false: the state watcher ended without finding a refusal.
     try await withThrowingTaskGroup(of: Bool.self) { group in
         group.addTask {
@@ -18,7 +19,7 @@ func startFailingFastOnRefusal<Stack>(_ connection: NetworkConnection<Stack>) as
             for await state in connection.states {
                 guard case .waiting(let error) = state else { continue }
                 Logger(label: "qxfer.connect").info("attempt failed, retrying: \(error.message)")
-                if error.message.hasSuffix(refused) {
+                if definitive.contains(where: error.message.hasSuffix) {
                     connection.cancel()
                     throw error
                 }

@@ -208,7 +208,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         reporter: TransferReporter, clock: TransferClock, accepted: OnceFlag, announce: Bool
     ) async throws -> TransferSummary {
         let connection = NetworkConnection(to: endpoint, using: parameters)
-        try await startFailingFastOnRefusal(connection)
+        try await startFailingFast(connection)
         trust.connected(to: connection.peer)
         if let peer = connection.peer {
             Logger(label: "qxfer.send").info("connected to \(endpoint) over \(stack.rawValue): receiver \(peer.fingerprint?.description ?? "without a certificate"), trusted as \(peer.trust), ALPN \(peer.applicationProtocol)")

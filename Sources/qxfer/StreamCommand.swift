@@ -210,7 +210,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             if Task.isCancelled { return }
         }
         do {
-            try await startFailingFastOnRefusal(connection)
+            try await startFailingFast(connection)
         } catch {
             refusal.error.withLock { $0 = error }
             return

@@ -29,6 +29,7 @@ cleanup() {
     for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
     ip netns del "$NS" 2>/dev/null || true
+    umount "$WORK/readonly" 2>/dev/null || true
     rm -rf "$WORK" 2>/dev/null || { sleep 1; rm -rf "$WORK"; }  # the panes' processes may still be ending
 }
 trap cleanup EXIT
@@ -243,7 +244,24 @@ set +e
 ip netns exec "$NS" "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/src/one.bin" >/dev/null 2>"$WORK/e4" </dev/null; s4=$?
 set -e
 [ $s4 = 69 ] && grep -q "no qxfer receiver found on the local network" "$WORK/e4" || fail "discovery without receivers: exit $s4: $(cat "$WORK/e4")"
-ok "errors: a file where the host goes, a missing parent, a created --dir, no receiver on the network: $(cat "$WORK/e4")"
+# No route to the host (the namespace routes only multicast): said at once, on both stacks.
+for stack in quic tls; do
+    started=$(now)
+    set +e
+    ip netns exec "$NS" $SEND "$WORK/src/one.bin" 192.0.2.77 --stack $stack >/dev/null 2>"$WORK/e5" </dev/null; s5=$?
+    set -e
+    elapsed=$(awk -v a="$started" -v b="$(now)" 'BEGIN { print b - a }')
+    [ $s5 = 69 ] && grep -q "192.0.2.77:7447: Network is unreachable" "$WORK/e5" && le "$elapsed" 5 \
+        || fail "no route over $stack: exit $s5 after $elapsed s: $(cat "$WORK/e5")"
+done
+# A folder that cannot be written is refused at start (root writes anywhere but on a read-only mount).
+mkdir -p "$WORK/readonly"; mount -t tmpfs -o ro tmpfs "$WORK/readonly"
+set +e
+"$QXFER" recv --dir "$WORK/readonly" >/dev/null 2>"$WORK/e6" </dev/null; s6=$?
+set -e
+umount "$WORK/readonly"
+[ $s6 = 64 ] && grep -q "cannot receive into .*Read-only file system" "$WORK/e6" || fail "recv --dir READ-ONLY: exit $s6: $(cat "$WORK/e6")"
+ok "errors: a file where the host goes, a missing parent, a created --dir, a read-only --dir, no route, no receiver on the network: $(cat "$WORK/e4")"
 
 # --- 7. recv --stdout --------------------------------------------------------------------------
 stdout_recv() {  # stdout_recv OUTPUT-COMMAND: a receiver whose data goes through OUTPUT-COMMAND

@@ -354,7 +354,10 @@ enum QUICTransport {
             channel.close(promise: nil)
             if let failure = verifier.result.failure { throw failure }
             if Task.isCancelled { throw CancellationError() }
-            if let reason = noRoute(to: remote) { throw QXferError(.connectFailed, "cannot reach \(remote): \(reason)", underlying: error) }
+            if let reason = noRoute(to: remote) {
+                let address = Endpoint.hostPort(host: remote.ipAddress ?? "?", port: UInt16(remote.port ?? 0))
+                throw QXferError(.connectFailed, "cannot reach \(address): \(reason)", underlying: error)
+            }
             throw (error as? QXferError) ?? QUICErrors.describe(error)
         }
         if Task.isCancelled {
