@@ -261,6 +261,10 @@ func localAddresses() -> [String] {
 actor OfferPrompt {
     let acceptAll: Bool
     let reporter: TransferReporter
+    /// Whether a question is on the terminal, and the offers waiting for their turn (the actor
+    /// is re-entered while a question waits for its answer).
+    private var asking = false
+    private var waiting: [CheckedContinuation<Void, Never>] = []
 
     init(acceptAll: Bool, reporter: TransferReporter) {
         self.acceptAll = acceptAll
@@ -271,12 +275,19 @@ actor OfferPrompt {
     /// is held back while the question is open; keys typed before it are discarded; it is
     /// withdrawn (declined) as soon as `withdrawn` says the sender has gone.
     func ask(_ offer: IncomingOffer, withdrawn: @Sendable () async -> Bool) async -> Bool {
-        reporter.offer(offer)
-        if acceptAll { return true }
-        guard isatty(STDIN_FILENO) == 1 else {
-            reporter.warn("declined: no terminal to ask on; run 'qxfer recv --yes' to accept without asking")
-            return false
+        guard !acceptAll, isatty(STDIN_FILENO) == 1 else {
+            reporter.offer(offer)
+            if !acceptAll { reporter.warn("declined: no terminal to ask on; run 'qxfer recv --yes' to accept without asking") }
+            return acceptAll
         }
+        while asking { await withCheckedContinuation { waiting.append($0) } }
+        asking = true
+        defer {
+            asking = false
+            if !waiting.isEmpty { waiting.removeFirst().resume() }
+        }
+        if await withdrawn() { return false }  // gone while waiting for its turn: nothing to ask
+        reporter.offer(offer)
         reporter.beginQuestion()
         defer { reporter.endQuestion() }
         tcflush(STDIN_FILENO, TCIFLUSH)  // typed ahead, before the question: not its answer

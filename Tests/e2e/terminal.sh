@@ -6,7 +6,7 @@
 #
 # Proves: recv's question stays on screen until answered (no progress line over it); keys typed
 # before it are not its answer; a question whose sender went away is withdrawn and the next
-# offer gets its own answer; the waiting sender says it waits for the receiver; "1 file";
+# offer gets its own answer; concurrent offers are asked one at a time; the waiting sender says it waits for the receiver; "1 file";
 # summaries and progress count only the time data moves (not the wait for the answer); recv
 # exits 130 on Ctrl-C; stream lines fit in 100 columns with no empty rows after the end, stream
 # send reports progress and first contact; --json is one parseable event per line (time,
@@ -111,6 +111,25 @@ for stack in quic tls; do
     wait_for recv 'the question is withdrawn' $((withdrawn_before + 1)) 20
 done
 [ ! -e "$WORK/dst/two.bin" ] || fail "a withdrawn offer was received"
+# Two offers at once: one question at a time, each answer to its own offer.
+pane send2
+asked_before=$(count recv 'Accept\? \[y/N\]')
+run send "$SEND $WORK/src/two.bin 127.0.0.1:$PORT --stack tls"
+run send2 "$QXFER send --config-dir $WORK/cfg-send $WORK/src/two.bin 127.0.0.1:$PORT"
+wait_for send 'waiting for the receiver to accept' 3
+wait_for send2 'waiting for the receiver to accept'
+wait_for recv 'Accept\? \[y/N\]' $((asked_before + 1))
+sleep 1
+[ "$(count recv 'Accept\? \[y/N\]')" = $((asked_before + 1)) ] || { screen recv >&2; fail "two questions at once"; }
+T send-keys -t recv "n" Enter
+wait_for recv 'Accept\? \[y/N\]' $((asked_before + 2))
+T send-keys -t recv "y" Enter
+wait_for send2 '^EXIT='
+wait_for send "^EXIT=" 4
+declined=$( (screen send; screen send2) | grep -c '^EXIT=77$' || true)
+accepted=$( (screen send; screen send2) | grep -c '^EXIT=0$' || true)
+[ "$declined" = 1 ] && [ "$accepted" = 2 ] && cmp -s "$WORK/src/two.bin" "$WORK/dst/two.bin" \
+    || { screen send >&2; screen send2 >&2; fail "two offers at once: $declined declined, $accepted succeeded (with the first run)"; }
 asked_before=$(count recv 'Accept\? \[y/N\]')
 exits_before=$(count send '^EXIT=')
 # The next offer, answered after a wait: its JSON events show the wait excluded too.
@@ -121,7 +140,7 @@ T send-keys -t recv "y" Enter
 wait_for send '^EXIT=' $((exits_before + 1))
 [ "$(screen send | grep '^EXIT=' | tail -n 1)" = "EXIT=0" ] || { screen send >&2; fail "the offer after the withdrawn ones failed"; }
 cmp -s "$WORK/src/three.bin" "$WORK/dst/three.bin" || fail "three.bin differs"
-ok "questions withdrawn when their sender left (QUIC and TLS); the next offer took its own answer"
+ok "questions withdrawn when their sender left (QUIC and TLS); two offers at once asked one after the other; the next offer took its own answer"
 
 python3 - "$WORK/three.json" <<'EOF' || fail "the sender's JSON timing"
 import json, sys
