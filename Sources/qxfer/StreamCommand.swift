@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import QXfer
 import QXferStream
+import SafeOutput
 import Synchronization
 
 /// The port `qxfer stream recv` listens on by default, TCP and UDP alike: next to file
@@ -264,7 +265,14 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
     @Option(help: "The port to listen on (TCP and UDP).")
     var port: UInt16 = defaultStreamPort
 
-    @Option(help: ArgumentHelp("Write the frames here ('-' for standard output).", valueName: "file"))
+    @Option(help: ArgumentHelp(
+        "Write the frames here ('-' for standard output).",
+        discussion: """
+            A file gets its name when the stream ends (written beside it until then); a \
+            terminal, a device such as /dev/null, a named pipe (read live, e.g. by ffplay) or \
+            a socket is written directly and never replaced; a folder is refused.
+            """,
+        valueName: "file"))
     var output: String?
 
     @Flag(help: "Report as JSON lines, ending with one line of totals.")
@@ -281,7 +289,11 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
 
     private func receive() async throws {
         let identity = try HostIdentity.loadOrCreate(in: global.config)
-        let reportToStandardError = output == "-"
+        // Refused at once (a folder, a block device), not when the first frame arrives.
+        if let output {
+            do { try OutputFile.check(output) } catch { throw StreamError(.output, error.message) }
+        }
+        let reportToStandardError = output.map(OutputFile.isStandardOutput) ?? false
         let json = self.json
         let say: @Sendable (String) -> Void = { line in
             if reportToStandardError {

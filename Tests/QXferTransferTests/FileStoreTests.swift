@@ -78,6 +78,37 @@ import Testing
         #expect(readFile(temp.sub("same.bin")) == data)
     }
 
+    /// Something other than a file at a partial's or a journal's name (a pipe, a device), or at
+    /// the target's name, is refused and left as it is: never written into, never renamed
+    /// over, and opening a pipe does not wait for a peer.
+    @Test func aPipeOrDeviceAtATemporaryNameIsRefused() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let small = try target("small.bin", pattern(1000))
+        let large = try target("large.bin", pattern(3 << 20))
+        #expect(mkfifo(temp.sub(FileStore.tempNames(for: "small.bin").partial), 0o600) == 0)
+        #expect(mkfifo(temp.sub(FileStore.tempNames(for: "large.bin").journal), 0o600) == 0)
+        if getuid() == 0 {  // a private /dev/null, when allowed to make one
+            let device = temp.sub(FileStore.tempNames(for: "dev.bin").partial)
+            #expect(mknod(device, S_IFCHR | 0o666, dev_t((1 << 8) | 3)) == 0)
+            #expect(throws: TransferError(.exists, "")) { try makeStore(temp.path).openWriter(for: try target("dev.bin", [1])) }
+            var info = stat()
+            #expect(lstat(device, &info) == 0 && info.st_mode & S_IFMT == S_IFCHR)
+        }
+        #expect(throws: TransferError(.exists, "")) { try makeStore(temp.path).openWriter(for: small) }
+        #expect(throws: TransferError(.exists, "")) { try makeStore(temp.path).openWriter(for: large) }
+        for name in [FileStore.tempNames(for: "small.bin").partial, FileStore.tempNames(for: "large.bin").journal] {
+            var info = stat()
+            #expect(lstat(temp.sub(name), &info) == 0 && info.st_mode & S_IFMT == S_IFIFO)
+        }
+        #expect(!exists(temp.sub("small.bin")) && !exists(temp.sub("large.bin")))
+        // A pipe at the target's own name is not replaced, even with --overwrite.
+        #expect(mkfifo(temp.sub("pipe"), 0o600) == 0)
+        #expect(throws: TransferError(.exists, "")) { try makeStore(temp.path, overwrite: true).openWriter(for: try target("pipe", [1])) }
+        var info = stat()
+        #expect(lstat(temp.sub("pipe"), &info) == 0 && info.st_mode & S_IFMT == S_IFIFO)
+    }
+
     @Test func emptyFile() throws {
         let temp = TempDir()
         defer { temp.cleanup() }

@@ -82,13 +82,20 @@ public final class TargetDirectory {
 
     /// Opens a file `name` in `parent` without following a symlink.
     func openFile(_ name: String, in parent: Descriptor, flags: Int32, mode: mode_t = 0o600, shown: String) throws(TransferError) -> Descriptor {
-        let fd = openat(parent.fd, name, flags | O_NOFOLLOW | O_CLOEXEC, mode)
+        // O_NONBLOCK: opening a named pipe put at this name must not wait for a peer; it is
+        // refused below like any other non-file (a partial or journal is only ever a file).
+        let fd = openat(parent.fd, name, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, mode)
         guard fd >= 0 else {
             let err = errno
             if err == ELOOP { throw TransferError(.unsafePath, "'\(shown)' is a symlink; not following it") }
             throw TransferError.posix("cannot open", shown, errno: err)
         }
-        return Descriptor(fd)
+        let file = Descriptor(fd)
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+            throw TransferError(.exists, "'\(shown)': '\(name)' is not a regular file; not writing into it")
+        }
+        return file
     }
 
     /// Opens the file at `path` for reading, never through a symlink.
