@@ -73,7 +73,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     var noAdvertise = false
 
     func validate() throws {
-        if toStandardOutput && overwrite { throw ValidationError("--stdout writes no file: --overwrite does not apply") }
+        if toStandardOutput && (overwrite || dir != ".") { throw ValidationError("--stdout writes no file: --dir and --overwrite do not apply") }
         for fingerprint in allow where Fingerprint(parsing: fingerprint) == nil {
             throw ValidationError("'\(fingerprint)' is not a SHA-256 fingerprint (64 hex digits, colons allowed)")
         }
@@ -191,8 +191,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     /// One connection: one transfer, its report, its result.
     private func handle<Stack: TLVStack>(
         _ connection: NetworkConnection<Stack>, _ receiver: TransferReceiver, _ prompt: OfferPrompt, _ relay: StandardOutputRelay?,
-        _ reporter: TransferReporter,
-        _ pairedDevices: PairedDevices, _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
+        _ reporter: TransferReporter, _ pairedDevices: PairedDevices, _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
     ) async throws {
         // Each connection gets its own counters and clock, so concurrent transfers do not mix.
         var receiver = receiver

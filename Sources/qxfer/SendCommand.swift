@@ -1,6 +1,5 @@
 import ArgumentParser
 import Foundation
-import Logging
 import QXfer
 import QXferTransfer
 import Synchronization
@@ -210,9 +209,6 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         let connection = NetworkConnection(to: endpoint, using: parameters)
         try await startFailingFast(connection)
         trust.connected(to: connection.peer)
-        if let peer = connection.peer {
-            Logger(label: "qxfer.send").info("connected to \(endpoint) over \(stack.rawValue): receiver \(peer.fingerprint?.description ?? "without a certificate"), trusted as \(peer.trust), ALPN \(peer.applicationProtocol)")
-        }
         if announce, let notice = firstContactNotice(endpoint, connection.peer) { reporter.warn(notice) }
         let progress = clock.progress { event in
             if case .accepted = event { accepted.set() }
