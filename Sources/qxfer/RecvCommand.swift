@@ -287,13 +287,13 @@ actor OfferPrompt {
         }
         if await withdrawn() { return false }  // gone while waiting for its turn: nothing to ask
         reporter.offer(offer)
-        reporter.beginQuestion()
-        defer { reporter.endQuestion() }
         tcflush(STDIN_FILENO, TCIFLUSH)  // typed ahead, before the question: not its answer
-        FileHandle.standardError.write(Data("Accept? [y/N] ".utf8))
+        reporter.beginQuestion("Accept? [y/N] ")
+        var withdrawal: String?
+        defer { reporter.endQuestion(withdrawn: withdrawal) }
         while !Task.isCancelled {
             if await withdrawn() {
-                FileHandle.standardError.write(Data("\nqxfer: the sender went away; the question is withdrawn\n".utf8))
+                withdrawal = "the sender went away; the question is withdrawn"
                 return false
             }
             var ready = pollfd(fd: STDIN_FILENO, events: Int16(POLLIN), revents: 0)

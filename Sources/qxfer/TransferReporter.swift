@@ -15,8 +15,10 @@ final class TransferReporter: Sendable {
     let role: Role
     /// Names of paired peers, shown beside their fingerprints.
     let pairedNames: [Fingerprint: String]
-    /// Questions on the terminal right now: while one is open the bar is not drawn over it.
-    private let questionsOpen = Mutex(0)
+    /// The question on the terminal, if one is open: the bar is not drawn over it, and lines
+    /// printed meanwhile go above it (it is written again after them). The lock also keeps
+    /// lines from different tasks whole.
+    private let question = Mutex<String?>(nil)
     private let logger = Logger(label: "qxfer.transfer")
 
     init(json: Bool, role: Role, pairedNames: [Fingerprint: String] = [:]) {
@@ -28,8 +30,7 @@ final class TransferReporter: Sendable {
     // MARK: Events
 
     func warn(_ line: String) {
-        clearBar()
-        Console.warn(line)
+        if style == .json { Console.warn(line) } else { printLine(line) }
     }
 
     /// One library event; `peer` names the other side in the log.
@@ -127,13 +128,19 @@ final class TransferReporter: Sendable {
 
     /// A question goes on the terminal: the progress bar is held back until it is answered,
     /// so it stays on screen.
-    func beginQuestion() {
-        questionsOpen.withLock { $0 += 1 }
-        clearBar()
+    func beginQuestion(_ prompt: String) {
+        question.withLock { question in
+            question = prompt
+            FileHandle.standardError.write(Data(((style == .bar ? "\r\u{1B}[K" : "") + prompt).utf8))
+        }
     }
 
-    func endQuestion() {
-        questionsOpen.withLock { $0 -= 1 }
+    /// Closes the question; `withdrawn`, if given, is said on its line first.
+    func endQuestion(withdrawn: String? = nil) {
+        question.withLock { question in
+            question = nil
+            if let withdrawn { FileHandle.standardError.write(Data("\nqxfer: \(withdrawn)\n".utf8)) }
+        }
     }
 
     // MARK: Progress
@@ -197,8 +204,9 @@ final class TransferReporter: Sendable {
             var line = String(format: "[%@] %3d%%  %@ / %@  %@", bar, Int(fraction * 100), formatBytes(done), formatBytes(total), formatRate(rate))
             if let eta { line += "  ETA \(eta)" }
             if let rtt { line += "  RTT \(rtt)" }
-            guard questionsOpen.withLock({ $0 == 0 }) else { return }
-            FileHandle.standardError.write(Data("\r\u{1B}[K\(line)".utf8))
+            question.withLock { question in
+                if question == nil { FileHandle.standardError.write(Data("\r\u{1B}[K\(line)".utf8)) }
+            }
         }
     }
 
@@ -233,13 +241,20 @@ final class TransferReporter: Sendable {
 
     // MARK: Output
 
+    /// Wipes the bar's line, unless a question is on it.
     private func clearBar() {
-        if style == .bar { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+        guard style == .bar else { return }
+        question.withLock { question in
+            if question == nil { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+        }
     }
 
     private func printLine(_ line: String) {
-        clearBar()
-        FileHandle.standardError.write(Data("qxfer: \(line)\n".utf8))
+        question.withLock { question in
+            // Above an open question, which is written again below the line.
+            let start = style == .bar ? "\r\u{1B}[K" : (question == nil ? "" : "\n")
+            FileHandle.standardError.write(Data((start + "qxfer: \(line)\n" + (question ?? "")).utf8))
+        }
     }
 
     private func emit(_ event: String, _ fields: [String: Any]) {
@@ -250,7 +265,13 @@ final class TransferReporter: Sendable {
     /// owns standard output, so reports go to standard error.
     private func writeOut(_ line: String) {
         let handle = Console.dataOnStandardOutput ? FileHandle.standardError : FileHandle.standardOutput
-        handle.write(Data((line + "\n").utf8))
+        question.withLock { question in
+            // On the terminal the question is on: the line goes above it.
+            let aboveQuestion = question != nil && isatty(handle.fileDescriptor) == 1
+            if aboveQuestion { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+            handle.write(Data((line + "\n").utf8))
+            if aboveQuestion, let question { FileHandle.standardError.write(Data(question.utf8)) }
+        }
     }
 }
 

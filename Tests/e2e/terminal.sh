@@ -66,6 +66,7 @@ mkdir -p "$WORK/src" "$WORK/dst"
 head -c 40000000 /dev/urandom >"$WORK/src/one.bin"
 head -c 30000000 /dev/urandom >"$WORK/src/two.bin"
 head -c 20000000 /dev/urandom >"$WORK/src/three.bin"
+head -c 10000000 /dev/urandom >"$WORK/src/four.bin"
 SEND="$QXFER send --config-dir $WORK/cfg-send"
 
 # --- 1. The question: visible until answered, typed-ahead keys not taken -----------------
@@ -111,11 +112,11 @@ for stack in quic tls; do
     wait_for recv 'the question is withdrawn' $((withdrawn_before + 1)) 20
 done
 [ ! -e "$WORK/dst/two.bin" ] || fail "a withdrawn offer was received"
-# Two offers at once: one question at a time, each answer to its own offer.
+# Two senders at once: one question at a time, each answer to its own offer.
 pane send2
 asked_before=$(count recv 'Accept\? \[y/N\]')
 run send "$SEND $WORK/src/two.bin 127.0.0.1:$PORT --stack tls"
-run send2 "$QXFER send --config-dir $WORK/cfg-send $WORK/src/two.bin 127.0.0.1:$PORT"
+run send2 "$QXFER send --config-dir $WORK/cfg-send2 $WORK/src/four.bin 127.0.0.1:$PORT"
 wait_for send 'waiting for the receiver to accept' 3
 wait_for send2 'waiting for the receiver to accept'
 wait_for recv 'Accept\? \[y/N\]' $((asked_before + 1))
@@ -123,12 +124,15 @@ sleep 1
 [ "$(count recv 'Accept\? \[y/N\]')" = $((asked_before + 1)) ] || { screen recv >&2; fail "two questions at once"; }
 T send-keys -t recv "n" Enter
 wait_for recv 'Accept\? \[y/N\]' $((asked_before + 2))
+sleep 1  # the first offer's "declined" line comes meanwhile: above the question, not over it
+last_line recv | grep -q 'Accept? \[y/N\] *$' || { screen recv >&2; fail "the second question is not on the last line"; }
 T send-keys -t recv "y" Enter
 wait_for send2 '^EXIT='
 wait_for send "^EXIT=" 4
 declined=$( (screen send; screen send2) | grep -c '^EXIT=77$' || true)
 accepted=$( (screen send; screen send2) | grep -c '^EXIT=0$' || true)
-[ "$declined" = 1 ] && [ "$accepted" = 2 ] && cmp -s "$WORK/src/two.bin" "$WORK/dst/two.bin" \
+arrived=$(cd "$WORK/dst" && ls two.bin four.bin 2>/dev/null || true)
+[ "$declined" = 1 ] && [ "$accepted" = 2 ] && [ "$(echo "$arrived" | grep -c .)" = 1 ] && cmp -s "$WORK/src/$arrived" "$WORK/dst/$arrived" \
     || { screen send >&2; screen send2 >&2; fail "two offers at once: $declined declined, $accepted succeeded (with the first run)"; }
 asked_before=$(count recv 'Accept\? \[y/N\]')
 exits_before=$(count send '^EXIT=')
@@ -305,6 +309,39 @@ $SEND "$WORK/src" "127.0.0.1:$PORT" >/dev/null 2>&1 </dev/null; s5=$?
 wait "$RECV_PID"; s6=$?
 set -e
 [ $s5 = 77 ] && [ $s6 = 77 ] && grep -q -- "--stdout takes one file" "$WORK/so.err" || fail "a folder offered to recv --stdout: send $s5, recv $s6: $(cat "$WORK/so.err")"
+# A sender whose digest does not match what it sent (qxfer/1 over TLS, docs/PROTOCOL.md §3): the
+# data went out already; recv says to discard it and exits 65.
+stdout_recv "cat >\"$WORK/bad.out\""
+python3 - "$PORT" <<'PEER' || fail "the lying sender"
+import socket, ssl, struct, sys
+def frame(kind, body): return struct.pack(">II", kind, len(body)) + body
+received = b""
+def read_frame(sock):
+    global received
+    while len(received) < 8 or len(received) < 8 + struct.unpack(">I", received[4:8])[0]:
+        chunk = sock.recv(65536)
+        if not chunk: raise SystemExit("the receiver closed the connection")
+        received += chunk
+    kind, length = struct.unpack(">II", received[:8])
+    received = received[8 + length:]
+    return kind
+payload = b"x" * 100000
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+context.minimum_version = ssl.TLSVersion.TLSv1_3
+context.set_alpn_protocols(["qxfer/1"])
+with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=20) as raw, context.wrap_socket(raw) as sock:
+    entry = struct.pack(">BBH", 0, 0, 1) + struct.pack(">H", 7) + b"bad.bin" + struct.pack(">QIqH", len(payload), 0o644, 0, 0)
+    sock.sendall(frame(1, struct.pack(">BBI", 1, 0, 1) + entry))
+    assert read_frame(sock) == 2, "no Accept"
+    sock.sendall(frame(4, struct.pack(">IQ", 0, 0) + payload) + frame(5, struct.pack(">IQBB", 0, len(payload), 1, 16) + bytes(16)))
+    assert read_frame(sock) == 7, "no Failed"
+    assert read_frame(sock) == 8, "no Complete"
+PEER
+set +e; wait "$RECV_PID"; s7=$?; set -e
+# (What went out before the digest arrived, all or nothing of it, depends on timing.)
+[ $s7 = 65 ] && grep -q "standard output did not verify: discard it" "$WORK/so.err" && [ "$(stat -c %s "$WORK/bad.out")" -le 100000 ] \
+    || fail "a digest mismatch with --stdout: exit $s7, $(stat -c %s "$WORK/bad.out") bytes out: $(cat "$WORK/so.err")"
 [ -z "$(ls /tmp | grep '^qxfer-stdout-' || true)" ] || fail "recv --stdout left its temporary folder"
-ok "recv --stdout: a file, and send - | recv --stdout | tar x, arrive identical; a folder is declined"
+ok "recv --stdout: a file, and send - | recv --stdout | tar x, arrive identical; a folder is declined; a digest mismatch exits 65 saying to discard what came out"
 echo "terminal: all passed"
