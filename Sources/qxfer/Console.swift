@@ -54,7 +54,7 @@ enum Console {
         if json {
             emit("warning", ["message": line])
         } else {
-            FileHandle.standardError.write(Data("qxfer: \(line)\n".utf8))
+            writeLine("qxfer: \(line)")
         }
     }
 
@@ -63,6 +63,48 @@ enum Console {
     static func fatal(_ message: String, code: String, exitStatus: Int32) {
         if json { emit("error", ["message": message, "code": code, "exit_code": Int(exitStatus)]) }
         FileHandle.standardError.write(Data("qxfer: \(message)\n".utf8))
+    }
+
+    // MARK: The terminal's last line
+
+    /// The question on the terminal, if one is open (recv's "Accept? [y/N] "): no progress bar
+    /// is drawn over it, and lines written meanwhile go above it, the question written again
+    /// after them. The lock also keeps lines from different tasks whole.
+    private static let question = Mutex<String?>(nil)
+    private static let standardErrorIsTerminal = isatty(STDERR_FILENO) == 1
+
+    /// Writes one line to `handle`; on a terminal it starts on a wiped line (a bar may be there)
+    /// and goes above an open question.
+    static func writeLine(_ line: String, to handle: FileHandle = .standardError) {
+        question.withLock { question in
+            let onTerminal = isatty(handle.fileDescriptor) == 1
+            if onTerminal && standardErrorIsTerminal { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+            handle.write(Data((line + "\n").utf8))
+            if onTerminal, let question { FileHandle.standardError.write(Data(question.utf8)) }
+        }
+    }
+
+    /// Draws `bar` over the current line of standard error (a terminal), unless a question is on it.
+    static func drawBar(_ bar: String) {
+        question.withLock { question in
+            if question == nil { FileHandle.standardError.write(Data("\r\u{1B}[K\(bar)".utf8)) }
+        }
+    }
+
+    /// Puts `prompt` on the terminal's last line until ``endQuestion(saying:)``.
+    static func beginQuestion(_ prompt: String) {
+        question.withLock { question in
+            question = prompt
+            FileHandle.standardError.write(Data(((standardErrorIsTerminal ? "\r\u{1B}[K" : "") + prompt).utf8))
+        }
+    }
+
+    /// Closes the question; `line`, if given, follows on its own line.
+    static func endQuestion(saying line: String? = nil) {
+        question.withLock { question in
+            question = nil
+            if let line { FileHandle.standardError.write(Data("\nqxfer: \(line)\n".utf8)) }
+        }
     }
 
     /// Now, in UTC with milliseconds: 2026-11-24T09:30:01.123Z.

@@ -36,13 +36,12 @@ struct GlobalOptions: ParsableArguments {
     }
 }
 
-/// Log lines on standard error, `qxfer[info] qxfer.tls: …`, each starting on a clean line (a
-/// progress bar being drawn there is wiped first; it redraws itself).
+/// Log lines on standard error, `qxfer[info] qxfer.tls: …`, each on a line of its own (over a
+/// progress bar, which redraws itself; above an open question).
 struct LineLogHandler: LogHandler {
     let label: String
     var logLevel: Logger.Level
     var metadata: Logger.Metadata = [:]
-    private let clearLine = isatty(STDERR_FILENO) == 1 ? "\r\u{1B}[K" : ""
 
     init(label: String, logLevel: Logger.Level) {
         self.label = label
@@ -57,6 +56,6 @@ struct LineLogHandler: LogHandler {
     func log(event: LogEvent) {
         let merged = metadata.merging(event.metadata ?? [:]) { _, new in new }
         let fields = merged.isEmpty ? "" : " " + merged.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
-        FileHandle.standardError.write(Data("\(clearLine)qxfer[\(event.level)] \(label): \(event.message)\(fields)\n".utf8))
+        Console.writeLine("qxfer[\(event.level)] \(label): \(event.message)\(fields)")
     }
 }

@@ -288,9 +288,9 @@ actor OfferPrompt {
         if await withdrawn() { return false }  // gone while waiting for its turn: nothing to ask
         reporter.offer(offer)
         tcflush(STDIN_FILENO, TCIFLUSH)  // typed ahead, before the question: not its answer
-        reporter.beginQuestion("Accept? [y/N] ")
+        Console.beginQuestion("Accept? [y/N] ")
         var withdrawal: String?
-        defer { reporter.endQuestion(withdrawn: withdrawal) }
+        defer { Console.endQuestion(saying: withdrawal) }
         while !Task.isCancelled {
             if await withdrawn() {
                 withdrawal = "the sender went away; the question is withdrawn"

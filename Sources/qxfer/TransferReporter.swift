@@ -15,10 +15,6 @@ final class TransferReporter: Sendable {
     let role: Role
     /// Names of paired peers, shown beside their fingerprints.
     let pairedNames: [Fingerprint: String]
-    /// The question on the terminal, if one is open: the bar is not drawn over it, and lines
-    /// printed meanwhile go above it (it is written again after them). The lock also keeps
-    /// lines from different tasks whole.
-    private let question = Mutex<String?>(nil)
     private let logger = Logger(label: "qxfer.transfer")
 
     init(json: Bool, role: Role, pairedNames: [Fingerprint: String] = [:]) {
@@ -30,7 +26,7 @@ final class TransferReporter: Sendable {
     // MARK: Events
 
     func warn(_ line: String) {
-        if style == .json { Console.warn(line) } else { printLine(line) }
+        Console.warn(line)
     }
 
     /// One library event; `peer` names the other side in the log.
@@ -126,22 +122,6 @@ final class TransferReporter: Sendable {
 
     // MARK: Questions
 
-    /// A question goes on the terminal: the progress bar is held back until it is answered,
-    /// so it stays on screen.
-    func beginQuestion(_ prompt: String) {
-        question.withLock { question in
-            question = prompt
-            FileHandle.standardError.write(Data(((style == .bar ? "\r\u{1B}[K" : "") + prompt).utf8))
-        }
-    }
-
-    /// Closes the question; `withdrawn`, if given, is said on its line first.
-    func endQuestion(withdrawn: String? = nil) {
-        question.withLock { question in
-            question = nil
-            if let withdrawn { FileHandle.standardError.write(Data("\nqxfer: \(withdrawn)\n".utf8)) }
-        }
-    }
 
     // MARK: Progress
 
@@ -173,10 +153,16 @@ final class TransferReporter: Sendable {
         }
         defer {
             drawing.cancel()
-            clock.stop(adding: progress.transferredBytes)
             clearBar()
         }
-        return try await body()
+        do {
+            let result = try await body()
+            clock.stop(adding: progress.transferredBytes, complete: true)
+            return result
+        } catch {
+            clock.stop(adding: progress.transferredBytes, complete: false)
+            throw error
+        }
     }
 
     private func draw(_ progress: TransferProgress, metrics: ConnectionMetrics, moving elapsed: Duration) {
@@ -204,9 +190,7 @@ final class TransferReporter: Sendable {
             var line = String(format: "[%@] %3d%%  %@ / %@  %@", bar, Int(fraction * 100), formatBytes(done), formatBytes(total), formatRate(rate))
             if let eta { line += "  ETA \(eta)" }
             if let rtt { line += "  RTT \(rtt)" }
-            question.withLock { question in
-                if question == nil { FileHandle.standardError.write(Data("\r\u{1B}[K\(line)".utf8)) }
-            }
+            Console.drawBar(line)
         }
     }
 
@@ -241,20 +225,12 @@ final class TransferReporter: Sendable {
 
     // MARK: Output
 
-    /// Wipes the bar's line, unless a question is on it.
     private func clearBar() {
-        guard style == .bar else { return }
-        question.withLock { question in
-            if question == nil { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
-        }
+        if style == .bar { Console.drawBar("") }
     }
 
     private func printLine(_ line: String) {
-        question.withLock { question in
-            // Above an open question, which is written again below the line.
-            let start = style == .bar ? "\r\u{1B}[K" : (question == nil ? "" : "\n")
-            FileHandle.standardError.write(Data((start + "qxfer: \(line)\n" + (question ?? "")).utf8))
-        }
+        Console.writeLine("qxfer: \(line)")
     }
 
     private func emit(_ event: String, _ fields: [String: Any]) {
@@ -264,24 +240,19 @@ final class TransferReporter: Sendable {
     /// Standard output, unbuffered: lines reach a pipe at once. With `recv --stdout` the data
     /// owns standard output, so reports go to standard error.
     private func writeOut(_ line: String) {
-        let handle = Console.dataOnStandardOutput ? FileHandle.standardError : FileHandle.standardOutput
-        question.withLock { question in
-            // On the terminal the question is on: the line goes above it.
-            let aboveQuestion = question != nil && isatty(handle.fileDescriptor) == 1
-            if aboveQuestion { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
-            handle.write(Data((line + "\n").utf8))
-            if aboveQuestion, let question { FileHandle.standardError.write(Data(question.utf8)) }
-        }
+        Console.writeLine(line, to: Console.dataOnStandardOutput ? .standardError : .standardOutput)
     }
 }
 
-/// The time a transfer's data moves: from the receiver's acceptance to the end of each
-/// connection, summed over reconnects — neither the wait for the answer nor the backoff before
-/// a reconnect counts, as scp and rsync count.
+/// The time a transfer's data moves: from the receiver's acceptance to the last file's
+/// verdict (or to a connection's failure), summed over reconnects — neither the wait for the
+/// answer, nor the closing exchange, nor the backoff before a reconnect counts, as scp and
+/// rsync count.
 final class TransferClock: Sendable {
     private struct State {
         var earlier: Duration = .zero
         var since: ContinuousClock.Instant?
+        var lastVerdict: ContinuousClock.Instant?
         var bytes: UInt64 = 0
     }
     private let state = Mutex(State())
@@ -291,11 +262,20 @@ final class TransferClock: Sendable {
         state.withLock { if $0.since == nil { $0.since = .now } }
     }
 
-    /// A connection ended having moved `bytes`.
-    func stop(adding bytes: UInt64) {
+    /// A file was verified or failed.
+    func verdict() {
+        state.withLock { $0.lastVerdict = .now }
+    }
+
+    /// A connection ended having moved `bytes`: `complete`, the time ends at the last verdict.
+    func stop(adding bytes: UInt64, complete: Bool) {
         state.withLock {
-            if let since = $0.since { $0.earlier += ContinuousClock.now - since }
+            if let since = $0.since {
+                let end = complete ? ($0.lastVerdict.map { max($0, since) } ?? .now) : .now
+                $0.earlier += end - since
+            }
             $0.since = nil
+            $0.lastVerdict = nil
             $0.bytes += bytes
         }
     }
@@ -309,7 +289,11 @@ final class TransferClock: Sendable {
     /// A progress counter feeding this clock and `report`.
     func progress(reporting report: @escaping @Sendable (TransferEvent) -> Void) -> TransferProgress {
         TransferProgress { event in
-            if case .accepted = event { self.start() }
+            switch event {
+            case .accepted: self.start()
+            case .verified, .failed: self.verdict()
+            default: break
+            }
             report(event)
         }
     }
