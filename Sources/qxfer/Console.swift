@@ -2,7 +2,7 @@ import Foundation
 import Synchronization
 
 /// Where the CLI's messages go: one line on standard error for a person, or with `--json` one
-/// JSON object per line on standard output (docs/JSON.md lists the events), each with an
+/// JSON object per line on standard output (README.md lists the events), each with an
 /// ISO-8601 `time` and a stable `event` name.
 enum Console {
     private struct Mode {
@@ -26,8 +26,17 @@ enum Console {
 
     /// Writes one JSON event line on standard output (unbuffered: a pipe sees it at once).
     static func emit(_ event: String, _ fields: [String: Any] = [:]) {
+        writeEvent(jsonLine(event, fields))
+    }
+
+    /// Writes an event from a JSON object line the library printed.
+    static func emit(_ event: String, parsing line: String) {
+        writeEvent(jsonLine(event, parsing: line))
+    }
+
+    private static func writeEvent(_ line: String) {
         let handle = dataOnStandardOutput ? FileHandle.standardError : FileHandle.standardOutput
-        handle.write(Data((jsonLine(event, fields) + "\n").utf8))
+        handle.write(Data((line + "\n").utf8))
     }
 
     /// One event as a JSON line: `event`, `time` and the fields, keys sorted, slashes as they are.
@@ -43,10 +52,6 @@ enum Console {
     static func jsonLine(_ event: String, parsing line: String) -> String {
         let fields = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] ?? ["raw": line]
         return jsonLine(event, fields)
-    }
-
-    static func emit(_ event: String, parsing line: String) {
-        FileHandle.standardOutput.write(Data((jsonLine(event, parsing: line) + "\n").utf8))
     }
 
     /// A warning: `qxfer: …` on standard error, or a `warning` event.

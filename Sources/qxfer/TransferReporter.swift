@@ -29,7 +29,7 @@ final class TransferReporter: Sendable {
         Console.warn(line)
     }
 
-    /// One library event; `peer` names the other side in the log.
+    /// One library event: a line (or an event) where a person or a script needs one, a log line at -v.
     func handle(_ event: TransferEvent) {
         switch event {
         case .offered(let entries, let bytes, let sizeUnknown):
@@ -119,9 +119,6 @@ final class TransferReporter: Sendable {
             printLine("transfer from \(sender) failed: \(message)")
         }
     }
-
-    // MARK: Questions
-
 
     // MARK: Progress
 

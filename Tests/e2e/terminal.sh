@@ -4,14 +4,16 @@
 #
 #   sudo Tests/e2e/terminal.sh            (root: one network namespace; QXFER=path picks the binary)
 #
-# Proves: recv's question stays on screen until answered (no progress line over it); keys typed
-# before it are not its answer; a question whose sender went away is withdrawn and the next
-# offer gets its own answer; concurrent offers are asked one at a time; the waiting sender says it waits for the receiver; "1 file";
-# summaries and progress count only the time data moves (not the wait for the answer); recv
-# exits 130 on Ctrl-C; stream lines fit in 100 columns with no empty rows after the end, stream
-# send reports progress and first contact; --json is one parseable event per line (time,
-# event; errors and warnings included, no escaped slashes); errors a user meets are immediate
-# and clear; recv --stdout pipes a file or a tar stream. Everything it creates is removed.
+# Proves: recv's question stays on screen until answered (no progress line over it, other
+# lines go above it); keys typed before it are not its answer; a question whose sender went
+# away is withdrawn and the next offer gets its own answer; two senders at once are asked one
+# after the other; the waiting sender says it waits for the receiver; "1 file"; summaries and
+# progress count only the time data moves (not the wait for the answer); recv exits 130 on
+# Ctrl-C; stream rows fit in 100 columns with no empty rows after the end, stream send reports
+# progress and first contact; --json is one parseable event per line (time, event; errors and
+# warnings included, no escaped slashes); errors a user meets are immediate and clear; recv
+# --stdout pipes a file or a tar stream and fails a digest mismatch. Everything it creates is
+# removed.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
