@@ -38,7 +38,7 @@ struct QXferCommand: AsyncParsableCommand {
         Console.json = CommandLine.arguments.contains("--json")
         do {
             var command = try parseAsRoot()
-            Console.json = (command as? any JSONOutput)?.json ?? false
+            Console.json = Self.wantsJSON(command)
             if var command = command as? any AsyncParsableCommand {
                 try await command.run()
             } else {
@@ -61,6 +61,10 @@ struct QXferCommand: AsyncParsableCommand {
             }
             fail(message(for: error), code: "usage", status: code.rawValue)
         }
+    }
+
+    private static func wantsJSON(_ command: any ParsableCommand) -> Bool {
+        (command as? any JSONOutput)?.json ?? false
     }
 
     private static func interrupted() -> Never {

@@ -187,7 +187,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
         let endpoint = StreamEndpoint.parse(destination, defaultPort: defaultStreamPort)!
         let refusal = Refusal()
         // Cancelled, and awaited, when this function returns.
-        async let watching: Void = Self.watch(connection, endpoint: endpoint, json: json, refusal: refusal)
+        async let _ = Self.watch(connection, endpoint: endpoint, json: json, refusal: refusal)
         do {
             let summary = try await StreamSender.run(over: connection, source: source, options: options)
             trust.connected(to: connection.peer)
