@@ -3,12 +3,14 @@ import Logging
 import QXfer
 
 /// Starts `connection` as a command-line user expects: a refused TCP connection (nothing
-/// listens on that port) or a network the kernel has no route to fails at once, as scp and ssh
-/// say so, instead of being retried until the connect timeout as the library's `waiting` state
-/// does for failures that may pass. A transfer's own reconnect loop still retries them after
-/// the receiver accepted.
-func startFailingFast<Stack>(_ connection: NetworkConnection<Stack>) async throws {
+/// listens on that port) or a network the kernel has no route to fails within `grace`, as scp
+/// and ssh say so at once, instead of being retried until the 10 s connect timeout as the
+/// library's `waiting` state does for failures that may pass. The grace (the library's first
+/// three attempts, 0.75 s) covers a receiver started a moment before its sender, as scripts do.
+/// A transfer's own reconnect loop still retries such failures after the receiver accepted.
+func startFailingFast<Stack>(_ connection: NetworkConnection<Stack>, grace: Duration = .milliseconds(500)) async throws {
     let definitive = [ECONNREFUSED, ENETUNREACH, EHOSTUNREACH].map { String(cString: strerror($0)) }
+    let started = ContinuousClock.now
     // true: started; false: the state watcher ended without finding a refusal.
     try await withThrowingTaskGroup(of: Bool.self) { group in
         group.addTask {
@@ -19,7 +21,7 @@ func startFailingFast<Stack>(_ connection: NetworkConnection<Stack>) async throw
             for await state in connection.states {
                 guard case .waiting(let error) = state else { continue }
                 Logger(label: "qxfer.connect").info("attempt failed, retrying: \(error.message)")
-                if definitive.contains(where: error.message.hasSuffix) {
+                if definitive.contains(where: error.message.hasSuffix), ContinuousClock.now - started >= grace {
                     connection.cancel()
                     throw error
                 }

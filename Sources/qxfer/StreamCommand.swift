@@ -303,11 +303,6 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
             }
         }
         Console.dataOnStandardOutput = reportToStandardError
-        if json {
-            say(Console.jsonLine("listening", ["port": port, "fingerprint": identity.fingerprint.description]))
-        } else {
-            FileHandle.standardError.write(Data("qxfer: waiting for a stream on port \(port) (TCP and UDP)\nqxfer: fingerprint \(identity.fingerprint)\n".utf8))
-        }
 
         var options = StreamReceiverOptions()
         let header = Mutex(false)
@@ -361,6 +356,13 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
                 try await tls.run { connection in
                     await serve { try await StreamReceiver.run(on: connection, options: $0) }
                 }
+            }
+            // Said once both listen: a sender started on seeing it is not refused.
+            _ = try await (quic.port, tls.port)
+            if json {
+                say(Console.jsonLine("listening", ["port": port, "fingerprint": identity.fingerprint.description]))
+            } else {
+                FileHandle.standardError.write(Data("qxfer: waiting for a stream on port \(port) (TCP and UDP)\nqxfer: fingerprint \(identity.fingerprint)\n".utf8))
             }
             while true {
                 if let result = session.withLock({ $0.result }) {

@@ -290,6 +290,7 @@ ok "errors: a file where the host goes, a missing parent, a created --dir, a rea
 
 # --- 7. recv --stdout --------------------------------------------------------------------------
 stdout_recv() {  # stdout_recv OUTPUT-COMMAND: a receiver whose data goes through OUTPUT-COMMAND
+    : >"$WORK/so.err"  # the last receiver's banner must not pass for this one's
     bash -o pipefail -c "\"$QXFER\" recv --config-dir \"$WORK/cfg-recv\" --no-advertise --host 127.0.0.1 --port $PORT --yes --stdout 2>\"$WORK/so.err\" | $1" </dev/null &
     RECV_PID=$!; PIDS+=("$RECV_PID")
     for _ in $(seq 100); do grep -q '^fingerprint' "$WORK/so.err" 2>/dev/null && return; sleep 0.1; done
