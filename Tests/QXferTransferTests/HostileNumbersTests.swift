@@ -304,3 +304,25 @@ struct HostileNumbersTests {
         #expect(try ledger.complete(Complete(succeeded: 4, failed: 1)) == 4)
     }
 }
+
+/// Numbers from the sender's own files (issue 17 §1): times and sizes outside what the
+/// arithmetic expects.
+@Suite("Numbers from the sender's files")
+struct SourceNumbersTests {
+    @Test("A file time past the year 2262 is clamped, not multiplied into a trap")
+    func farFutureMtime() throws {
+        #expect(SourceTree.nanoseconds(timespec(tv_sec: 99_999_999_999, tv_nsec: 0)) == .max)
+        #expect(SourceTree.nanoseconds(timespec(tv_sec: -99_999_999_999, tv_nsec: 0)) == .min)
+        #expect(SourceTree.nanoseconds(timespec(tv_sec: 9_223_372_036, tv_nsec: 999_999_999)) == .max)
+        #expect(SourceTree.nanoseconds(timespec(tv_sec: -2, tv_nsec: 5)) == -1_999_999_995)
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        let path = scratch.sub("future")
+        FileManager.default.createFile(atPath: path, contents: Data("x".utf8))
+        var times = [timespec(tv_sec: 15_000_000_000, tv_nsec: 0), timespec(tv_sec: 15_000_000_000, tv_nsec: 0)]
+        guard utimensat(AT_FDCWD, path, &times, 0) == 0 else { return }  // a file system that cannot hold it
+        var info = stat()
+        guard stat(path, &info) == 0, info.st_mtim.tv_sec == 15_000_000_000 else { return }
+        #expect(try SourceTree.scan([path]).entries.first?.modificationTime == .max)
+    }
+}
