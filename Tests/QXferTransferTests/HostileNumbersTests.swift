@@ -84,7 +84,8 @@ struct HostileNumbersTests {
         #expect(throws: TransferError(.limitExceeded, "")) { try store.openWriter(for: target, resumingAt: resume) }
     }
 
-    /// Accepts `entries`, then lets `attack` talk; returns the receiver's result and its replies.
+    /// Offers `entries`; once accepted lets `attack` talk, then collects the receiver's replies up
+    /// to Complete or Error. Returns the receiver's result and its replies, Accept first.
     static func accepted(
         _ kind: StackKind, _ entries: [OfferEntry], dst: String, receiver: TransferReceiver? = nil,
         _ attack: @escaping @Sendable (any TransferPeer, Accept) async throws -> (any TransferPeer)?
@@ -94,6 +95,8 @@ struct HostileNumbersTests {
         }, send: { peer in
             try await peer.send(.offer(Offer(algorithm: .xxh3_128, entries: entries)))
             guard case .accept(let accept)? = try await peer.receiveMessage() else { return [Message]() }
+            // The data stream stays open until the replies are in: dropping it would reset it,
+            // and a reset stream loses its unread data.
             let stream = try await attack(peer, accept)
             var replies: [Message] = [.accept(accept)]
             while let reply = try? await peer.receiveMessage() {
