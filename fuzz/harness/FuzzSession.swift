@@ -73,6 +73,9 @@ let root: String = {
     return String(cString: made)
 }()
 
+/// The folder itself goes when the fuzzer exits (it empties it after every input).
+let removeRootAtExit: Void = { atexit { _ = rmdir(root) } }()
+
 /// Removes everything inside `directory` (not following symlinks).
 func empty(_ directory: Int32) {
     guard let dir = fdopendir(dup(directory)) else { return }
@@ -112,6 +115,7 @@ func fuzzReceiver(_ script: inout Script) {
     guard case .offer(let offer) = try? MessageCodec.decode(type: MessageType.offer.rawValue, body: MessageCodec.encodeBody(.offer(sent))) else { return }
     let directory: TargetDirectory
     do { directory = try TargetDirectory(path: root) } catch { preconditionFailure("\(error)") }
+    _ = removeRootAtExit
     defer { empty(directory.root.fd) }
     // Something already at a name: a file, a folder, a symlink, or an earlier attempt's partial.
     let store = FileStore(directory: directory, overwrite: overwrite, checkpointInterval: 16)
