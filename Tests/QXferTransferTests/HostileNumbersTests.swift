@@ -205,6 +205,29 @@ struct HostileNumbersTests {
         #expect(try server.get().failures.count == 1)
     }
 
+    @Test("The reference sender takes a symlink's Failed as that entry's failure, not a violation", arguments: StackKind.allCases)
+    func senderAcceptsTreeFailures(_ kind: StackKind) async throws {
+        let (scratch, dst) = try Self.emptyFolder()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("src"), withIntermediateDirectories: true)
+        FileManager.default.createFile(atPath: scratch.sub("src/f"), contents: Data(pattern(10)))
+        try FileManager.default.createSymbolicLink(atPath: scratch.sub("src/l"), withDestinationPath: "f")
+        let tree = try SourceTree.scan([scratch.sub("src")])
+        let receiver = TransferReceiver(directory: dst, confirm: { _ in
+            try? FileManager.default.createDirectory(atPath: dst + "/src", withIntermediateDirectories: true)
+            return FileManager.default.createFile(atPath: dst + "/src/l", contents: Data("squatter".utf8))
+        })
+        let (_, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(receiver)
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        let summary = try client.get()
+        #expect(summary.succeeded == 2)
+        #expect(summary.failures.map(\.path) == ["src/l"] && summary.failures.map(\.error.code) == [.exists])
+        #expect(readFile(dst + "/src/f") == pattern(10))
+    }
+
     @Test("An accepted transfer whose sender goes silent ends with an error and removes its small partial", arguments: StackKind.allCases)
     func silentSender(_ kind: StackKind) async throws {
         let (scratch, dst) = try Self.emptyFolder()
