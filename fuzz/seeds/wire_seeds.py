@@ -117,7 +117,7 @@ write("session", "one-file", bytes([0, 0, 0, 1, 1]) + session_file(0, 5) + bytes
       + bytes([0, 0, 0, 4, 1]) + bytes([3, 0, 0, 0, 0, 1]))
 write("session", "tree", bytes([0, 1, 0, 0, 3]) + bytes([1, 2, 0, 0]) + session_file(3, 10, (1, 0))
       + bytes([2, 7, 0, 0, 0]) + bytes([0]) + bytes([0, 1, 0, 9, 0]) + bytes([3, 1, 0, 0, 0, 0]))
-write("session", "two-files-of-2^63", bytes([0, 0, 0, 1, 2]) + session_file(0, 140) + session_file(1, 140) + bytes([0]))
+write("session", "two-files-of-2to63", bytes([0, 0, 0, 1, 2]) + session_file(0, 140) + session_file(1, 140) + bytes([0]))
 write("session", "resume", bytes([0, 0, 0, 1, 1]) + session_file(0, 100) + bytes([4, 40])
       + bytes([0, 0, 0, 47, 1]) + bytes([0, 0, 0, 11, 1]) + bytes([3, 0, 0, 0, 0, 1]))
 write("session", "restart-from-0", bytes([0, 0, 0, 0, 1]) + session_file(0, 60) + bytes([4, 40])
