@@ -38,7 +38,8 @@ test: deps
 		--skip QUICEngineTests --skip QXferStreamTests
 
 ## Builds the libFuzzer targets (fuzz/harness: qxfer/1 codec and framing, path validation, resume
-## journal, mDNS, TLV/Coder, IVF/Y4M, stream messages and datagrams, the QUIC listener's input)
+## journal, mDNS, TLV/Coder, IVF/Y4M, stream messages and datagrams, the QUIC listener's input,
+## and both sides' sessions after decoding)
 ## and runs each for FUZZ_SECONDS (default 60); prints executions and coverage.
 FUZZ_SECONDS ?= 60
 fuzz:

@@ -29,7 +29,9 @@ public struct ClockOffsetEstimator: Sendable, Hashable {
     /// Adds one probe's four timestamps.
     public mutating func add(t1: UInt64, t2: UInt64, t3: UInt64, t4: UInt64) {
         let forward = Int64(bitPattern: t2 &- t1), backward = Int64(bitPattern: t3 &- t4)
-        let roundTrip = Int64(bitPattern: t4 &- t1) - Int64(bitPattern: t3 &- t2)
+        // t2 and t3 are the peer's: a turnaround that does not fit in 64 bits is no sample.
+        let (roundTrip, overflow) = Int64(bitPattern: t4 &- t1).subtractingReportingOverflow(Int64(bitPattern: t3 &- t2))
+        guard !overflow else { return }
         samples.append(Sample(offset: forward / 2 + backward / 2, roundTrip: max(0, roundTrip)))
         if samples.count > 64 { samples.removeFirst() }
         count += 1
@@ -97,7 +99,8 @@ public struct StreamStatistics: Sendable {
         }
         bytesReceived += bytes
         intervalBytes += bytes
-        if let lastTransit { jitter += (Double(abs(latency - lastTransit)) - jitter) / 16 }
+        // In Double: latencies come from the peer's timestamps, their difference may not fit in Int64.
+        if let lastTransit { jitter += (abs(Double(latency) - Double(lastTransit)) - jitter) / 16 }
         lastTransit = latency
         if firstArrival == nil { firstArrival = arrival }
         lastArrival = arrival

@@ -75,7 +75,7 @@ public enum StreamReceiver {
                         case .pong(_, let t1, let t2, let t3):
                             core.withLock { $0.clock.add(t1: t1, t2: t2, t3: t3, t4: now) }
                         case .frame(let frame): try core.withLock { try $0.arrived(frame, now: now) }
-                        case .end(let sent): core.withLock { $0.framesSent = Int(sent) }
+                        case .end(let sent): core.withLock { $0.framesSent = Int(clamping: sent) }
                         default: throw StreamError(.malformed, "the sender sent an unexpected message")
                         }
                     }

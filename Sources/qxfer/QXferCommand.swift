@@ -92,7 +92,7 @@ enum ExitCodes {
         switch error.code {
         case .fingerprintMismatch, .untrustedPeer, .protocolMismatch: 77  // EX_NOPERM
         case .connectFailed, .connectionClosed, .idleTimeout, .handshakeFailed, .bindFailed: 69  // EX_UNAVAILABLE
-        case .malformedMessage, .truncated: 76  // EX_PROTOCOL
+        case .malformedMessage, .messageTooLarge, .truncated: 76  // EX_PROTOCOL
         case .identity: 78  // EX_CONFIG
         case .serviceNotFound: 69  // EX_UNAVAILABLE
         case .ambiguousService, .invalidUse: 64  // EX_USAGE

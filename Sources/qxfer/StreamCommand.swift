@@ -234,7 +234,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             previous = sent
             let rtt = metrics.smoothedRTT.map { $0.seconds * 1000 }
             if json {
-                var fields: [String: Any] = ["t": (seconds * 1000).rounded() / 1000, "bytes_sent": sent, "bitrate_bps": Int(rate)]
+                var fields: [String: Any] = ["t": (seconds * 1000).rounded() / 1000, "bytes_sent": sent, "bitrate_bps": wholeNumber(rate)]
                 if let rtt { fields["rtt_ms"] = (rtt * 1000).rounded() / 1000 }
                 Console.emit("progress", fields)
             } else {
@@ -387,7 +387,7 @@ enum IntervalRow {
             ? String(repeating: "        -", count: 4)
             : String(format: "%9.1f%9.1f%9.1f%9.1f", report.latency.p50, report.latency.p95, report.latency.p99, report.latency.max)
         return String(
-            format: "%6.1f%8d%6d%6d%@%11.2f%9.2f",
+            format: "%6.1f%8ld%6ld%6ld%@%11.2f%9.2f",  // %ld: Swift's Int is 64 bits
             elapsed, report.framesDelivered, report.framesLate, report.framesLost, latency, report.jitterMilliseconds, report.bitsPerSecond / 1e6)
     }
 }

@@ -171,7 +171,7 @@ final class TransferReporter: Sendable {
         let eta: String? = total > done && rate > 0 ? formatDuration(Double(total - done) / rate) : nil
         switch style {
         case .json:
-            var object: [String: Any] = ["bytes": done, "total": total, "rate_bytes_per_s": Int(rate), "seconds": seconds]
+            var object: [String: Any] = ["bytes": done, "total": total, "rate_bytes_per_s": wholeNumber(rate), "seconds": seconds]
             if let srtt = metrics.smoothedRTT { object["rtt_ms"] = srtt.seconds * 1000 }
             emit("progress", object)
         case .lines:
@@ -204,7 +204,7 @@ final class TransferReporter: Sendable {
             var object: [String: Any] = [
                 "succeeded": summary.succeeded, "failed": summary.failures.count,
                 "bytes": bytes, "resumed_bytes": summary.resumedBytes, "seconds": seconds,
-                "rate_bytes_per_s": Int(rate), "algorithm": summary.algorithm.name, "reconnects": reconnects,
+                "rate_bytes_per_s": wholeNumber(rate), "algorithm": summary.algorithm.name, "reconnects": reconnects,
             ]
             if let checksum { object["digest"] = checksum }
             emit("summary", object)
@@ -317,9 +317,17 @@ func formatRate(_ bytesPerSecond: Double) -> String {
     String(format: "%.1f MB/s", bytesPerSecond / 1e6)
 }
 
+/// A Double as an Int, rounded and clamped: rates and times computed from a peer's sizes may be
+/// beyond Int (or not finite), where `Int(_:)` traps.
+func wholeNumber(_ value: Double) -> Int {
+    guard value.isFinite else { return value > 0 ? .max : 0 }
+    return value >= 9.2e18 ? .max : value <= -9.2e18 ? .min : Int(value.rounded())
+}
+
 func formatDuration(_ seconds: Double) -> String {
-    let total = Int(seconds.rounded())
-    return total >= 3600 ? String(format: "%d:%02d:%02d", total / 3600, total / 60 % 60, total % 60) : String(format: "%d:%02d", total / 60, total % 60)
+    let total = max(0, wholeNumber(seconds))
+    let tail = String(format: "%02d", total % 60)  // %d is 32 bits: only for numbers below 60
+    return total >= 3600 ? "\(total / 3600):" + String(format: "%02d", total / 60 % 60) + ":" + tail : "\(total / 60):" + tail
 }
 
 extension Duration {

@@ -199,10 +199,10 @@ import Testing
         #expect(readFile(temp.sub("old")) == Array("old".utf8))
         #expect(try FileManager.default.contentsOfDirectory(atPath: temp.path) == ["old"])
 
-        // A size other than the offered one is refused the same way.
+        // A size other than the offered one fails the file the same way (docs/PROTOCOL.md §6).
         let short = try store.openWriter(for: try target("short", data))
         try write(short, data, from: 0, chunk: 60_000)
-        #expect(throws: TransferError(.protocolViolation, "")) { try short.finish(size: 5, digest: wrong) }
+        #expect(throws: TransferError(.digestMismatch, "")) { try short.finish(size: 5, digest: wrong) }
         #expect(!exists(temp.sub("short")))
     }
 
