@@ -30,6 +30,7 @@ test: deps
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/faults.sh
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/pairing.sh
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/hostile.sh
+	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/terminal.sh
 	# AddressSanitizer over the library, transfer and CLI tests (its own build folder; leak
 	# checking off: XCTest's runner leaks a few bytes of its own at exit).
 	$(SWIFT) build --build-tests --sanitize=address --scratch-path .build-asan

@@ -68,6 +68,10 @@ public struct StreamStatistics: Sendable {
     private var lastTransit: Int64?
     private var firstArrival: UInt64?
     private var lastArrival: UInt64?
+    /// Frames counted so far: one past the highest index seen.
+    private var framesSeen: UInt64 = 0
+    /// Frames below `framesSeen` missing at the last interval, already reported lost.
+    private var missingReported = 0
 
     public init() {}
 
@@ -78,7 +82,10 @@ public struct StreamStatistics: Sendable {
     ///   - bytes: the frame's size.
     ///   - onTime: whether it arrived before its deadline.
     ///   - arrival: the receiver's clock at arrival, ns.
-    public mutating func record(latency: Int64, bytes: Int, onTime: Bool, arrival: UInt64) {
+    ///   - index: the frame's index, if known: gaps below the highest index count as lost
+    ///     frames in the interval report.
+    public mutating func record(latency: Int64, bytes: Int, onTime: Bool, arrival: UInt64, index: UInt64? = nil) {
+        if let index, index < UInt64(Int.max) { framesSeen = max(framesSeen, index + 1) }
         if latency < 0 { negativeLatencies += 1 }
         let micros = UInt64(max(0, latency) / 1000)
         _ = total.record(micros)
@@ -107,8 +114,11 @@ public struct StreamStatistics: Sendable {
             intervalLate = 0
             intervalBytes = 0
         }
+        // Frames below the highest index that have not arrived: lost, unless they still come.
+        let missing = max(0, Int(framesSeen) - framesDelivered - framesLate)
+        defer { missingReported = max(missingReported, missing) }
         return IntervalReport(
-            framesDelivered: intervalDelivered, framesLate: intervalLate,
+            framesDelivered: intervalDelivered, framesLate: intervalLate, framesLost: max(0, missing - missingReported),
             latency: LatencySummary(interval), jitterMilliseconds: jitter / 1e6,
             bitsPerSecond: seconds > 0 ? Double(intervalBytes * 8) / seconds : 0,
             clockOffsetMilliseconds: Double(clock.offset) / 1e6,
@@ -162,6 +172,8 @@ public struct IntervalReport: Sendable, Hashable {
     /// Frames on time and late in the interval, their latency, jitter (RFC 3550), bit rate, clock offset and RTT.
     public var framesDelivered: Int
     public var framesLate: Int
+    /// Frames that went missing in the interval (gaps in the frame indices so far).
+    public var framesLost = 0
     public var latency: LatencySummary
     public var jitterMilliseconds: Double
     public var bitsPerSecond: Double
@@ -179,7 +191,7 @@ public struct IntervalReport: Sendable, Hashable {
     /// One JSON line.
     public func json(elapsed: Double) -> String {
         var object: [String: Any] = [
-            "t": rounded(elapsed), "frames_delivered": framesDelivered, "frames_late": framesLate,
+            "t": rounded(elapsed), "frames_delivered": framesDelivered, "frames_late": framesLate, "frames_lost": framesLost,
             "latency_ms": latency.dictionary, "jitter_ms": rounded(jitterMilliseconds),
             "bitrate_bps": Int(bitsPerSecond), "clock_offset_ms": rounded(clockOffsetMilliseconds),
         ]

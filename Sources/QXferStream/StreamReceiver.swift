@@ -154,7 +154,9 @@ public enum StreamReceiver {
                     let now = ContinuousClock.now
                     let seconds = Double((now - last).components.attoseconds) / 1e18 + Double((now - last).components.seconds)
                     last = now
-                    let report = core.withLock { $0.stats.takeInterval(seconds: seconds, clock: $0.clock) }
+                    let (report, ended) = core.withLock { ($0.stats.takeInterval(seconds: seconds, clock: $0.clock), $0.framesSent != nil) }
+                    // After the sender's end, an interval without frames is no figure at all.
+                    if ended && report.framesDelivered + report.framesLate == 0 { continue }
                     let elapsed = now - started
                     options.onInterval(report, Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
                 }
@@ -223,7 +225,7 @@ struct ReceiverCore {
         let senderNow = senderTime(now)
         let latency = Int64(bitPattern: senderNow &- frame.captureTime)
         let onTime = senderNow <= frame.expiry
-        stats.record(latency: latency, bytes: frame.payload.count, onTime: onTime, arrival: now)
+        stats.record(latency: latency, bytes: frame.payload.count, onTime: onTime, arrival: now, index: frame.index)
         if onTime || !dropsLateFrames { playout.add(frame) }
         try write(playout.release(now: senderNow))
     }

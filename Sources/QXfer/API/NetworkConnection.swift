@@ -87,6 +87,15 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
         }
     }
 
+    /// Whether the peer has gone (closed the connection or finished sending), seen without
+    /// reading: a receiver asking its user about an offer withdraws the question then.
+    public var peerHasEnded: Bool {
+        get async {
+            guard case .ready(let transport) = machine.withLock({ $0.phase }) else { return currentState?.isFinal ?? false }
+            return await transport.hasEnded
+        }
+    }
+
     /// Starts the connection if needed and waits until it is ready.
     public func start() async throws {
         _ = try await transport()
