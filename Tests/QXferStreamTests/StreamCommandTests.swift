@@ -123,7 +123,8 @@ import Testing
             async let receiver = Self.run(["stream", "recv", "--port", port, "--output", output, "--config-dir", scratch.file("recv")])
             try await Task.sleep(for: .milliseconds(700))
             let sender = try await Self.run([
-                "stream", "send", "127.0.0.1:\(port)", "--duration", "2", "--fingerprint", fingerprint,
+                // Reliable: every frame arrives however loaded the machine, so the count is exact.
+                "stream", "send", "127.0.0.1:\(port)", "--mode", "reliable", "--duration", "2", "--fingerprint", fingerprint,
                 "--config-dir", scratch.file("send"),
             ])
             let senderEnded = ContinuousClock.now
