@@ -103,6 +103,7 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
                     quic, identity: identity, parameters: parameters, verifier: verifier, isServer: true, resetSecret: secret)
                 return (configuration, verifier)
             }
+            let template = makeConfiguration().0
             let server = QUICSocketHandler.Server(
                 makeConfiguration: makeConfiguration,
                 acceptedProtocols: quic.applicationProtocols,
@@ -120,7 +121,8 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
                     }
                 },
                 statelessResetSecret: secret,
-                connectionIDLength: makeConfiguration().0.connectionIDLength,
+                connectionIDLength: template.connectionIDLength,
+                connectionIDPrefix: template.connectionIDPrefix,
                 retryAbovePendingHandshakes: retryAbovePendingHandshakes)
             let trafficClass = parameters.serviceClass.trafficClass
             let bootstrap = DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
