@@ -3,7 +3,6 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 import QUICEngine
-import Synchronization
 
 /// Accepts connections on a port and runs each in its own child task.
 ///
@@ -29,7 +28,7 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
     /// address with a Retry round trip (RFC 9000 section 8.1.2). 0 validates every client.
     let retryAbovePendingHandshakes: Int
 
-    private let bound = Mutex<BoundState>(.unbound([]))
+    private let bound = Locked<BoundState>(.unbound([]))
     private static var logger: Logger { Logger(label: "qxfer.listener") }
 
     private enum BoundState {

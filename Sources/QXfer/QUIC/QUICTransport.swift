@@ -205,7 +205,7 @@ enum QUICTransport {
     /// the identity's reset secret, so a restarted receiver still recognizes, and resets, the
     /// connections of its previous run; one-way, so they reveal nothing of the secret.
     static func connectionIDPrefix(resetSecret: [UInt8]) -> [UInt8] {
-        let label = QUICConnectionID(Array("qxfer/1 connection-ID prefix".utf8).prefix(20).map { $0 })!
+        let label = QUICConnectionID(Array("qxfer/1 connection-ID prefix".utf8.prefix(20)))!
         return Array(QUICStatelessReset.token(secret: resetSecret, connectionID: label).prefix(2))
     }
 

@@ -85,8 +85,6 @@ final class QUICSocketHandler: ChannelInboundHandler {
     static let sourceBurst = 256
     static let sourcePerSecond = 128
     private var sourceBudgets = SourceBudgets(perSecond: sourcePerSecond, burst: sourceBurst)
-    /// Datagrams no connection claimed and dropped before any answer or cryptography, for tests.
-    private(set) var unroutedDropped = 0
 
     private let server: Server?
     private var context: ChannelHandlerContext?
@@ -239,19 +237,15 @@ final class QUICSocketHandler: ChannelInboundHandler {
             } else if header.destinationConnectionID.bytes.starts(with: server.connectionIDPrefix),
                       spend(from: path.remote) {
                 sendStatelessReset(for: header.destinationConnectionID, triggeredBy: datagram.count, to: path.remote, server: server)
-            } else {
-                unroutedDropped += 1
             }
         case .unsupportedVersion(let header):
             let now = QUICConnectionDriver.now
             if datagram.count >= 1200, versionNegotiationBudget.hasRoom(now: now), spend(from: path.remote),
                versionNegotiationBudget.spend(now: now), let reply = QUICVersionNegotiation.write(for: header) {
                 sendRaw(reply, to: path.remote)
-            } else {
-                unroutedDropped += 1
             }
         case .invalid:
-            unroutedDropped += 1
+            break
         }
     }
 
@@ -260,10 +254,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
     private func handleUnrouted(longHeader datagram: UnsafeRawBufferPointer, path: QUICPath, server: Server) {
         guard datagram.count >= 1200, drivers.count < server.maximumConnections,
               let initial = QUICInitialPacket.accept(datagram: datagram), spend(from: path.remote)
-        else {
-            unroutedDropped += 1
-            return
-        }
+        else { return }
         let now = QUICConnectionDriver.now
         if let original = QUICRetry.validate(initial, remote: path.remote, secret: retrySecret, now: now) {
             accept(initial, datagram: datagram, path: path, server: server, retriedFrom: original)
