@@ -201,8 +201,19 @@ enum QUICTransport {
             configuration.maxConnectionWindow = 32 << 20
             configuration.streamSendBufferLimit = 4 << 20
         }
-        if let resetSecret { configuration.statelessResetSecret = resetSecret }
+        if let resetSecret {
+            configuration.statelessResetSecret = resetSecret
+            if isServer { configuration.connectionIDPrefix = connectionIDPrefix(resetSecret: resetSecret) }
+        }
         return configuration
+    }
+
+    /// The two bytes a listener's connection IDs begin with (``QUICSocketFilter``): derived from
+    /// the identity's reset secret, so a restarted receiver still recognizes, and resets, the
+    /// connections of its previous run; one-way, so they reveal nothing of the secret.
+    static func connectionIDPrefix(resetSecret: [UInt8]) -> [UInt8] {
+        let label = QUICConnectionID(Array("qxfer/1 connection-ID prefix".utf8.prefix(20)))!
+        return Array(QUICStatelessReset.token(secret: resetSecret, connectionID: label).prefix(2))
     }
 
     /// Socket options for a QUIC UDP socket: big buffers, GRO, vectored reads, DSCP.

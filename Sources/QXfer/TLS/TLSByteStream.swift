@@ -3,7 +3,6 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 import NIOTLS
-import Synchronization
 
 /// The TCP+TLS stack: a TLS 1.3 channel from swift-nio-ssl, seen as a ``ByteStreamTransport``.
 ///
@@ -16,7 +15,7 @@ final class TLSByteStream: ByteStreamTransport {
     let bridge: NIOLoopBound<InboundBridge>
     /// The connection's exporter; nil if its secret was not captured (a child connection).
     let exporter: TLSExporter?
-    private let link = Mutex<(session: TLSSession, isChild: Bool)?>(nil)
+    private let link = Locked<(session: TLSSession, isChild: Bool)?>(nil)
 
     init(channel: any Channel, bridge: NIOLoopBound<InboundBridge>, peer: PeerIdentity, exporter: TLSExporter?) {
         self.channel = channel
