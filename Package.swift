@@ -46,9 +46,17 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
 
+        // Writing an output without replacing what the path names: regular files through a
+        // temporary file and a rename, devices, pipes and sockets directly. Glibc only.
+        .target(
+            name: "SafeOutput",
+            swiftSettings: strictSwift6
+        ),
+
         // The userspace link emulator (delay, rate, queue, loss between two TUN devices).
         .executableTarget(
             name: "qxfer-linkemu",
+            dependencies: ["SafeOutput"],
             path: "Sources/LinkEmulator",
             swiftSettings: strictSwift6
         ),
@@ -65,7 +73,9 @@ let package = Package(
             dependencies: [
                 "CQXferLinux",
                 "QUICEngine",
+                "SafeOutput",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOFoundationCompat", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -89,7 +99,7 @@ let package = Package(
         // realtime modes, loss repair and latency statistics, over the public API only.
         .target(
             name: "QXferStream",
-            dependencies: ["QXfer", .product(name: "Histogram", package: "hdrhistogram-swift")],
+            dependencies: ["QXfer", "SafeOutput", .product(name: "Histogram", package: "hdrhistogram-swift")],
             swiftSettings: strictSwift6
         ),
 
@@ -110,6 +120,7 @@ let package = Package(
                 "QXferTransfer",
                 "QXferStream",
                 "QXferPairing",
+                "SafeOutput",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -150,6 +161,7 @@ let package = Package(
             dependencies: [
                 "QXfer",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
@@ -169,6 +181,11 @@ let package = Package(
         .testTarget(
             name: "QXferPairingTests",
             dependencies: ["QXferPairing", "QXfer"],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "SafeOutputTests",
+            dependencies: ["SafeOutput"],
             swiftSettings: strictSwift6
         ),
         .testTarget(

@@ -8,7 +8,7 @@
 #   fuzz/run.sh build [TARGET...]  build only
 #   fuzz/run.sh seeds              regenerate the seed corpora in fuzz/corpus/ (committed)
 #
-# Targets: codec frames paths journal dns framers media streamwire quic. Seeds are read from
+# Targets: codec frames paths journal dns framers media streamwire quic session. Seeds are read from
 # fuzz/corpus/TARGET; new inputs the fuzzer finds go to $FUZZ_BUILD/corpus/TARGET (not
 # committed), crashes to $FUZZ_BUILD/artifacts/TARGET/. The last lines printed are one summary
 # line per target: executions (libFuzzer's stat::number_of_executed_units) and its final
@@ -20,12 +20,16 @@ cd "$(dirname "$0")/.."
 SWIFTC=${SWIFTC:-swiftc}
 OUT=${FUZZ_BUILD:-.build-fuzz}
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
-ALL_TARGETS=(codec frames paths journal dns framers media streamwire quic)
+ALL_TARGETS=(codec frames paths journal dns framers media streamwire quic session)
 
 T=Sources/QXferTransfer
 D=Sources/QXfer/Discovery
 S=Sources/QXferStream
-WIRE="$T/Wire/MessageCodec.swift $T/Wire/Messages.swift $T/Limits.swift $T/TransferError.swift"
+WIRE="$T/Wire/MessageCodec.swift $T/Wire/Messages.swift $T/Limits.swift $T/TransferError.swift $T/SaturatingArithmetic.swift"
+# The receiver's and sender's decisions after decoding, with the file store they write through.
+SESSION="$T/Receiver/OfferPlanner.swift $T/Receiver/ReceivingSession.swift $T/Sender/SenderLedger.swift $T/Session/InboundFunnel.swift
+  $T/Session/TransferProgress.swift $T/Store/FileStore.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift
+  $T/Paths/SafePath.swift $T/Hashing/Digest.swift fuzz/support/SessionSupport.swift"
 STREAM="$S/WireFormat.swift $S/Bytes.swift $S/Frame.swift $S/RealtimeDatagrams.swift $S/ReedSolomon.swift"
 CXXHASH=(-Xcc -fmodule-map-file=fuzz/support/CXXHash.modulemap -I Sources/CXXHash/include -lxxhash)
 # The QUIC engine's C shim is compiled apart (as SwiftPM does) and linked with ngtcp2 and GnuTLS.
@@ -42,6 +46,7 @@ sources() {
         media)   echo "fuzz/harness/FuzzMedia.swift $S/MediaFiles.swift $STREAM" ;;
         streamwire) echo "fuzz/harness/FuzzStreamWire.swift $S/FrameAssembler.swift $STREAM" ;;
         quic)    echo "fuzz/harness/FuzzQUIC.swift $(echo Sources/QUICEngine/*.swift)" ;;
+        session) echo "fuzz/harness/FuzzSession.swift $SESSION $WIRE" ;;
         *) echo "unknown fuzz target '$1' (targets: ${ALL_TARGETS[*]})" >&2; return 1 ;;
     esac
 }

@@ -1,4 +1,6 @@
 // Checks, at compile time, that CQXferLinux.h agrees with the kernel's headers.
+#define _GNU_SOURCE  // fallocate
+#include <fcntl.h>
 #include "CQXferLinux.h"
 #include <stddef.h>
 #include <linux/tcp.h>
@@ -10,3 +12,7 @@ _Static_assert(offsetof(cqxfer_tcp_info, tcpi_bytes_received) == offsetof(struct
 _Static_assert(TCP_NODELAY == 1 && TCP_KEEPIDLE == 4 && TCP_KEEPINTVL == 5 && TCP_KEEPCNT == 6, "keepalive options");
 _Static_assert(TCP_INFO == 11 && TCP_CONGESTION == 13 && TCP_NOTSENT_LOWAT == 25, "tcp options");
 _Static_assert(TCP_USER_TIMEOUT == 18, "user timeout option");
+
+int cqxfer_punch_hole(int fd, int64_t offset, int64_t length) {
+	return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length);
+}

@@ -44,7 +44,8 @@ LINK (both directions; append -ab or -ba to set one direction only, e.g. --delay
 RUN
   --seed N             seed of the random generators (loss, jitter, reorder); the same
                        seed and the same arrivals give the same decisions  [random]
-  --stats FILE         write the counters as JSON to FILE (atomically) at exit
+  --stats FILE         write the counters as JSON to FILE at exit (a file atomically,
+                       a pipe or device directly)
   --stats-interval D   also write FILE every D (needs --stats)
   --offload MODE       auto: checksum offload on both devices, and in a direction with no
                          rate, loss, jitter or reorder the sending kernel's GSO super-packets

@@ -170,24 +170,4 @@ enum Sys {
         guard fd >= 0 else { throw SystemError("signalfd", errno: errno) }
         return fd
     }
-
-    /// Writes `text` to `path` atomically (temporary file + rename).
-    static func writeFileAtomically(_ path: String, _ text: String) throws(SystemError) {
-        let tmp = path + ".tmp"
-        let fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { throw SystemError("cannot write \(tmp)", errno: errno) }
-        var ok = true
-        var bytes = Array(text.utf8)
-        bytes.withUnsafeMutableBytes { buf in
-            var off = 0
-            while off < buf.count {
-                let n = write(fd, buf.baseAddress! + off, buf.count - off)
-                if n < 0 { if errno == EINTR { continue }; ok = false; break }
-                off += n
-            }
-        }
-        close(fd)
-        guard ok else { unlink(tmp); throw SystemError("cannot write \(tmp)", errno: errno) }
-        guard rename(tmp, path) == 0 else { throw SystemError("cannot rename \(tmp) to \(path)", errno: errno) }
-    }
 }

@@ -1,6 +1,7 @@
 // qxfer-linkemu: a userspace link emulator between two TUN devices in two network namespaces.
 // See Options.swift for the flags and docs/benchmarks.md ("Link emulator") for the design.
 import Glibc
+import SafeOutput
 
 func fail(_ message: String, code: Int32) -> Never {
     Sys.put(2, "qxfer-linkemu: error: \(message)\n")
@@ -92,7 +93,8 @@ func describe(_ p: DirectionParams, offload: String) -> String {
 @MainActor func writeStats(fatal: Bool) {
     guard let file = options.statsFile else { return }
     do {
-        try Sys.writeFileAtomically(file, emulator.statsJSON() + "\n")
+        // A regular file is replaced atomically; /dev/stdout or a pipe is written, never replaced.
+        try OutputFile.replaceContents(of: file, with: Array((emulator.statsJSON() + "\n").utf8))
     } catch {
         if fatal { fail(error.description, code: 1) }
         Sys.put(2, "qxfer-linkemu: warning: \(error.description)\n")

@@ -123,6 +123,13 @@ public struct QUICConfiguration: Sendable {
     /// Length of the connection IDs this endpoint issues. A server's driver needs it to parse
     /// short headers (``QUICPacketHeader/decode(datagram:shortHeaderConnectionIDLength:)``).
     public var connectionIDLength: Int = 16
+    /// Bytes every connection ID this endpoint issues begins with (at most
+    /// `connectionIDLength - 8`, so at least 8 stay random). A listener derives them from its
+    /// stateless-reset secret and lets the kernel drop short-header datagrams that do not carry
+    /// them before they reach the process (the way QUIC-LB routes on server IDs in connection
+    /// IDs). They name the listener, as its address already does; they link no connection
+    /// across paths. Empty by default.
+    public var connectionIDPrefix: [UInt8] = []
     /// How many connection IDs the peer may keep for migration (`active_connection_id_limit`).
     public var activeConnectionIDLimit: UInt64 = 4
     /// Forbid the peer from migrating (`disable_active_migration`).
@@ -166,6 +173,9 @@ public struct QUICConfiguration: Sendable {
         if connectionIDLength < 4 || connectionIDLength > Int(NGTCP2_MAX_CIDLEN) {
             throw QUICEngineError(.invalidConfiguration, "connectionIDLength must be in 4...20")
         }
+        if connectionIDPrefix.count > connectionIDLength - 8 {
+            throw QUICEngineError(.invalidConfiguration, "connectionIDPrefix must leave at least 8 random bytes")
+        }
         if streamSendBufferLimit <= 0 || maxSegmentsPerTransmit <= 0 || acknowledgementThreshold <= 0
             || (maxStreamSendBuffer.map { $0 < streamSendBufferLimit } ?? false) {
             throw QUICEngineError(.invalidConfiguration, "buffer limits and the acknowledgement threshold must be positive, the send buffer's ceiling at least its floor")
@@ -185,6 +195,11 @@ enum QUICRandom {
         var out = [UInt8](repeating: 0, count: count)
         fill(&out)
         return out
+    }
+
+    /// A connection ID of `configuration`'s length: its prefix, then random bytes.
+    static func connectionID(_ configuration: QUICConfiguration) -> [UInt8] {
+        configuration.connectionIDPrefix + bytes(configuration.connectionIDLength - configuration.connectionIDPrefix.count)
     }
 
     static func fill(_ bytes: inout [UInt8]) {

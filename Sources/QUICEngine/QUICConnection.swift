@@ -110,7 +110,7 @@ public final class QUICConnection {
         connRef.pointee.user_data = Unmanaged.passUnretained(self).toOpaque()
 
         tls = try TLSSession(isServer: false, configuration: configuration, connRef: connRef)
-        let scid = QUICConnectionID(QUICRandom.bytes(configuration.connectionIDLength))!
+        let scid = QUICConnectionID(QUICRandom.connectionID(configuration))!
         var dcid = originalDestinationConnectionID.ngtcp2CID
         var scidC = scid.ngtcp2CID
         var callbacks = Self.makeCallbacks(isServer: false)
@@ -154,7 +154,7 @@ public final class QUICConnection {
         connRef.pointee.user_data = Unmanaged.passUnretained(self).toOpaque()
 
         tls = try TLSSession(isServer: true, configuration: configuration, connRef: connRef)
-        let scid = QUICConnectionID(QUICRandom.bytes(configuration.connectionIDLength))!
+        let scid = QUICConnectionID(QUICRandom.connectionID(configuration))!
         var dcid = initialPacket.sourceConnectionID.ngtcp2CID
         var scidC = scid.ngtcp2CID
         var callbacks = Self.makeCallbacks(isServer: true)
@@ -1172,8 +1172,8 @@ public final class QUICConnection {
 
     fileprivate func newConnectionID(_ cid: UnsafeMutablePointer<ngtcp2_cid>, token: UnsafeMutablePointer<UInt8>,
                                      length: Int) {
-        var bytes = [UInt8](repeating: 0, count: length)
-        QUICRandom.fill(&bytes)
+        // ngtcp2 asks for the length of the first source connection ID, the configured one.
+        let bytes = length == configuration.connectionIDLength ? QUICRandom.connectionID(configuration) : QUICRandom.bytes(length)
         cid.pointee = QUICConnectionID(bytes)!.ngtcp2CID
         let t = QUICStatelessReset.token(secret: configuration.statelessResetSecret, connectionID: QUICConnectionID(bytes)!)
         for i in 0..<t.count { token[i] = t[i] }

@@ -77,9 +77,14 @@ public struct QUICInitialPacket: Hashable, Sendable {
     /// (not an Initial, too short, bad connection IDs).
     /// The corresponding ngtcp2 function is `ngtcp2_accept`.
     public static func accept(datagram: [UInt8]) -> QUICInitialPacket? {
+        datagram.withUnsafeBytes { accept(datagram: $0) }
+    }
+
+    /// ``accept(datagram:)`` in place, without copying the datagram.
+    public static func accept(datagram: UnsafeRawBufferPointer) -> QUICInitialPacket? {
         guard !datagram.isEmpty else { return nil }
         var hd = ngtcp2_pkt_hd()
-        let rv = datagram.withUnsafeBufferPointer { ngtcp2_accept(&hd, $0.baseAddress, $0.count) }
+        let rv = ngtcp2_accept(&hd, datagram.baseAddress!.assumingMemoryBound(to: UInt8.self), datagram.count)
         guard rv == 0 else { return nil }
         let token: [UInt8]
         if let base = hd.token.base, hd.token.len > 0 {

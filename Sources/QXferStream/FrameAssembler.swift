@@ -344,6 +344,11 @@ public struct PlayoutBuffer: Sendable {
     private var waiting: [UInt64: Frame] = [:]
     private var givenUp: Set<UInt64> = []
 
+    /// A run of missing frames longer than this is skipped as one gap: a broken or hostile
+    /// sender announcing frame 2^63 (or 2^63 frames sent) must not make the receiver write, or
+    /// repeat, that many frames. 65 536 frames are 18 minutes at 60 fps.
+    public static let longestGap: UInt64 = 1 << 16
+
     public init() {}
 
     /// Adds a completed frame; false if its place in the output has passed.
@@ -370,13 +375,28 @@ public struct PlayoutBuffer: Sendable {
                 items.append(.gap(nextIndex))
             } else if let end, nextIndex < end {
                 items.append(.gap(nextIndex))
+                nextIndex = afterGap(before: end)
+                continue
             } else if let overdue = waiting.values.map(\.expiry).min(), overdue <= now {
                 items.append(.gap(nextIndex))
+                nextIndex = afterGap(before: .max)
+                continue
             } else {
                 break
             }
+            // Index 2^64 - 1 is the last there is: nothing can follow it.
+            guard nextIndex < .max else { break }
             nextIndex += 1
         }
         return items
+    }
+
+    /// Where the output goes on after a gap at ``nextIndex`` (nothing waits there): the next
+    /// index, or past a run longer than ``longestGap`` straight to the first frame waiting (or
+    /// `limit`, if sooner).
+    private func afterGap(before limit: UInt64) -> UInt64 {
+        // Above nextIndex: waiting frames are at or after it, and none is at it.
+        let next = min(limit, waiting.keys.min() ?? limit)
+        return next - nextIndex > PlayoutBuffer.longestGap ? next : nextIndex + 1
     }
 }

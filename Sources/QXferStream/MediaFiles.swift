@@ -1,4 +1,5 @@
 import Foundation
+import SafeOutput
 
 /// One frame as a source yields it, before it is stamped with a capture time.
 public struct SourceFrame: Sendable, Hashable {
@@ -384,41 +385,34 @@ public protocol FrameSink {
     mutating func close() throws
 }
 
-/// Writes bytes to a file or standard output.
+/// Writes a stream's bytes to where the user pointed `--output`, never replacing it: a regular
+/// file is written beside it and renamed into place when the stream ends; a terminal, a device
+/// such as /dev/null, a named pipe (its reader sees frames live) or a socket is written directly;
+/// `-` is standard output; a folder is refused (see `SafeOutput.OutputFile`).
 public final class ByteOutput {
-    private let handle: FileHandle
-    private let isFile: Bool
+    private let file: OutputFile
 
-    /// Creates (or truncates) a file, or writes standard output for "-".
+    /// Opens `path` for the stream ("-" for standard output). Opening a named pipe waits for
+    /// its reader.
     public init(path: String) throws {
-        if path == "-" {
-            handle = .standardOutput
-            isFile = false
-        } else {
-            guard FileManager.default.createFile(atPath: path, contents: nil), let opened = FileHandle(forWritingAtPath: path) else {
-                throw StreamError(.output, "cannot create \(path)")
-            }
-            handle = opened
-            isFile = true
-        }
+        do { file = try OutputFile(path: path) } catch { throw StreamError(.output, error.message) }
     }
 
     /// Appends bytes.
     public func write(_ data: Data) throws {
-        do { try handle.write(contentsOf: data) } catch { throw StreamError(.output, "cannot write the output: \(error)") }
+        do { try file.write(Array(data)) } catch { throw StreamError(.output, error.message) }
     }
 
     /// Overwrites bytes at an offset, if the output is a file (IVF's frame count).
     public func patch(_ data: Data, at offset: UInt64) throws {
-        guard isFile else { return }
-        let end = try handle.offset()
-        try handle.seek(toOffset: offset)
-        try handle.write(contentsOf: data)
-        try handle.seek(toOffset: end)
+        guard let position = Int64(exactly: offset) else { return }
+        do { try file.patch(Array(data), at: position) } catch { throw StreamError(.output, error.message) }
     }
 
-    /// Closes a file (standard output stays open).
-    public func close() throws { if isFile { try handle.close() } }
+    /// Ends the output: a file gets its name, anything else is closed (standard output stays open).
+    public func close() throws {
+        do { try file.finish() } catch { throw StreamError(.output, error.message) }
+    }
 }
 
 /// Writes IVF: the sender's file header, then frames with their pts. After a gap it waits for

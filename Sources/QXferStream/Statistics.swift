@@ -29,7 +29,9 @@ public struct ClockOffsetEstimator: Sendable, Hashable {
     /// Adds one probe's four timestamps.
     public mutating func add(t1: UInt64, t2: UInt64, t3: UInt64, t4: UInt64) {
         let forward = Int64(bitPattern: t2 &- t1), backward = Int64(bitPattern: t3 &- t4)
-        let roundTrip = Int64(bitPattern: t4 &- t1) - Int64(bitPattern: t3 &- t2)
+        // t2 and t3 are the peer's: a turnaround that does not fit in 64 bits is no sample.
+        let (roundTrip, overflow) = Int64(bitPattern: t4 &- t1).subtractingReportingOverflow(Int64(bitPattern: t3 &- t2))
+        guard !overflow else { return }
         samples.append(Sample(offset: forward / 2 + backward / 2, roundTrip: max(0, roundTrip)))
         if samples.count > 64 { samples.removeFirst() }
         count += 1
@@ -66,6 +68,10 @@ public struct StreamStatistics: Sendable {
     private var lastTransit: Int64?
     private var firstArrival: UInt64?
     private var lastArrival: UInt64?
+    /// Frames counted so far: one past the highest index seen.
+    private var framesSeen: UInt64 = 0
+    /// Frames below `framesSeen` missing at the last interval, already reported lost.
+    private var missingReported = 0
 
     public init() {}
 
@@ -76,7 +82,10 @@ public struct StreamStatistics: Sendable {
     ///   - bytes: the frame's size.
     ///   - onTime: whether it arrived before its deadline.
     ///   - arrival: the receiver's clock at arrival, ns.
-    public mutating func record(latency: Int64, bytes: Int, onTime: Bool, arrival: UInt64) {
+    ///   - index: the frame's index, if known: gaps below the highest index count as lost
+    ///     frames in the interval report.
+    public mutating func record(latency: Int64, bytes: Int, onTime: Bool, arrival: UInt64, index: UInt64? = nil) {
+        if let index, index < UInt64(Int.max) { framesSeen = max(framesSeen, index + 1) }
         if latency < 0 { negativeLatencies += 1 }
         let micros = UInt64(max(0, latency) / 1000)
         _ = total.record(micros)
@@ -90,7 +99,8 @@ public struct StreamStatistics: Sendable {
         }
         bytesReceived += bytes
         intervalBytes += bytes
-        if let lastTransit { jitter += (Double(abs(latency - lastTransit)) - jitter) / 16 }
+        // In Double: latencies come from the peer's timestamps, their difference may not fit in Int64.
+        if let lastTransit { jitter += (abs(Double(latency) - Double(lastTransit)) - jitter) / 16 }
         lastTransit = latency
         if firstArrival == nil { firstArrival = arrival }
         lastArrival = arrival
@@ -104,8 +114,11 @@ public struct StreamStatistics: Sendable {
             intervalLate = 0
             intervalBytes = 0
         }
+        // Frames below the highest index that have not arrived: lost, unless they still come.
+        let missing = max(0, Int(framesSeen) - framesDelivered - framesLate)
+        defer { missingReported = max(missingReported, missing) }
         return IntervalReport(
-            framesDelivered: intervalDelivered, framesLate: intervalLate,
+            framesDelivered: intervalDelivered, framesLate: intervalLate, framesLost: max(0, missing - missingReported),
             latency: LatencySummary(interval), jitterMilliseconds: jitter / 1e6,
             bitsPerSecond: seconds > 0 ? Double(intervalBytes * 8) / seconds : 0,
             clockOffsetMilliseconds: Double(clock.offset) / 1e6,
@@ -159,6 +172,8 @@ public struct IntervalReport: Sendable, Hashable {
     /// Frames on time and late in the interval, their latency, jitter (RFC 3550), bit rate, clock offset and RTT.
     public var framesDelivered: Int
     public var framesLate: Int
+    /// Frames that went missing in the interval (gaps in the frame indices so far).
+    public var framesLost = 0
     public var latency: LatencySummary
     public var jitterMilliseconds: Double
     public var bitsPerSecond: Double
@@ -176,7 +191,7 @@ public struct IntervalReport: Sendable, Hashable {
     /// One JSON line.
     public func json(elapsed: Double) -> String {
         var object: [String: Any] = [
-            "t": rounded(elapsed), "frames_delivered": framesDelivered, "frames_late": framesLate,
+            "t": rounded(elapsed), "frames_delivered": framesDelivered, "frames_late": framesLate, "frames_lost": framesLost,
             "latency_ms": latency.dictionary, "jitter_ms": rounded(jitterMilliseconds),
             "bitrate_bps": Int(bitsPerSecond), "clock_offset_ms": rounded(clockOffsetMilliseconds),
         ]

@@ -75,7 +75,7 @@ public enum StreamReceiver {
                         case .pong(_, let t1, let t2, let t3):
                             core.withLock { $0.clock.add(t1: t1, t2: t2, t3: t3, t4: now) }
                         case .frame(let frame): try core.withLock { try $0.arrived(frame, now: now) }
-                        case .end(let sent): core.withLock { $0.framesSent = Int(sent) }
+                        case .end(let sent): core.withLock { $0.framesSent = Int(clamping: sent) }
                         default: throw StreamError(.malformed, "the sender sent an unexpected message")
                         }
                     }
@@ -154,7 +154,9 @@ public enum StreamReceiver {
                     let now = ContinuousClock.now
                     let seconds = Double((now - last).components.attoseconds) / 1e18 + Double((now - last).components.seconds)
                     last = now
-                    let report = core.withLock { $0.stats.takeInterval(seconds: seconds, clock: $0.clock) }
+                    let (report, ended) = core.withLock { ($0.stats.takeInterval(seconds: seconds, clock: $0.clock), $0.framesSent != nil) }
+                    // After the sender's end, an interval without frames is no figure at all.
+                    if ended && report.framesDelivered + report.framesLate == 0 { continue }
                     let elapsed = now - started
                     options.onInterval(report, Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
                 }
@@ -223,7 +225,7 @@ struct ReceiverCore {
         let senderNow = senderTime(now)
         let latency = Int64(bitPattern: senderNow &- frame.captureTime)
         let onTime = senderNow <= frame.expiry
-        stats.record(latency: latency, bytes: frame.payload.count, onTime: onTime, arrival: now)
+        stats.record(latency: latency, bytes: frame.payload.count, onTime: onTime, arrival: now, index: frame.index)
         if onTime || !dropsLateFrames { playout.add(frame) }
         try write(playout.release(now: senderNow))
     }

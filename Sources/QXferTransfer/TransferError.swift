@@ -90,6 +90,11 @@ public struct TransferError: Error, Hashable, CustomStringConvertible, Sendable 
     }
 }
 
+/// An error already told to the peer (or told to us by it): not sent again.
+struct AlreadyCommunicated: Error {
+    var error: TransferError
+}
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)

@@ -1,9 +1,10 @@
 import ArgumentParser
 import Dispatch
 import Foundation
+import Logging
 import QXfer
 
-struct BrowseCommand: AsyncParsableCommand {
+struct BrowseCommand: AsyncParsableCommand, JSONOutput {
     static let configuration = CommandConfiguration(
         commandName: "browse",
         abstract: "List receivers on the local network as they appear and disappear.",
@@ -90,13 +91,10 @@ struct BrowseCommand: AsyncParsableCommand {
         if json {
             var txt: [String: Any] = [:]
             for entry in service.txt.entries { txt[entry.key] = entry.value ?? NSNull() }
-            var object: [String: Any] = [
-                "event": event, "name": service.name, "type": service.type, "host": service.hostName,
-                "addresses": service.addresses, "port": Int(service.port), "txt": txt,
-            ]
-            object["fingerprint"] = fingerprint ?? NSNull()
-            let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data()
-            return String(decoding: data, as: UTF8.self)
+            return Console.jsonLine(event, [
+                "name": service.name, "type": service.type, "host": service.hostName, "addresses": service.addresses,
+                "port": Int(service.port), "txt": txt, "fingerprint": fingerprint ?? NSNull(),
+            ])
         }
         if event == "removed" { return "- \(service.name)" }
         let addresses = service.addresses.joined(separator: ", ")
@@ -145,7 +143,7 @@ enum ReceiverDiscovery {
         do {
             try await advertiser.run(registered: registered)
         } catch {
-            FileHandle.standardError.write(Data("qxfer: not advertising on the local network: \(error)\n".utf8))
+            Console.warn("not advertising on the local network: \(error)")
             while !Task.isCancelled { try? await Task.sleep(for: .seconds(3600)) }
         }
     }
@@ -182,14 +180,22 @@ enum ReceiverDiscovery {
     ///   the message lists the receivers seen.
     static func resolve(name: String?, timeout: Duration = .seconds(3), interfaces: [String]? = nil) async throws -> Found {
         let browser = NetworkBrowser(for: .dnssd(type: serviceType), interfaces: interfaces)
+        let logger = Logger(label: "qxfer.discovery")
+        logger.info("asking the local network for \(name.map { "the receiver '\($0)'" } ?? "receivers") (\(serviceType), multicast DNS)")
         do {
             let endpoint = try await browser.resolve(named: name, timeout: timeout)
             let service = endpoint.service
+            logger.info("found \(service?.description ?? endpoint.description) at \(endpoint)")
             return Found(
                 endpoint: endpoint, name: service?.name ?? endpoint.host,
                 advertisedFingerprint: service?.txt[fingerprintKey].flatMap { Fingerprint(parsing: $0) })
         } catch let error as QXferError where error.code == .ambiguousService {
             throw QXferError(.ambiguousService, error.message.replacingOccurrences(of: "choose one by name", with: "choose one with --to NAME"))
+        } catch let error as QXferError where error.code == .serviceNotFound && name == nil {
+            throw QXferError(
+                .serviceNotFound,
+                "no qxfer receiver found on the local network (no answer to a multicast DNS query for \(serviceType) "
+                    + "within \(timeout.seconds.formatted()) s): start 'qxfer recv' there, or name the host: qxfer send FILE… HOST")
         }
     }
 }

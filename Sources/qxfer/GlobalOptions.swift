@@ -1,10 +1,15 @@
 import ArgumentParser
+import Foundation
 import Logging
 import QXfer
 
 /// Options every subcommand takes.
 struct GlobalOptions: ParsableArguments {
-    @Flag(name: .shortAndLong, help: "Log more: -v for progress details, -vv for protocol traces.")
+    @Flag(
+        name: .shortAndLong,
+        help: ArgumentHelp(
+            "Log on standard error: -v the connection, trust and file events, -vv path samples and protocol details.",
+            discussion: "-v: which stack and address won, the handshake, trust decisions, offers, each file and its resume point, the receiver found or advertised on the local network. -vv adds RTT and congestion window samples every second and every mDNS packet sent and received."))
     var verbose: Int
 
     @Option(
@@ -27,10 +32,30 @@ struct GlobalOptions: ParsableArguments {
         case 2: .debug
         default: .trace
         }
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
+        LoggingSystem.bootstrap { label in LineLogHandler(label: label, logLevel: level) }
+    }
+}
+
+/// Log lines on standard error, `qxfer[info] qxfer.tls: …`, each on a line of its own (over a
+/// progress bar, which redraws itself; above an open question).
+struct LineLogHandler: LogHandler {
+    let label: String
+    var logLevel: Logger.Level
+    var metadata: Logger.Metadata = [:]
+
+    init(label: String, logLevel: Logger.Level) {
+        self.label = label
+        self.logLevel = logLevel
+    }
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    func log(event: LogEvent) {
+        let merged = metadata.merging(event.metadata ?? [:]) { _, new in new }
+        let fields = merged.isEmpty ? "" : " " + merged.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+        Console.writeLine("qxfer[\(event.level)] \(label): \(event.message)\(fields)")
     }
 }

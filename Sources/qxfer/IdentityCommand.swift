@@ -2,7 +2,7 @@ import ArgumentParser
 import Foundation
 import QXfer
 
-struct IdentityCommand: AsyncParsableCommand {
+struct IdentityCommand: AsyncParsableCommand, JSONOutput {
     static let configuration = CommandConfiguration(
         commandName: "id",
         abstract: "Show this host's identity fingerprint, creating the identity on first run.",
@@ -26,11 +26,7 @@ struct IdentityCommand: AsyncParsableCommand {
         let existed = HostIdentity.exists(in: directory)
         let identity = try HostIdentity.loadOrCreate(in: directory)
         if json {
-            let object: [String: Any] = [
-                "fingerprint": identity.fingerprint.description, "directory": directory.path, "created": !existed,
-            ]
-            let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
-            print(String(decoding: data, as: UTF8.self))
+            Console.emit("identity", ["fingerprint": identity.fingerprint.description, "directory": directory.path, "created": !existed])
         } else {
             if !existed {
                 FileHandle.standardError.write(Data("qxfer: created a new identity in \(directory.path)\n".utf8))

@@ -1,15 +1,21 @@
 import Foundation
+import Synchronization
 
 /// Runs `body` in a task that SIGINT and SIGTERM cancel instead of killing the process, so
-/// what it holds is released properly (an advertisement says goodbye).
+/// what it holds is released properly (an advertisement says goodbye). After a signal it
+/// throws `CancellationError` even if `body` returned quietly, so the exit status is 130.
 func cancellingOnInterrupt<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
     // An unstructured task because a signal handler cannot reach a task group; it is
     // awaited here and cancelled with the caller, so it never outlives this call.
     let task = Task { try await body() }
+    let signalled = Mutex(false)
     let sources = [SIGINT, SIGTERM].map { number -> any DispatchSourceSignal in
         signal(number, SIG_IGN)
         let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-        source.setEventHandler { task.cancel() }
+        source.setEventHandler {
+            signalled.withLock { $0 = true }
+            task.cancel()
+        }
         source.resume()
         return source
     }
@@ -18,5 +24,7 @@ func cancellingOnInterrupt<T: Sendable>(_ body: @escaping @Sendable () async thr
         signal(SIGINT, SIG_DFL)
         signal(SIGTERM, SIG_DFL)
     }
-    return try await withTaskCancellationHandler { try await task.value } onCancel: { task.cancel() }
+    let value = try await withTaskCancellationHandler { try await task.value } onCancel: { task.cancel() }
+    if signalled.withLock({ $0 }) { throw CancellationError() }
+    return value
 }

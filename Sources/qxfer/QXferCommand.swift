@@ -34,37 +34,52 @@ struct QXferCommand: AsyncParsableCommand {
         // receiver that drains a backlog in bursts peaked at 56–64 MiB (faults.sh, slow reader,
         // QUIC, four runs; 66 in CI) against 53–59 MiB with two arenas: the brief wants < 64.
         _ = cqxfer_limit_malloc_arenas(2)
+        // Before parsing, for usage errors; the parsed command says for sure.
+        Console.json = CommandLine.arguments.contains("--json")
         do {
             var command = try parseAsRoot()
+            Console.json = Self.wantsJSON(command)
             if var command = command as? any AsyncParsableCommand {
                 try await command.run()
             } else {
                 try command.run()
             }
         } catch is CancellationError {
-            FileHandle.standardError.write(Data("qxfer: interrupted; the same command resumes what was left\n".utf8))
-            Foundation.exit(130)
+            interrupted()
         } catch let error as QXferError where error.code == .cancelled {
-            FileHandle.standardError.write(Data("qxfer: interrupted; the same command resumes what was left\n".utf8))
-            Foundation.exit(130)
+            interrupted()
         } catch let error as QXferError {
-            FileHandle.standardError.write(Data("qxfer: \(error.message)\n".utf8))
-            Foundation.exit(ExitCodes.code(for: error))
+            fail(error.message, code: error.code.name, status: ExitCodes.code(for: error))
         } catch let error as TransferError {
-            FileHandle.standardError.write(Data("qxfer: \(error.message)\n".utf8))
-            Foundation.exit(ExitCodes.code(for: error))
+            fail(error.message, code: error.code.name, status: ExitCodes.code(for: error))
         } catch let error as PairingError {
-            FileHandle.standardError.write(Data("qxfer: \(error.message)\n".utf8))
-            Foundation.exit(ExitCodes.code(for: error))
+            fail(error.message, code: "pairing-\(error.kind)", status: ExitCodes.code(for: error))
         } catch {
             let code = exitCode(for: error)
             if code == .success || error is CleanExit {
                 exit(withError: error)  // --help, --version
             }
-            FileHandle.standardError.write(Data("qxfer: \(message(for: error))\n".utf8))
-            Foundation.exit(code.rawValue)
+            fail(message(for: error), code: "usage", status: code.rawValue)
         }
     }
+
+    private static func wantsJSON(_ command: any ParsableCommand) -> Bool {
+        (command as? any JSONOutput)?.json ?? false
+    }
+
+    private static func interrupted() -> Never {
+        fail("interrupted; the same command resumes what was left", code: "interrupted", status: 130)
+    }
+
+    private static func fail(_ message: String, code: String, status: Int32) -> Never {
+        Console.fatal(message, code: code, exitStatus: status)
+        Foundation.exit(status)
+    }
+}
+
+/// A command with a `--json` flag: its fatal errors are JSON events too.
+protocol JSONOutput {
+    var json: Bool { get }
 }
 
 enum QXferVersion {
@@ -77,7 +92,7 @@ enum ExitCodes {
         switch error.code {
         case .fingerprintMismatch, .untrustedPeer, .protocolMismatch: 77  // EX_NOPERM
         case .connectFailed, .connectionClosed, .idleTimeout, .handshakeFailed, .bindFailed: 69  // EX_UNAVAILABLE
-        case .malformedMessage, .truncated: 76  // EX_PROTOCOL
+        case .malformedMessage, .messageTooLarge, .truncated: 76  // EX_PROTOCOL
         case .identity: 78  // EX_CONFIG
         case .serviceNotFound: 69  // EX_UNAVAILABLE
         case .ambiguousService, .invalidUse: 64  // EX_USAGE

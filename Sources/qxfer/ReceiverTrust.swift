@@ -32,3 +32,9 @@ struct ReceiverTrust {
         try? pairedDevices.markSeen(fingerprint)
     }
 }
+
+/// What `send` and `stream send` say on first contact with a receiver (nil otherwise).
+func firstContactNotice(_ endpoint: Endpoint, _ peer: PeerIdentity?) -> String? {
+    guard case .firstUse(let file) = peer?.trust, let fingerprint = peer?.fingerprint else { return nil }
+    return "first contact with \(endpoint): trusting its fingerprint \(fingerprint) and recording it in \(file); compare it with 'qxfer id' on the receiver"
+}

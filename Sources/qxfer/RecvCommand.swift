@@ -1,9 +1,10 @@
 import ArgumentParser
 import Foundation
+import Logging
 import QXfer
 import QXferTransfer
 
-struct RecvCommand: AsyncParsableCommand {
+struct RecvCommand: AsyncParsableCommand, JSONOutput {
     static let configuration = CommandConfiguration(
         commandName: "recv",
         abstract: "Receive files sent with 'qxfer send', over QUIC and TCP+TLS on one port number.",
@@ -17,6 +18,11 @@ struct RecvCommand: AsyncParsableCommand {
             An existing file of the same size is compared by digest and left alone; one of \
             another size is kept and reported (use --overwrite to replace it once the new one \
             is verified).
+
+            The question is asked on the terminal, one offer at a time; keys typed before it \
+            appears are discarded, and it is withdrawn (declined) if its sender goes away \
+            before the answer. A --dir that does not exist is created (its parent must); one \
+            that cannot be written is refused at start.
             """
     )
 
@@ -28,7 +34,7 @@ struct RecvCommand: AsyncParsableCommand {
     @Option(help: "The address to listen on (default: all).")
     var host: String?
 
-    @Option(help: "The folder to receive into.")
+    @Option(help: "The folder to receive into (created if missing, like rsync creates its last component).")
     var dir = "."
 
     @Flag(help: "Accept every offer without asking.")
@@ -46,8 +52,19 @@ struct RecvCommand: AsyncParsableCommand {
     @Flag(help: "Replace existing files of another size (after the new one is verified).")
     var overwrite = false
 
-    @Flag(help: "Print JSON event lines on standard output.")
+    @Flag(help: "Print JSON event lines on standard output (on standard error with --stdout).")
     var json = false
+
+    @Flag(
+        name: .customLong("stdout"),
+        help: ArgumentHelp(
+            "Write the one file of one transfer to standard output (e.g. qxfer recv --stdout | tar x), then exit.",
+            discussion: """
+                The data goes out as it arrives; reports go to standard error. The digest is checked at the end, but \
+                a pipe cannot be un-written: on a mismatch the command fails (exit 65) and says to discard what \
+                came out. Offers of folders or several files are declined. Nothing is resumed.
+                """))
+    var toStandardOutput = false
 
     @Option(help: ArgumentHelp("The name to advertise on the local network (default: the host name).", valueName: "name"))
     var name: String?
@@ -56,22 +73,58 @@ struct RecvCommand: AsyncParsableCommand {
     var noAdvertise = false
 
     func validate() throws {
+        if toStandardOutput && (overwrite || dir != ".") { throw ValidationError("--stdout writes no file: --dir and --overwrite do not apply") }
         for fingerprint in allow where Fingerprint(parsing: fingerprint) == nil {
             throw ValidationError("'\(fingerprint)' is not a SHA-256 fingerprint (64 hex digits, colons allowed)")
         }
+        if !toStandardOutput { try Self.checkTarget(dir) }
+    }
+
+    /// A folder to receive into: an existing one must be writable; a missing one needs a
+    /// writable parent (only the last component is created).
+    static func checkTarget(_ dir: String) throws {
         var info = stat()
-        guard stat(dir, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
-            throw ValidationError("'\(dir)' is not a folder")
+        if stat(dir, &info) == 0 {
+            guard info.st_mode & S_IFMT == S_IFDIR else { throw ValidationError("'\(dir)' is not a folder") }
+            guard access(dir, W_OK | X_OK) == 0 else {
+                throw ValidationError("cannot receive into '\(dir)': \(String(cString: strerror(errno)))")
+            }
+            return
+        }
+        let parent = (dir as NSString).deletingLastPathComponent.isEmpty ? "." : (dir as NSString).deletingLastPathComponent
+        guard stat(parent, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+            throw ValidationError("'\(dir)' does not exist and neither does its parent folder '\(parent)' (only the last component is created)")
+        }
+        guard access(parent, W_OK | X_OK) == 0 else {
+            throw ValidationError("cannot create '\(dir)': \(String(cString: strerror(errno)))")
         }
     }
 
     func run() async throws {
         global.bootstrapLogging()
+        if toStandardOutput {
+            Console.dataOnStandardOutput = true
+            let relay = try StandardOutputRelay()
+            defer { relay.remove() }
+            try await cancellingOnInterrupt {
+                try await relay.relaying { try await receive(into: relay.directory, shown: "standard output", relay: relay) }
+            }
+            return
+        }
+        if access(dir, F_OK) != 0 {
+            guard mkdir(dir, 0o755) == 0 || errno == EEXIST else {
+                throw ValidationError("cannot create '\(dir)': \(String(cString: strerror(errno)))")
+            }
+            Console.warn("created the folder '\(dir)'")
+        }
         // Ctrl-C cancels the listeners, so the advertisement ends with a goodbye.
-        try await cancellingOnInterrupt { try await receive() }
+        try await cancellingOnInterrupt { try await receive(into: dir, shown: dir, relay: nil) }
     }
 
-    private func receive() async throws {
+    /// Serves senders, receiving into `folder` (named `shown` in the banner); with a `relay`, one
+    /// transfer whose file goes to standard output.
+    private func receive(into folder: String, shown: String, relay: StandardOutputRelay?) async throws {
+        let once = once || relay != nil
         let identity = try HostIdentity.loadOrCreate(in: global.config)
         let pairedDevices = PairedDevices(in: global.config, identity: identity)
         let paired = try pairedDevices.devices()  // a damaged list is an error here, not an open door
@@ -89,12 +142,13 @@ struct RecvCommand: AsyncParsableCommand {
             TLV { TLS { transferTCP }.identity(identity).clientAuthentication(authentication) }
         }.performanceMode(.bulk))
         let prompt = OfferPrompt(acceptAll: yes, reporter: reporter)
-        let receiver = TransferReceiver(directory: dir, overwrite: overwrite, confirm: { await prompt.ask($0) })
+        // Each connection asks through the prompt with its own withdrawal check (handle).
+        let receiver = TransferReceiver(directory: folder, overwrite: overwrite, confirm: { _ in false })
         let (results, finished) = AsyncStream.makeStream(of: Result<TransferSummary, any Error>.self)
 
         try await withThrowingTaskGroup(of: Child.self) { group in
             group.addTask {
-                try await tls.run { try await handle($0, receiver, reporter, pairedDevices, finished) }
+                try await tls.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, finished) }
                 return .listener
             }
             // QUIC takes the same number on UDP (the one TCP got, when asked for any port).
@@ -103,12 +157,12 @@ struct RecvCommand: AsyncParsableCommand {
                 TLV { QUIC().identity(identity).clientAuthentication(authentication) }
             }.performanceMode(.bulk))
             group.addTask {
-                try await quic.run { try await handle($0, receiver, reporter, pairedDevices, finished) }
+                try await quic.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, finished) }
                 return .listener
             }
             _ = try await quic.port
             let advertisedName = name ?? ReceiverDiscovery.defaultName
-            reporter.listening(name: advertisedName, port: boundPort, addresses: host.map { [$0] } ?? localAddresses(), fingerprint: identity.fingerprint, folder: dir)
+            reporter.listening(name: advertisedName, port: boundPort, addresses: host.map { [$0] } ?? localAddresses(), fingerprint: identity.fingerprint, folder: shown)
             if !noAdvertise {
                 group.addTask {
                     await ReceiverDiscovery.advertise(name: advertisedName, port: boundPort, fingerprint: identity.fingerprint) { registered in
@@ -136,27 +190,48 @@ struct RecvCommand: AsyncParsableCommand {
 
     /// One connection: one transfer, its report, its result.
     private func handle<Stack: TLVStack>(
-        _ connection: NetworkConnection<Stack>, _ receiver: TransferReceiver, _ reporter: TransferReporter,
-        _ pairedDevices: PairedDevices, _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
+        _ connection: NetworkConnection<Stack>, _ receiver: TransferReceiver, _ prompt: OfferPrompt, _ relay: StandardOutputRelay?,
+        _ reporter: TransferReporter, _ pairedDevices: PairedDevices, _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
     ) async throws {
-        // Each connection gets its own counters, so concurrent transfers do not mix.
+        // Each connection gets its own counters and clock, so concurrent transfers do not mix.
         var receiver = receiver
-        receiver.progress = TransferProgress(onEvent: reporter.handle)
+        let clock = TransferClock()
+        receiver.progress = clock.progress { event in
+            relay?.note(event)
+            reporter.handle(event)
+        }
+        // The question about this offer is withdrawn if this sender goes away before the answer.
+        let withdrawn = OnceFlag()
+        receiver.confirm = { offer in
+            if let reason = relay?.refusal(for: offer) {
+                reporter.offer(offer)
+                reporter.warn("declined: \(reason)")
+                return false
+            }
+            return await prompt.ask(offer) {
+                guard await connection.peerHasEnded else { return false }
+                withdrawn.set()
+                return true
+            }
+        }
         let sender = connection.peer?.fingerprint
         if let sender { try? pairedDevices.markSeen(sender) }  // "last seen" is a courtesy, not worth a failure
+        if let peer = connection.peer {
+            Logger(label: "qxfer.recv").info("connection from \(sender?.description ?? "a sender without a certificate") (admitted as \(peer.trust))")
+        }
         do {
             let running = receiver
-            let outcome = try await reporter.showProgress(of: running.progress, metrics: { await connection.metrics }) {
+            let summary = try await reporter.showProgress(of: running.progress, clock: clock, metrics: { await connection.metrics }) {
                 try await running.run(over: connection)
             }
-            reporter.finish(outcome)
-            finished.yield(.success(outcome.result))
+            reporter.finish(summary, clock: clock)
+            finished.yield(.success(summary))
         } catch let superseded as TransferSuperseded {
             // The same sender reconnected: its transfer goes on in the new connection, whose
             // result is the one that counts (--once).
             reporter.warn("transfer from \(sender?.description ?? "unknown sender") continues on a new connection: \(superseded.message)")
         } catch {
-            reporter.failed(error, peer: sender)
+            if !withdrawn.isSet { reporter.failed(error, peer: sender) }  // the withdrawal said it already
             finished.yield(.failure(error))
         }
     }
@@ -185,21 +260,54 @@ func localAddresses() -> [String] {
 actor OfferPrompt {
     let acceptAll: Bool
     let reporter: TransferReporter
+    /// Whether a question is on the terminal, and the offers waiting for their turn (the actor
+    /// is re-entered while a question waits for its answer).
+    private var asking = false
+    private var waiting: [CheckedContinuation<Void, Never>] = []
 
     init(acceptAll: Bool, reporter: TransferReporter) {
         self.acceptAll = acceptAll
         self.reporter = reporter
     }
 
-    func ask(_ offer: IncomingOffer) -> Bool {
-        reporter.offer(offer)
-        if acceptAll { return true }
-        guard isatty(STDIN_FILENO) == 1 else {
-            reporter.warn("declined: no terminal to ask on; run 'qxfer recv --yes' to accept without asking")
-            return false
+    /// Shows `offer` and, unless every offer is accepted, asks on the terminal. The progress bar
+    /// is held back while the question is open; keys typed before it are discarded; it is
+    /// withdrawn (declined) as soon as `withdrawn` says the sender has gone.
+    func ask(_ offer: IncomingOffer, withdrawn: @Sendable () async -> Bool) async -> Bool {
+        guard !acceptAll, isatty(STDIN_FILENO) == 1 else {
+            reporter.offer(offer)
+            if !acceptAll { reporter.warn("declined: no terminal to ask on; run 'qxfer recv --yes' to accept without asking") }
+            return acceptAll
         }
-        FileHandle.standardError.write(Data("Accept? [y/N] ".utf8))
-        let answer = readLine()?.trimmingCharacters(in: .whitespaces).lowercased() ?? ""
-        return answer == "y" || answer == "yes"
+        while asking { await withCheckedContinuation { waiting.append($0) } }
+        asking = true
+        defer {
+            asking = false
+            if !waiting.isEmpty { waiting.removeFirst().resume() }
+        }
+        if await withdrawn() { return false }  // gone while waiting for its turn: nothing to ask
+        reporter.offer(offer)
+        tcflush(STDIN_FILENO, TCIFLUSH)  // typed ahead, before the question: not its answer
+        Console.beginQuestion("Accept? [y/N] ")
+        var withdrawal: String?
+        defer { Console.endQuestion(saying: withdrawal) }
+        while !Task.isCancelled {
+            if await withdrawn() {
+                withdrawal = "the sender went away; the question is withdrawn"
+                return false
+            }
+            var ready = pollfd(fd: STDIN_FILENO, events: Int16(POLLIN), revents: 0)
+            guard poll(&ready, 1, 0) > 0 else {
+                try? await Task.sleep(for: .milliseconds(100))
+                continue
+            }
+            // The terminal is in canonical mode: one read returns one line (Enter pressed).
+            var line = [UInt8](repeating: 0, count: 256)
+            let count = read(STDIN_FILENO, &line, line.count)
+            guard count > 0 else { return false }  // end of input: no
+            let answer = String(decoding: line.prefix(count), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).lowercased()
+            return answer == "y" || answer == "yes"
+        }
+        return false
     }
 }

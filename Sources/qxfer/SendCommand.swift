@@ -19,18 +19,23 @@ enum StackChoice: String, ExpressibleByArgument, CaseIterable {
     case quic, tls
 }
 
-extension DigestAlgorithm: ExpressibleByArgument {
-    public init?(argument: String) {
+/// The end-to-end digest, by the name help shows (ArgumentParser shows a `CaseIterable`
+/// enum's raw value, and ``DigestAlgorithm``'s is its wire number).
+enum ChecksumChoice: String, ExpressibleByArgument, CaseIterable {
+    case xxh3 = "xxh3-128", sha256
+
+    init?(argument: String) {
         switch argument.lowercased() {
-        case "xxh3", "xxh3-128", "xxh128": self = .xxh3_128
+        case "xxh3", "xxh3-128", "xxh128": self = .xxh3
         case "sha256", "sha-256": self = .sha256
         default: return nil
         }
     }
-    public static var allValueStrings: [String] { ["xxh3-128", "sha256"] }
+
+    var algorithm: DigestAlgorithm { self == .xxh3 ? .xxh3_128 : .sha256 }
 }
 
-struct SendCommand: AsyncParsableCommand {
+struct SendCommand: AsyncParsableCommand, JSONOutput {
     static let configuration = CommandConfiguration(
         commandName: "send",
         abstract: "Send files and folders to a host running 'qxfer recv'.",
@@ -80,7 +85,7 @@ struct SendCommand: AsyncParsableCommand {
     var fingerprint: String?
 
     @Option(help: "End-to-end digest: xxh3-128 (fast) or sha256 (what sha256sum prints).")
-    var checksum: DigestAlgorithm = .xxh3_128
+    var checksum: ChecksumChoice = .xxh3
 
     @Option(help: "The name standard input gets on the receiver.")
     var name = "stdin"
@@ -107,6 +112,12 @@ struct SendCommand: AsyncParsableCommand {
         }
         if let host, Endpoint(parsing: host, defaultPort: defaultTransferPort) == nil {
             throw ValidationError("'\(host)' is not a host, host:port or [ipv6]:port")
+        }
+        if let host, !host.contains(":"), FileManager.default.fileExists(atPath: host) {
+            // Resolving a file name as a host would only fail, seconds later.
+            throw ValidationError(
+                "'\(host)' is a local file, not a host: name the receiving host last (qxfer send FILE… HOST), "
+                    + "use --to NAME to find it on the local network, or write a host of that name as \(host):\(defaultTransferPort)")
         }
         if let fingerprint, Fingerprint(parsing: fingerprint) == nil {
             throw ValidationError("'\(fingerprint)' is not a SHA-256 fingerprint (64 hex digits, colons allowed)")
@@ -135,7 +146,11 @@ struct SendCommand: AsyncParsableCommand {
             let found = try await ReceiverDiscovery.resolve(name: to)
             endpoint = found.endpoint
             discoveredName = found.name
-            if !json { FileHandle.standardError.write(Data("qxfer: found receiver '\(found.name)' at \(endpoint)\n".utf8)) }
+            if json {
+                Console.emit("found", ["name": found.name, "host": endpoint.host, "port": endpoint.port])
+            } else {
+                FileHandle.standardError.write(Data("qxfer: found receiver '\(found.name)' at \(endpoint)\n".utf8))
+            }
         }
         let identity = try HostIdentity.loadOrCreate(in: global.config)
         let receiverTrust = try ReceiverTrust(
@@ -156,16 +171,19 @@ struct SendCommand: AsyncParsableCommand {
     ) async throws {
         let parameters = NetworkParameters.parameters { TLV { transport } }.performanceMode(.bulk)
         let clock = ContinuousClock()
+        let moving = TransferClock()
         // Set once a receiver accepted: from then on a network failure is retried until then.
         var retryUntil: ContinuousClock.Instant?
         var backoff = Duration.milliseconds(250)
         var reconnects = 0
         while true {
-            let accepted = AcceptedFlag()
+            let accepted = OnceFlag()
             do {
-                let outcome = try await attempt(tree, parameters: parameters, endpoint: endpoint, trust: trust, reporter: reporter, accepted: accepted, announce: reconnects == 0)
-                reporter.finish(outcome, reconnects: reconnects)
-                if let failure = outcome.result.failures.first { throw failure.error }
+                let summary = try await attempt(
+                    tree, parameters: parameters, endpoint: endpoint, trust: trust, reporter: reporter, clock: moving, accepted: accepted,
+                    announce: reconnects == 0)
+                reporter.finish(summary, clock: moving, reconnects: reconnects)
+                if let failure = summary.failures.first { throw failure.error }
                 return
             } catch where !Task.isCancelled && Self.isNetworkFailure(error) {
                 if accepted.isSet {
@@ -173,7 +191,7 @@ struct SendCommand: AsyncParsableCommand {
                     retryUntil = clock.now + .seconds(retryFor)
                     backoff = .milliseconds(250)
                 }
-                guard let deadline = retryUntil, retryFor > 0, clock.now + backoff < deadline else { throw error }
+                guard let deadline = retryUntil, retryFor > 0, clock.now + backoff < deadline else { throw Self.naming(endpoint, in: error) }
                 reconnects += 1
                 let reason = (error as? QXferError)?.message ?? "\(error)"
                 reporter.reconnecting(reason: reason, after: backoff, attempt: reconnects)
@@ -186,21 +204,19 @@ struct SendCommand: AsyncParsableCommand {
     /// One connection: connect, offer, send what the receiver asks for.
     private func attempt<Stack: TLVStack>(
         _ tree: SourceTree, parameters: NetworkParameters<Stack>, endpoint: Endpoint, trust: ReceiverTrust,
-        reporter: TransferReporter, accepted: AcceptedFlag, announce: Bool
-    ) async throws -> (result: TransferSummary, elapsed: Duration) {
+        reporter: TransferReporter, clock: TransferClock, accepted: OnceFlag, announce: Bool
+    ) async throws -> TransferSummary {
         let connection = NetworkConnection(to: endpoint, using: parameters)
-        try await connection.start()
+        try await startFailingFast(connection)
         trust.connected(to: connection.peer)
-        if announce, case .firstUse(let file) = connection.peer?.trust, let fingerprint = connection.peer?.fingerprint {
-            reporter.warn("first contact with \(endpoint): trusting its fingerprint \(fingerprint) and recording it in \(file); compare it with 'qxfer id' on the receiver")
-        }
-        let progress = TransferProgress { event in
+        if announce, let notice = firstContactNotice(endpoint, connection.peer) { reporter.warn(notice) }
+        let progress = clock.progress { event in
             if case .accepted = event { accepted.set() }
             reporter.handle(event)
         }
-        let sender = TransferSender(tree: tree, algorithm: checksum, progress: progress)
+        let sender = TransferSender(tree: tree, algorithm: checksum.algorithm, progress: progress)
         do {
-            return try await reporter.showProgress(of: sender.progress, metrics: { await connection.metrics }) {
+            return try await reporter.showProgress(of: sender.progress, clock: clock, metrics: { await connection.metrics }) {
                 try await sender.run(over: connection)
             }
         } catch where Task.isCancelled {
@@ -212,6 +228,12 @@ struct SendCommand: AsyncParsableCommand {
         }
     }
 
+    /// A connection failure whose message does not say where to: the same with "host:port: " before it.
+    static func naming(_ endpoint: Endpoint, in error: any Error) -> any Error {
+        guard let error = error as? QXferError, isNetworkFailure(error), !error.message.contains(endpoint.description) else { return error }
+        return QXferError(error.code, "\(endpoint): \(error.message)", underlying: error.underlying)
+    }
+
     /// Failures of the path or the connection, which a new connection may not meet; not the
     /// receiver's refusals, trust failures or local errors.
     static func isNetworkFailure(_ error: any Error) -> Bool {
@@ -220,8 +242,9 @@ struct SendCommand: AsyncParsableCommand {
     }
 }
 
-/// Whether the receiver accepted the offer during one attempt.
-private final class AcceptedFlag: Sendable {
+/// A fact that becomes true once, seen from any task: the receiver accepted during an attempt,
+/// a question was withdrawn.
+final class OnceFlag: Sendable {
     private let value = Mutex(false)
     var isSet: Bool { value.withLock { $0 } }
     func set() { value.withLock { $0 = true } }

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import QXfer
 import QXferStream
+import SafeOutput
 import Synchronization
 
 /// The port `qxfer stream recv` listens on by default, TCP and UDP alike: next to file
@@ -31,7 +32,7 @@ enum StreamStackChoice: String, ExpressibleByArgument, CaseIterable {
 extension StreamMode: ExpressibleByArgument {}
 extension RepairScheme: ExpressibleByArgument {}
 
-struct StreamSendCommand: AsyncParsableCommand {
+struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
     static let configuration = CommandConfiguration(
         commandName: "send",
         abstract: "Send live frames to a host running 'qxfer stream recv'.",
@@ -47,6 +48,10 @@ struct StreamSendCommand: AsyncParsableCommand {
             (QUIC datagrams, late frames dropped, losses repaired by --repair). Over --stack \
             tls there is one ordered stream: every mode frames its frames on it, and the \
             report says so.
+
+            While sending, a line a second on standard error shows the time, the bytes sent, \
+            the rate and the RTT (a 'progress' event with --json); at the end the receiver's \
+            totals go to standard output.
             """
     )
 
@@ -85,7 +90,7 @@ struct StreamSendCommand: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Require the receiver's certificate to have this SHA-256 fingerprint.", valueName: "sha256"))
     var fingerprint: String?
 
-    @Flag(help: "Print the receiver's final totals as one JSON line.")
+    @Flag(help: "Print JSON event lines on standard output: progress every second, then the receiver's totals.")
     var json = false
 
     func validate() throws {
@@ -138,27 +143,27 @@ struct StreamSendCommand: AsyncParsableCommand {
         let summary: StreamSenderSummary
         switch stack {
         case .quic:
-            let connection = NetworkConnection(to: endpoint, using: .parameters { QUIC().identity(identity).peerTrust(trust) }
-                .serviceClass(.interactiveVideo).performanceMode(.realtime))
-            defer { connection.cancel() }
-            summary = try await StreamSender.run(over: connection, source: source, options: options)
-            receiverTrust.connected(to: connection.peer)
+            summary = try await run(
+                NetworkConnection(to: endpoint, using: .parameters { QUIC().identity(identity).peerTrust(trust) }
+                    .serviceClass(.interactiveVideo).performanceMode(.realtime)),
+                source: source, options: options, trust: receiverTrust)
         case .tls:
-            let connection = NetworkConnection(to: endpoint, using: .parameters { TLS().identity(identity).peerTrust(trust) }
-                .serviceClass(.interactiveVideo).performanceMode(.realtime))
-            defer { connection.cancel() }
-            summary = try await StreamSender.run(over: connection, source: source, options: options)
-            receiverTrust.connected(to: connection.peer)
+            summary = try await run(
+                NetworkConnection(to: endpoint, using: .parameters { TLS().identity(identity).peerTrust(trust) }
+                    .serviceClass(.interactiveVideo).performanceMode(.realtime)),
+                source: source, options: options, trust: receiverTrust)
         }
         guard let totals = summary.receiverTotals else {
             throw StreamError(.malformed, "the receiver's totals could not be read")
         }
         if json {
             if let warmUp = summary.warmUp {
-                print(#"{"warm_up":{"bytes":\#(warmUp.bytes),"ms":\#(milliseconds(warmUp.duration)),"#
-                    + #""window_before":\#(warmUp.windowBefore),"window_after":\#(warmUp.windowAfter),"target":\#(warmUp.target)}}"#)
+                Console.emit("warm_up", ["warm_up": [
+                    "bytes": warmUp.bytes, "ms": milliseconds(warmUp.duration), "window_before": warmUp.windowBefore,
+                    "window_after": warmUp.windowAfter, "target": warmUp.target,
+                ]])
             }
-            print(totals.json())
+            Console.emit("totals", parsing: totals.json())
         } else {
             print(totals.text())
             var extras: [String] = []
@@ -172,9 +177,76 @@ struct StreamSendCommand: AsyncParsableCommand {
             if !extras.isEmpty { print("sender: " + extras.joined(separator: ", ")) }
         }
     }
+
+    /// Runs the stream on `connection`, beside a watcher that fails a refused connection at
+    /// once, says so on first contact with a receiver, and reports progress every second.
+    private func run<Stack: ByteStreamProtocol>(
+        _ connection: NetworkConnection<Stack>, source: sending any FrameSource, options: StreamSenderOptions, trust: ReceiverTrust
+    ) async throws -> StreamSenderSummary {
+        defer { connection.cancel() }
+        let endpoint = StreamEndpoint.parse(destination, defaultPort: defaultStreamPort)!
+        let refusal = Refusal()
+        // Cancelled, and awaited, when this function returns.
+        async let _ = Self.watch(connection, endpoint: endpoint, json: json, refusal: refusal)
+        do {
+            let summary = try await StreamSender.run(over: connection, source: source, options: options)
+            trust.connected(to: connection.peer)
+            return summary
+        } catch {
+            throw refusal.error.withLock { $0 } ?? error
+        }
+    }
+
+    /// Where the watcher leaves the refusal it saw (it cancelled the connection then).
+    private final class Refusal: Sendable {
+        let error = Mutex<(any Error)?>(nil)
+    }
+
+    /// Fails a refused connection at once, prints the first-contact notice once connected, then
+    /// reports progress until cancelled.
+    private static func watch<Stack>(_ connection: NetworkConnection<Stack>, endpoint: Endpoint, json: Bool, refusal: Refusal) async {
+        // The sender connects only once its input has given a first frame.
+        while connection.currentState == nil {
+            try? await Task.sleep(for: .milliseconds(20))
+            if Task.isCancelled { return }
+        }
+        do {
+            try await startFailingFast(connection)
+        } catch {
+            refusal.error.withLock { $0 = error }
+            return
+        }
+        if let notice = firstContactNotice(endpoint, connection.peer) { Console.warn(notice) }
+        await reportProgress(of: connection, json: json)
+    }
+
+    /// A line (or `progress` event) a second until cancelled: time, bytes sent, rate, RTT.
+    private static func reportProgress<Stack>(of connection: NetworkConnection<Stack>, json: Bool) async {
+        let started = ContinuousClock.now
+        var previous = 0
+        while !Task.isCancelled {
+            try? await Task.sleep(for: .seconds(1))
+            if Task.isCancelled { return }
+            let metrics = await connection.metrics
+            let seconds = (ContinuousClock.now - started).seconds
+            let sent = metrics.bytesSent ?? 0
+            let rate = Double(max(0, sent - previous)) * 8
+            previous = sent
+            let rtt = metrics.smoothedRTT.map { $0.seconds * 1000 }
+            if json {
+                var fields: [String: Any] = ["t": (seconds * 1000).rounded() / 1000, "bytes_sent": sent, "bitrate_bps": wholeNumber(rate)]
+                if let rtt { fields["rtt_ms"] = (rtt * 1000).rounded() / 1000 }
+                Console.emit("progress", fields)
+            } else {
+                let line = String(format: "sending: %6.1fs  %@ sent  %7.2f Mbit/s", seconds, formatBytes(UInt64(max(0, sent))), rate / 1e6)
+                    + (rtt.map { String(format: "  RTT %.1f ms", $0) } ?? "")
+                FileHandle.standardError.write(Data("qxfer: \(line)\n".utf8))
+            }
+        }
+    }
 }
 
-struct StreamRecvCommand: AsyncParsableCommand {
+struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
     static let configuration = CommandConfiguration(
         commandName: "recv",
         abstract: "Receive one stream, report latency every second, and write the frames.",
@@ -193,7 +265,14 @@ struct StreamRecvCommand: AsyncParsableCommand {
     @Option(help: "The port to listen on (TCP and UDP).")
     var port: UInt16 = defaultStreamPort
 
-    @Option(help: ArgumentHelp("Write the frames here ('-' for standard output).", valueName: "file"))
+    @Option(help: ArgumentHelp(
+        "Write the frames here ('-' for standard output).",
+        discussion: """
+            A file gets its name when the stream ends (written beside it until then); a \
+            terminal, a device such as /dev/null, a named pipe (read live, e.g. by ffplay) or \
+            a socket is written directly and never replaced; a folder is refused.
+            """,
+        valueName: "file"))
     var output: String?
 
     @Flag(help: "Report as JSON lines, ending with one line of totals.")
@@ -210,7 +289,11 @@ struct StreamRecvCommand: AsyncParsableCommand {
 
     private func receive() async throws {
         let identity = try HostIdentity.loadOrCreate(in: global.config)
-        let reportToStandardError = output == "-"
+        // Refused at once (a folder, a block device), not when the first frame arrives.
+        if let output {
+            do { try OutputFile.check(output) } catch { throw StreamError(.output, error.message) }
+        }
+        let reportToStandardError = output.map(OutputFile.isStandardOutput) ?? false
         let json = self.json
         let say: @Sendable (String) -> Void = { line in
             if reportToStandardError {
@@ -219,10 +302,22 @@ struct StreamRecvCommand: AsyncParsableCommand {
                 FileHandle.standardOutput.write(Data((line + "\n").utf8))  // unbuffered: a pipe sees each second at once
             }
         }
-        FileHandle.standardError.write(Data("qxfer: waiting for a stream on port \(port) (TCP and UDP); fingerprint \(identity.fingerprint)\n".utf8))
+        Console.dataOnStandardOutput = reportToStandardError
 
         var options = StreamReceiverOptions()
-        options.onInterval = { report, elapsed in say(json ? report.json(elapsed: elapsed) : report.text(elapsed: elapsed)) }
+        let header = Mutex(false)
+        options.onInterval = { report, elapsed in
+            if json {
+                say(Console.jsonLine("interval", parsing: report.json(elapsed: elapsed)))
+                return
+            }
+            let first = header.withLock { shown in
+                defer { shown = true }
+                return !shown
+            }
+            if first { say(IntervalRow.header) }
+            say(IntervalRow.text(report, elapsed: elapsed))
+        }
         if let output {
             options.makeSink = { hello in try makeSink(for: hello, output: ByteOutput(path: output)) }
         }
@@ -242,7 +337,7 @@ struct StreamRecvCommand: AsyncParsableCommand {
                 if started.withLock({ $0 }) {
                     session.withLock { $0.result = .failure(error) }
                 } else {
-                    FileHandle.standardError.write(Data("qxfer: ignored a connection that sent no stream: \(error)\n".utf8))
+                    Console.warn("ignored a connection that sent no stream: \(error)")
                     session.withLock { $0.busy = false }
                 }
             }
@@ -262,6 +357,13 @@ struct StreamRecvCommand: AsyncParsableCommand {
                     await serve { try await StreamReceiver.run(on: connection, options: $0) }
                 }
             }
+            // Said once both listen: a sender started on seeing it is not refused.
+            _ = try await (quic.port, tls.port)
+            if json {
+                say(Console.jsonLine("listening", ["port": port, "fingerprint": identity.fingerprint.description]))
+            } else {
+                FileHandle.standardError.write(Data("qxfer: waiting for a stream on port \(port) (TCP and UDP)\nqxfer: fingerprint \(identity.fingerprint)\n".utf8))
+            }
             while true {
                 if let result = session.withLock({ $0.result }) {
                     group.cancelAll()
@@ -271,7 +373,22 @@ struct StreamRecvCommand: AsyncParsableCommand {
             }
         }
         let totals = try result.get()
-        say(json ? totals.json() : totals.text())
+        say(json ? Console.jsonLine("totals", parsing: totals.json()) : totals.text())
+    }
+}
+
+/// The receiver's line a second: fixed columns under a header, 82 columns wide (wider only for
+/// latencies past 10⁶ ms); an interval without frames shows no latencies rather than zeros.
+enum IntervalRow {
+    static let header = "  time  frames  late  lost   p50 ms   p95 ms   p99 ms   max ms  jitter ms   Mbit/s"
+
+    static func text(_ report: IntervalReport, elapsed: Double) -> String {
+        let latency = report.framesDelivered + report.framesLate == 0
+            ? String(repeating: "        -", count: 4)
+            : String(format: "%9.1f%9.1f%9.1f%9.1f", report.latency.p50, report.latency.p95, report.latency.p99, report.latency.max)
+        return String(
+            format: "%6.1f%8ld%6ld%6ld%@%11.2f%9.2f",  // %ld: Swift's Int is 64 bits
+            elapsed, report.framesDelivered, report.framesLate, report.framesLost, latency, report.jitterMilliseconds, report.bitsPerSecond / 1e6)
     }
 }
 
@@ -282,7 +399,6 @@ struct StreamSession: Sendable {
 
 /// Prints a stream error as one line and exits with a code scripts can tell apart.
 private func failStream(_ error: StreamError) -> Never {
-    FileHandle.standardError.write(Data("qxfer: \(error.message)\n".utf8))
     let code: Int32 = switch error.code {
     case .badInput: 65  // EX_DATAERR: the input file is not what it claims
     case .malformed: 76  // EX_PROTOCOL
@@ -291,6 +407,7 @@ private func failStream(_ error: StreamError) -> Never {
     case .invalidConfiguration: 64  // EX_USAGE
     default: 1
     }
+    Console.fatal(error.message, code: "\(error.code)", exitStatus: code)
     exit(code)
 }
 

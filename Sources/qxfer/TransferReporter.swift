@@ -1,10 +1,12 @@
 import Foundation
+import Logging
 import QXfer
 import QXferTransfer
+import Synchronization
 
 /// What `send` and `recv` print: a one-line bar on a terminal, periodic plain lines when
 /// standard error is not a terminal, or JSON event lines on standard output with `--json`;
-/// then a summary.
+/// then a summary. Rates, ETAs and summaries count only the time data moves (``TransferClock``).
 final class TransferReporter: Sendable {
     enum Role: Sendable { case sender, receiver }
     enum Style: Sendable { case bar, lines, json }
@@ -13,6 +15,7 @@ final class TransferReporter: Sendable {
     let role: Role
     /// Names of paired peers, shown beside their fingerprints.
     let pairedNames: [Fingerprint: String]
+    private let logger = Logger(label: "qxfer.transfer")
 
     init(json: Bool, role: Role, pairedNames: [Fingerprint: String] = [:]) {
         self.style = json ? .json : (isatty(STDERR_FILENO) == 1 ? .bar : .lines)
@@ -23,37 +26,48 @@ final class TransferReporter: Sendable {
     // MARK: Events
 
     func warn(_ line: String) {
-        if style == .json {
-            emit(["event": "warning", "message": line])
-        } else {
-            FileHandle.standardError.write(Data("qxfer: \(line)\n".utf8))
-        }
+        Console.warn(line)
     }
 
+    /// One library event: a line (or an event) where a person or a script needs one, a log line at -v.
     func handle(_ event: TransferEvent) {
-        switch (style, event) {
-        case (.json, .offered(let entries, let bytes, _)):
-            emit(["event": "offered", "entries": entries, "bytes": bytes])
-        case (.json, .accepted(let bytes, let resumed, let present, let skipped)):
-            emit(["event": "accepted", "bytes": bytes, "resumed_bytes": resumed, "present": present, "skipped": skipped])
-        case (.json, .started(let path, let size, let offset)):
-            emit(["event": "started", "path": path, "size": size.map { $0 as Any } ?? NSNull(), "offset": offset])
-        case (.json, .verified(let path, let size, let digest)):
-            emit(["event": "verified", "path": path, "size": size, "digest": digest])
-        case (.json, .failed(let path, let error)):
-            emit(["event": "failed", "path": path, "code": error.code.name, "message": error.message])
-        case (_, .started(let path, _, let offset)) where offset > 0:
-            printLine("resuming '\(path)' from byte \(offset) (already there and checked)")
-        case (_, .failed(let path, let error)):
-            printLine("'\(path)' not transferred: \(error.message)")
-        default:
-            break
+        switch event {
+        case .offered(let entries, let bytes, let sizeUnknown):
+            logger.info("offer: \(entries) entries, \(bytes) bytes\(sizeUnknown ? " and a stream" : "")")
+            if style == .json { emit("offered", ["entries": entries, "bytes": bytes, "size_unknown": sizeUnknown]) }
+            if role == .sender && style != .json {
+                printLine("offered \(count(entries, "item", "items")) (\(formatBytes(bytes))\(sizeUnknown ? " and a stream" : "")); waiting for the receiver to accept")
+            }
+        case .accepted(let bytes, let resumed, let present, let skipped):
+            logger.info("accepted: \(bytes) bytes to move, \(resumed) resumed, \(present) already present, \(skipped) skipped")
+            if style == .json {
+                emit("accepted", ["bytes": bytes, "resumed_bytes": resumed, "present": present, "skipped": skipped])
+            } else if role == .sender {
+                printLine("accepted: \(formatBytes(bytes)) to send" + (resumed > 0 ? ", \(formatBytes(resumed)) already there" : ""))
+            }
+        case .started(let path, let size, let offset):
+            logger.info("file '\(path)': \(size.map { "\($0) bytes" } ?? "size unknown")\(offset > 0 ? ", resuming at byte \(offset)" : "")")
+            if style == .json {
+                emit("started", ["path": path, "size": size.map { $0 as Any } ?? NSNull(), "offset": offset])
+            } else if offset > 0 {
+                printLine("resuming '\(path)' from byte \(offset) (already there and checked)")
+            }
+        case .verified(let path, let size, let digest):
+            logger.info("file '\(path)' verified: \(size) bytes, digest \(digest)")
+            if style == .json { emit("verified", ["path": path, "size": size, "digest": digest]) }
+        case .failed(let path, let error):
+            logger.info("file '\(path)' failed: \(error.code.name): \(error.message)")
+            if style == .json {
+                emit("failed", ["path": path, "code": error.code.name, "message": error.message])
+            } else {
+                printLine("'\(path)' not transferred: \(error.message)")
+            }
         }
     }
 
     func listening(name: String, port: UInt16, addresses: [String], fingerprint: Fingerprint, folder: String) {
         if style == .json {
-            emit(["event": "listening", "name": name, "port": port, "addresses": addresses, "fingerprint": fingerprint.description, "folder": folder])
+            emit("listening", ["name": name, "port": port, "addresses": addresses, "fingerprint": fingerprint.description, "folder": folder])
         } else {
             let shown = addresses.isEmpty ? "" : " (\(addresses.joined(separator: ", ")))"
             writeOut("receiving into \(folder) as \(name)\(shown) on port \(port), QUIC over UDP and TLS over TCP")
@@ -65,24 +79,31 @@ final class TransferReporter: Sendable {
         let sender = offer.sender?.description ?? "an unauthenticated sender"
         let paired = offer.sender.flatMap { pairedNames[$0] }
         if style == .json {
-            emit([
-                "event": "offer", "sender": sender, "paired_name": paired ?? NSNull(), "entries": offer.entries.count, "files": offer.fileCount,
+            emit("offer", [
+                "sender": sender, "paired_name": paired ?? NSNull(), "entries": offer.entries.count, "files": offer.fileCount,
                 "bytes": offer.totalSize, "size_unknown": offer.hasSizeUnknown,
                 "paths": offer.entries.prefix(100).map { $0.path.joined(separator: "/") },
             ])
             return
         }
+        printLine("offer from \(paired.map { "'\($0)' (paired, \(sender))" } ?? sender): \(Self.describe(offer))")
+    }
+
+    /// "1 file, 2 folders and links, 3.0 MB: a.bin, docs"
+    static func describe(_ offer: IncomingOffer) -> String {
         let names = offer.entries.filter { $0.path.count == 1 }.map { $0.path[0] }
         let shownNames = names.prefix(5).joined(separator: ", ") + (names.count > 5 ? ", …" : "")
-        let size = formatBytes(offer.totalSize) + (offer.hasSizeUnknown ? " and a stream" : "")
-        let from = paired.map { "'\($0)' (paired, \(sender))" } ?? sender
-        printLine("offer from \(from): \(offer.fileCount) files, \(offer.entries.count - offer.fileCount) folders and links, \(size): \(shownNames)")
+        let others = offer.entries.count - offer.fileCount
+        var parts = [count(offer.fileCount, "file", "files")]
+        if others > 0 { parts.append(count(others, "folder or link", "folders and links")) }
+        parts.append(formatBytes(offer.totalSize) + (offer.hasSizeUnknown ? " and a stream" : ""))
+        return parts.joined(separator: ", ") + ": " + shownNames
     }
 
     /// The connection was lost after the receiver accepted; a new one is tried after `delay`.
     func reconnecting(reason: String, after delay: Duration, attempt: Int) {
         if style == .json {
-            emit(["event": "reconnecting", "reason": reason, "delay_s": delay.seconds, "attempt": attempt])
+            emit("reconnecting", ["reason": reason, "delay_s": delay.seconds, "attempt": attempt])
         } else {
             printLine("connection lost (\(reason)); reconnecting in \(String(format: "%.2f", delay.seconds)) s to resume (attempt \(attempt))")
         }
@@ -90,38 +111,58 @@ final class TransferReporter: Sendable {
 
     func failed(_ error: any Error, peer: Fingerprint?) {
         let message = (error as? TransferError)?.message ?? (error as? QXferError)?.message ?? "\(error)"
-        warn("transfer from \(peer?.description ?? "unknown sender") failed: \(message)")
+        let sender = peer?.description ?? "unknown sender"
+        if style == .json {
+            let code = (error as? TransferError)?.code.name ?? (error as? QXferError)?.code.name ?? "error"
+            emit("transfer_failed", ["sender": sender, "code": code, "message": message])
+        } else {
+            printLine("transfer from \(sender) failed: \(message)")
+        }
     }
 
     // MARK: Progress
 
-    /// Runs `body`, redrawing progress while it runs; returns its result and how long it took.
+    /// Runs `body`, redrawing progress while it runs and `clock` counts; the clock stops (and
+    /// adds this connection's bytes) when `body` ends.
     func showProgress<T: Sendable>(
-        of progress: TransferProgress, metrics: @escaping @Sendable () async -> ConnectionMetrics,
+        of progress: TransferProgress, clock: TransferClock, metrics: @escaping @Sendable () async -> ConnectionMetrics,
         _ body: () async throws -> T
-    ) async throws -> (result: T, elapsed: Duration) {
-        let started = ContinuousClock.now
+    ) async throws -> T {
         let interval: Duration = switch style {
         case .bar: .milliseconds(250)
         case .lines: .seconds(5)
         case .json: .seconds(1)
         }
+        let logger = self.logger
         let drawing = Task {
+            var lastSample = ContinuousClock.now
             while !Task.isCancelled {
                 try? await Task.sleep(for: interval)
                 if Task.isCancelled { break }
-                draw(progress, metrics: await metrics(), elapsed: ContinuousClock.now - started)
+                let current = await metrics()
+                if logger.logLevel <= .debug, ContinuousClock.now - lastSample >= .seconds(1) {
+                    lastSample = ContinuousClock.now
+                    logger.debug("path: \(current.description)")
+                }
+                guard clock.isRunning else { continue }  // nothing moves before the receiver accepts
+                draw(progress, metrics: current, moving: clock.elapsed)
             }
         }
         defer {
             drawing.cancel()
-            if style == .bar { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+            clearBar()
         }
-        let result = try await body()
-        return (result, ContinuousClock.now - started)
+        do {
+            let result = try await body()
+            clock.stop(adding: progress.transferredBytes, complete: true)
+            return result
+        } catch {
+            clock.stop(adding: progress.transferredBytes, complete: false)
+            throw error
+        }
     }
 
-    private func draw(_ progress: TransferProgress, metrics: ConnectionMetrics, elapsed: Duration) {
+    private func draw(_ progress: TransferProgress, metrics: ConnectionMetrics, moving elapsed: Duration) {
         let done = progress.transferredBytes
         let total = progress.totalBytes
         let seconds = max(elapsed.seconds, 0.001)
@@ -130,9 +171,9 @@ final class TransferReporter: Sendable {
         let eta: String? = total > done && rate > 0 ? formatDuration(Double(total - done) / rate) : nil
         switch style {
         case .json:
-            var object: [String: Any] = ["event": "progress", "bytes": done, "total": total, "rate_bytes_per_s": Int(rate)]
+            var object: [String: Any] = ["bytes": done, "total": total, "rate_bytes_per_s": wholeNumber(rate), "seconds": seconds]
             if let srtt = metrics.smoothedRTT { object["rtt_ms"] = srtt.seconds * 1000 }
-            emit(object)
+            emit("progress", object)
         case .lines:
             var line = "\(formatBytes(done)) of \(formatBytes(total)), \(formatRate(rate))"
             if let eta { line += ", \(eta) left" }
@@ -146,64 +187,127 @@ final class TransferReporter: Sendable {
             var line = String(format: "[%@] %3d%%  %@ / %@  %@", bar, Int(fraction * 100), formatBytes(done), formatBytes(total), formatRate(rate))
             if let eta { line += "  ETA \(eta)" }
             if let rtt { line += "  RTT \(rtt)" }
-            FileHandle.standardError.write(Data("\r\u{1B}[K\(line)".utf8))
+            Console.drawBar(line)
         }
     }
 
     // MARK: Summary
 
-    /// The summary; `reconnects` counts the connections lost and replaced on the way (the
-    /// figures are those of the last connection).
-    func finish(_ outcome: (result: TransferSummary, elapsed: Duration), reconnects: Int = 0) {
-        let summary = outcome.result
-        let seconds = max(outcome.elapsed.seconds, 0.000_001)
-        let rate = Double(summary.transferredBytes) / seconds
+    /// The summary of a transfer: bytes moved over every connection it took, in the time they
+    /// moved; `reconnects` counts the connections lost and replaced on the way.
+    func finish(_ summary: TransferSummary, clock: TransferClock, reconnects: Int = 0) {
+        let seconds = max(clock.elapsed.seconds, 0.000_001)
+        let bytes = clock.bytes
+        let rate = Double(bytes) / seconds
         let checksum = summary.digests.count == 1 ? summary.digests[0].digest : nil
         if style == .json {
             var object: [String: Any] = [
-                "event": "summary", "succeeded": summary.succeeded, "failed": summary.failures.count,
-                "bytes": summary.transferredBytes, "resumed_bytes": summary.resumedBytes, "seconds": seconds,
-                "rate_bytes_per_s": Int(rate), "algorithm": summary.algorithm.name, "reconnects": reconnects,
+                "succeeded": summary.succeeded, "failed": summary.failures.count,
+                "bytes": bytes, "resumed_bytes": summary.resumedBytes, "seconds": seconds,
+                "rate_bytes_per_s": wholeNumber(rate), "algorithm": summary.algorithm.name, "reconnects": reconnects,
             ]
             if let checksum { object["digest"] = checksum }
-            emit(object)
+            emit("summary", object)
             return
         }
         let verb = role == .sender ? "sent" : "received"
-        var line = "\(verb) \(formatBytes(summary.transferredBytes)) in \(String(format: "%.2f", seconds)) s (\(formatRate(rate)))"
+        var line = "\(verb) \(formatBytes(bytes)) in \(String(format: "%.2f", seconds)) s (\(formatRate(rate)))"
         if summary.resumedBytes > 0 { line += ", \(formatBytes(summary.resumedBytes)) resumed" }
-        let files = summary.digests.count
-        line += "; \(files) file\(files == 1 ? "" : "s") verified with \(summary.algorithm.name)"
+        line += "; \(count(summary.digests.count, "file", "files")) verified with \(summary.algorithm.name)"
         if let checksum { line += " \(checksum)" }
         if !summary.failures.isEmpty { line += "; \(summary.failures.count) not transferred" }
-        if reconnects > 0 { line += "; reconnected \(reconnects) time\(reconnects == 1 ? "" : "s")" }
+        if reconnects > 0 { line += "; reconnected \(count(reconnects, "time", "times"))" }
         writeOut(line)
     }
 
     // MARK: Output
 
+    private func clearBar() {
+        if style == .bar { Console.drawBar("") }
+    }
+
     private func printLine(_ line: String) {
-        if style == .bar { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
-        FileHandle.standardError.write(Data("qxfer: \(line)\n".utf8))
+        Console.writeLine("qxfer: \(line)")
     }
 
-    private func emit(_ object: [String: Any]) {
-        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return }
-        FileHandle.standardOutput.write(data + Data("\n".utf8))
+    private func emit(_ event: String, _ fields: [String: Any]) {
+        Console.emit(event, fields)
     }
 
-    /// Standard output, unbuffered: lines reach a pipe at once.
+    /// Standard output, unbuffered: lines reach a pipe at once. With `recv --stdout` the data
+    /// owns standard output, so reports go to standard error.
     private func writeOut(_ line: String) {
-        FileHandle.standardOutput.write(Data((line + "\n").utf8))
+        Console.writeLine(line, to: Console.dataOnStandardOutput ? .standardError : .standardOutput)
     }
 }
 
+/// The time a transfer's data moves: from the receiver's acceptance to the last file's
+/// verdict (or to a connection's failure), summed over reconnects — neither the wait for the
+/// answer, nor the closing exchange, nor the backoff before a reconnect counts, as scp and
+/// rsync count.
+final class TransferClock: Sendable {
+    private struct State {
+        var earlier: Duration = .zero
+        var since: ContinuousClock.Instant?
+        var lastVerdict: ContinuousClock.Instant?
+        var bytes: UInt64 = 0
+    }
+    private let state = Mutex(State())
+
+    /// The receiver accepted: data starts moving.
+    func start() {
+        state.withLock { if $0.since == nil { $0.since = .now } }
+    }
+
+    /// A file was verified or failed.
+    func verdict() {
+        state.withLock { $0.lastVerdict = .now }
+    }
+
+    /// A connection ended having moved `bytes`: `complete`, the time ends at the last verdict.
+    func stop(adding bytes: UInt64, complete: Bool) {
+        state.withLock {
+            if let since = $0.since {
+                let end = complete ? ($0.lastVerdict.map { max($0, since) } ?? .now) : .now
+                $0.earlier += end - since
+            }
+            $0.since = nil
+            $0.lastVerdict = nil
+            $0.bytes += bytes
+        }
+    }
+
+    var isRunning: Bool { state.withLock { $0.since != nil } }
+    /// Time spent moving data so far.
+    var elapsed: Duration { state.withLock { $0.earlier + ($0.since.map { ContinuousClock.now - $0 } ?? .zero) } }
+    /// Bytes moved by the connections that ended.
+    var bytes: UInt64 { state.withLock { $0.bytes } }
+
+    /// A progress counter feeding this clock and `report`.
+    func progress(reporting report: @escaping @Sendable (TransferEvent) -> Void) -> TransferProgress {
+        TransferProgress { event in
+            switch event {
+            case .accepted: self.start()
+            case .verified, .failed: self.verdict()
+            default: break
+            }
+            report(event)
+        }
+    }
+}
+
+/// "1 file", "2 files".
+func count(_ number: Int, _ singular: String, _ plural: String) -> String {
+    "\(number) \(number == 1 ? singular : plural)"
+}
+
+/// Sizes in decimal units, like the rates beside them: 1 MB = 10⁶ bytes, 1 MB/s = 10⁶ bytes a second.
 func formatBytes(_ bytes: UInt64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    let units = ["B", "kB", "MB", "GB", "TB", "PB"]
     var value = Double(bytes)
     var unit = 0
-    while value >= 1024 && unit < units.count - 1 {
-        value /= 1024
+    while value >= 1000 && unit < units.count - 1 {
+        value /= 1000
         unit += 1
     }
     return unit == 0 ? "\(bytes) B" : String(format: "%.1f %@", value, units[unit])
@@ -213,9 +317,17 @@ func formatRate(_ bytesPerSecond: Double) -> String {
     String(format: "%.1f MB/s", bytesPerSecond / 1e6)
 }
 
+/// A Double as an Int, rounded and clamped: rates and times computed from a peer's sizes may be
+/// beyond Int (or not finite), where `Int(_:)` traps.
+func wholeNumber(_ value: Double) -> Int {
+    guard value.isFinite else { return value > 0 ? .max : 0 }
+    return value >= 9.2e18 ? .max : value <= -9.2e18 ? .min : Int(value.rounded())
+}
+
 func formatDuration(_ seconds: Double) -> String {
-    let total = Int(seconds.rounded())
-    return total >= 3600 ? String(format: "%d:%02d:%02d", total / 3600, total / 60 % 60, total % 60) : String(format: "%d:%02d", total / 60, total % 60)
+    let total = max(0, wholeNumber(seconds))
+    let tail = String(format: "%02d", total % 60)  // %d is 32 bits: only for numbers below 60
+    return total >= 3600 ? "\(total / 3600):" + String(format: "%02d", total / 60 % 60) + ":" + tail : "\(total / 60):" + tail
 }
 
 extension Duration {

@@ -128,6 +128,29 @@ import Testing
         #expect(sim.closeReason(.client)?.kind == .statelessReset)
     }
 
+    @Test("Every connection ID a server issues begins with its configured prefix; a prefix leaving fewer than 8 random bytes is refused")
+    func connectionIDPrefix() throws {
+        var server = QUICConfiguration.test(.server, expectPeer: nil)
+        server.connectionIDPrefix = [0xab, 0xcd]
+        let sim = try Simulation(seed: 104, client: .test(.client, expectPeer: .server), server: server)
+        #expect(sim.runHandshake())
+        sim.run(for: 500 * ms) { false }  // NEW_CONNECTION_ID frames after the handshake
+        let issued = sim.serverEvents.compactMap { event -> QUICConnectionID? in
+            if case .connectionIDIssued(let id, _) = event { return id }
+            return nil
+        }
+        #expect(issued.count > 1, "the first connection ID and at least one NEW_CONNECTION_ID")
+        #expect(issued.allSatisfy { $0.bytes.count == 16 && $0.bytes.starts(with: [0xab, 0xcd]) }, "\(issued)")
+        #expect(sim.server!.sourceConnectionIDs.allSatisfy { $0.bytes.starts(with: [0xab, 0xcd]) })
+
+        var tooLong = QUICConfiguration.test(.server, expectPeer: nil)
+        tooLong.connectionIDPrefix = [UInt8](repeating: 1, count: 9)
+        let path = QUICPath(local: QUICSocketAddress(ipAddress: "::1", port: 1)!, remote: QUICSocketAddress(ipAddress: "::1", port: 2)!)
+        #expect(throws: QUICEngineError(.invalidConfiguration, "")) {
+            _ = try QUICConnection(clientWith: tooLong, path: path, now: QUICTime(nanoseconds: 1))
+        }
+    }
+
     @Test func versionNegotiationForUnknownVersion() throws {
         let sim = try Simulation(seed: 102, client: .test(.client, expectPeer: .server), server: .test(.server, expectPeer: nil))
         let first = try #require(sim.client.pollTransmit(now: sim.nowTime))

@@ -136,6 +136,53 @@ struct CLITests {
         }
     }
 
+    @Test("send --help names the --checksum default (not the enum's raw value) and says what -v and -vv log")
+    func sendHelp() async throws {
+        let run = try await Self.qxfer(["send", "--help"], home: Scratch())
+        #expect(run.status == 0)
+        let help = run.stdout.split(whereSeparator: \.isWhitespace).joined(separator: " ")
+        #expect(help.contains("values: xxh3-128, sha256; default: xxh3-128"), "\(run.stdout)")
+        #expect(!help.contains("default: 1)"))
+        #expect(help.contains("-vv path samples"))
+        #expect(help.contains("default: quic)"))
+    }
+
+    @Test("recv --help describes --stdout (the pipe that cannot be un-written) and --dir creation")
+    func recvHelp() async throws {
+        let run = try await Self.qxfer(["recv", "--help"], home: Scratch())
+        #expect(run.status == 0)
+        let help = run.stdout.split(whereSeparator: \.isWhitespace).joined(separator: " ")
+        #expect(help.contains("--stdout Write the one file of one transfer to standard output"), "\(run.stdout)")
+        #expect(help.contains("a pipe cannot be un-written"))
+        #expect(help.contains("created if missing"))
+        #expect(help.contains("keys typed before it appears are discarded"))
+    }
+
+    @Test("With --json a usage error is also one JSON event on stdout: event, time, code, exit_code")
+    func usageErrorAsJSON() async throws {
+        let run = try await Self.qxfer(["send", "--json"], home: Scratch())
+        #expect(run.status == 64)
+        #expect(run.stderrLines.count == 1 && run.stderr.hasPrefix("qxfer: "))
+        let lines = run.stdout.split(separator: "\n")
+        #expect(lines.count == 1, "stdout: \(run.stdout)")
+        let event = try #require(try JSONSerialization.jsonObject(with: Data((lines.first ?? "").utf8)) as? [String: Any])
+        #expect(event["event"] as? String == "error")
+        #expect(event["code"] as? String == "usage")
+        #expect(event["exit_code"] as? Int == 64)
+        let time = try #require(event["time"] as? String)
+        #expect(time.wholeMatch(of: /\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z/) != nil, "time: \(time)")
+    }
+
+    @Test("send FILE FILE: the last argument is an existing file, not a host; refused at once (64)")
+    func fileWhereTheHostGoes() async throws {
+        let home = Scratch()
+        FileManager.default.createFile(atPath: home.file("a.bin"), contents: Data([1]))
+        FileManager.default.createFile(atPath: home.file("b.bin"), contents: Data([2]))
+        let run = try await Self.qxfer(["send", home.file("a.bin"), home.file("b.bin")], home: home)
+        #expect(run.status == 64)
+        #expect(run.stderr.contains("is a local file, not a host"), "\(run.stderr)")
+    }
+
     @Test("qxfer --version prints a version number")
     func version() async throws {
         let run = try await Self.qxfer(["--version"], home: Scratch())
@@ -270,7 +317,13 @@ struct CLITests {
             #expect(run.status == 78, "\(damage): exit \(run.status), stdout \(run.stdout), stderr \(run.stderr)")
             #expect(run.stderrLines.count == 1, "\(damage): stderr \(run.stderr)")
             #expect(run.stderr.hasPrefix("qxfer: "))
-            #expect(run.stdout.isEmpty)
+            if arguments.contains("--json") {
+                // The same error as one JSON event (and nothing else) on stdout.
+                let event = try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any]
+                #expect(event?["event"] as? String == "error" && event?["exit_code"] as? Int == 78, "\(damage): stdout \(run.stdout)")
+            } else {
+                #expect(run.stdout.isEmpty)
+            }
         }
         #expect(FileManager.default.contents(atPath: key) == keyBefore, "\(damage): the key was changed")
         #expect(FileManager.default.contents(atPath: certificate) == certificateBefore, "\(damage): the certificate was changed")

@@ -105,3 +105,57 @@ import Testing
         #expect(Carriage.note(mode: .realtime, hasQUICExtras: true).isEmpty)
     }
 }
+
+/// Numbers from a hostile or broken sender (issue 17 §1): frame indices, frame counts and
+/// timestamps at the extremes must not trap the receiver nor make it write without end.
+@Suite struct HostileStreamNumberTests {
+    static func frame(_ index: UInt64, captureTime: UInt64 = 0) -> Frame {
+        Frame(index: index, isKeyframe: true, captureTime: captureTime, deadline: .milliseconds(100), payload: Data([1]))
+    }
+
+    @Test func aFrameAtIndexTwoToTheSixtyFourIsWrittenWithoutTrapping() {
+        var playout = PlayoutBuffer()
+        let added = [playout.add(Self.frame(0)), playout.add(Self.frame(.max))]
+        #expect(added == [true, true])
+        // Overdue at once (capture time 0): the run of missing frames is skipped as one gap.
+        let items = playout.release(now: .max)
+        #expect(items == [.frame(Self.frame(0)), .gap(1), .frame(Self.frame(.max))])
+        #expect(playout.nextIndex == .max)
+        #expect(playout.release(now: .max).isEmpty)
+    }
+
+    @Test func anEndAnnouncingTwoToTheSixtyThreeFramesGivesOneGapNotTwoToTheSixtyThree() {
+        var playout = PlayoutBuffer()
+        playout.add(Self.frame(0, captureTime: .max - 1))
+        playout.add(Self.frame(3, captureTime: .max - 1))
+        let items = playout.release(now: 0, through: 1 << 63)
+        #expect(items == [.frame(Self.frame(0, captureTime: .max - 1)), .gap(1), .gap(2), .frame(Self.frame(3, captureTime: .max - 1)), .gap(4)])
+        #expect(playout.nextIndex == 1 << 63)
+    }
+
+    @Test func shortGapsAreStillOneItemPerFrame() {
+        var playout = PlayoutBuffer()
+        playout.add(Self.frame(PlayoutBuffer.longestGap))
+        let items = playout.release(now: .max)
+        #expect(items.count == Int(PlayoutBuffer.longestGap) + 1)
+    }
+
+    @Test func extremeProbeTimestampsAreNoSampleInsteadOfATrap() {
+        var estimator = ClockOffsetEstimator()
+        // A round trip of -2^63 minus a turnaround of 1 ns does not fit in 64 bits.
+        estimator.add(t1: 0, t2: 0, t3: 1, t4: 1 << 63)
+        #expect(estimator.best == nil)
+        estimator.add(t1: 100, t2: 150, t3: 160, t4: 200)
+        #expect(estimator.roundTrip == 90)
+    }
+
+    @Test func latenciesFarApartDoNotTrapTheJitter() {
+        var stats = StreamStatistics()
+        stats.record(latency: .max, bytes: 1, onTime: true, arrival: 1)
+        stats.record(latency: .min, bytes: 1, onTime: false, arrival: 2)
+        stats.record(latency: .max, bytes: 1, onTime: true, arrival: 3)
+        let totals = stats.totals(framesSent: .max, clock: ClockOffsetEstimator())
+        #expect(totals.framesLost == Int.max - 3)
+        #expect(totals.jitterMilliseconds.isFinite)
+    }
+}

@@ -341,7 +341,7 @@ struct LoopbackTests {
         }
     }
 
-    @Test("A TLV length over the limit from a raw TLS client fails that connection with malformed-message; the listener survives")
+    @Test("A TLV length over the limit from a raw TLS client fails that connection with message-too-large; the listener survives")
     func tlvOverLimit() async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { TLV(maximumMessageSize: Self.limit) { TLS().identity(Identities.server) } }
         let length = UInt32(Self.limit + 1)
@@ -360,7 +360,7 @@ struct LoopbackTests {
             #expect(content == Data("ok".utf8) && metadata.type == 3)
             good.cancel()
         })
-        #expect(error?.code == .malformedMessage)
+        #expect(error?.code == .messageTooLarge)
         #expect(error?.message.contains("\(Self.limit + 1)") == true)
     }
 

@@ -1,12 +1,17 @@
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
-import Synchronization
 
 /// A UDP middlebox for tests: forwards datagrams between one client and a server, and can
 /// change its outward port mid-flow (a NAT rebinding) or drop everything (a vanished peer).
+///
+/// Its state is behind NIO's pthread-based lock rather than `Synchronization.Mutex`: the two
+/// directions run on different event-loop threads, and ThreadSanitizer sees a pthread mutex's
+/// ordering but not that of the standard library's uninstrumented Mutex, which it reported as a
+/// race between two accesses inside the same lock (docs/SECURITY.md, "Sanitizers").
 final class UDPRelay: Sendable {
     private let inside: any Channel
-    private let state: Mutex<State>
+    private let state: NIOLockedValueBox<State>
 
     private struct State {
         var server: SocketAddress
@@ -23,30 +28,30 @@ final class UDPRelay: Sendable {
     private static let wholeDatagrams = FixedSizeRecvByteBufferAllocator(capacity: 65536)
 
     static func start(to server: SocketAddress) async throws -> UDPRelay {
-        let box = Mutex<UDPRelay?>(nil)
+        let box = NIOLockedValueBox<UDPRelay?>(nil)
         let inside = try await DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .channelOption(.recvAllocator, value: Self.wholeDatagrams)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(Forwarder { envelope in
-                        box.withLock { $0 }?.fromClient(envelope)
+                        box.withLockedValue { $0 }?.fromClient(envelope)
                     })
                 }
             }
             .bind(host: "127.0.0.1", port: 0).get()
         let relay = UDPRelay(inside: inside, server: server)
-        box.withLock { $0 = relay }
+        box.withLockedValue { $0 = relay }
         try await relay.rebind()
         return relay
     }
 
     private init(inside: any Channel, server: SocketAddress) {
         self.inside = inside
-        self.state = Mutex(State(server: server))
+        self.state = NIOLockedValueBox(State(server: server))
     }
 
     /// Sends the client's datagrams to another server from now on (as if the first restarted).
-    func retarget(to server: SocketAddress) { state.withLock { $0.server = server } }
+    func retarget(to server: SocketAddress) { state.withLockedValue { $0.server = server } }
 
     /// Moves the server-facing side to a new socket (new source port), as a NAT would.
     func rebind() async throws {
@@ -60,7 +65,7 @@ final class UDPRelay: Sendable {
                 }
             }
             .bind(host: "127.0.0.1", port: 0).get()
-        let old = state.withLock { state -> (any Channel)? in
+        let old = state.withLockedValue { state -> (any Channel)? in
             let old = state.outside
             state.outside = outside
             state.rebinds += 1
@@ -70,16 +75,16 @@ final class UDPRelay: Sendable {
     }
 
     /// Drops every datagram from now on, both ways.
-    func blackhole() { state.withLock { $0.blackhole = true } }
+    func blackhole() { state.withLockedValue { $0.blackhole = true } }
 
     func stop() async {
-        let outside = state.withLock { $0.outside }
+        let outside = state.withLockedValue { $0.outside }
         try? await inside.close()
         try? await outside?.close()
     }
 
     private func fromClient(_ envelope: AddressedEnvelope<ByteBuffer>) {
-        let (outside, server): ((any Channel)?, SocketAddress) = state.withLock { state in
+        let (outside, server): ((any Channel)?, SocketAddress) = state.withLockedValue { state in
             state.client = envelope.remoteAddress
             return (state.blackhole ? nil : state.outside, state.server)
         }
@@ -87,7 +92,7 @@ final class UDPRelay: Sendable {
     }
 
     private func fromServer(_ envelope: AddressedEnvelope<ByteBuffer>) {
-        guard let client = state.withLock({ $0.blackhole ? nil : $0.client }) else { return }
+        guard let client = state.withLockedValue({ $0.blackhole ? nil : $0.client }) else { return }
         inside.writeAndFlush(AddressedEnvelope(remoteAddress: client, data: envelope.data), promise: nil)
     }
 

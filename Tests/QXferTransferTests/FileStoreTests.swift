@@ -78,6 +78,37 @@ import Testing
         #expect(readFile(temp.sub("same.bin")) == data)
     }
 
+    /// Something other than a file at a partial's or a journal's name (a pipe, a device), or at
+    /// the target's name, is refused and left as it is: never written into, never renamed
+    /// over, and opening a pipe does not wait for a peer.
+    @Test func aPipeOrDeviceAtATemporaryNameIsRefused() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let small = try target("small.bin", pattern(1000))
+        let large = try target("large.bin", pattern(3 << 20))
+        #expect(mkfifo(temp.sub(FileStore.tempNames(for: "small.bin").partial), 0o600) == 0)
+        #expect(mkfifo(temp.sub(FileStore.tempNames(for: "large.bin").journal), 0o600) == 0)
+        if getuid() == 0 {  // a private /dev/null, when allowed to make one
+            let device = temp.sub(FileStore.tempNames(for: "dev.bin").partial)
+            #expect(mknod(device, S_IFCHR | 0o666, dev_t((1 << 8) | 3)) == 0)
+            #expect(throws: TransferError(.exists, "")) { try makeStore(temp.path).openWriter(for: try target("dev.bin", [1])) }
+            var info = stat()
+            #expect(lstat(device, &info) == 0 && info.st_mode & S_IFMT == S_IFCHR)
+        }
+        #expect(throws: TransferError(.exists, "")) { try makeStore(temp.path).openWriter(for: small) }
+        #expect(throws: TransferError(.exists, "")) { try makeStore(temp.path).openWriter(for: large) }
+        for name in [FileStore.tempNames(for: "small.bin").partial, FileStore.tempNames(for: "large.bin").journal] {
+            var info = stat()
+            #expect(lstat(temp.sub(name), &info) == 0 && info.st_mode & S_IFMT == S_IFIFO)
+        }
+        #expect(!exists(temp.sub("small.bin")) && !exists(temp.sub("large.bin")))
+        // A pipe at the target's own name is not replaced, even with --overwrite.
+        #expect(mkfifo(temp.sub("pipe"), 0o600) == 0)
+        #expect(throws: TransferError(.exists, "")) { try makeStore(temp.path, overwrite: true).openWriter(for: try target("pipe", [1])) }
+        var info = stat()
+        #expect(lstat(temp.sub("pipe"), &info) == 0 && info.st_mode & S_IFMT == S_IFIFO)
+    }
+
     @Test func emptyFile() throws {
         let temp = TempDir()
         defer { temp.cleanup() }
@@ -168,10 +199,10 @@ import Testing
         #expect(readFile(temp.sub("old")) == Array("old".utf8))
         #expect(try FileManager.default.contentsOfDirectory(atPath: temp.path) == ["old"])
 
-        // A size other than the offered one is refused the same way.
+        // A size other than the offered one fails the file the same way (docs/PROTOCOL.md §6).
         let short = try store.openWriter(for: try target("short", data))
         try write(short, data, from: 0, chunk: 60_000)
-        #expect(throws: TransferError(.protocolViolation, "")) { try short.finish(size: 5, digest: wrong) }
+        #expect(throws: TransferError(.digestMismatch, "")) { try short.finish(size: 5, digest: wrong) }
         #expect(!exists(temp.sub("short")))
     }
 

@@ -57,29 +57,15 @@ struct HostileSenderTests {
         }
     }
 
-    /// Accepts a one-file offer, then lets `attack` send data; returns what came back.
+    /// Accepts a one-file offer, then lets `attack` send data; returns what came back after Accept.
     static func acceptedThen(
         _ kind: StackKind, content: [UInt8], dst: String,
         _ attack: @escaping @Sendable (any TransferPeer) async throws -> (any TransferPeer)?
     ) async throws -> (server: Result<TransferSummary, any Error>, replies: [Message]) {
-        let (server, client) = try await withConnectedPair(kind, receive: { peer in
-            try await peer.runReceiver(TransferReceiver(directory: dst))
-        }, send: { peer in
-            try await peer.send(.offer(Offer(algorithm: .xxh3_128, entries: [file(["target"], size: UInt64(content.count))])))
-            guard case .accept = try await peer.receiveMessage() else { return [Message]() }
-            // The data stream stays open until the replies are in: dropping it would reset it,
-            // and a reset stream loses its unread data.
-            let dataStream = try await attack(peer)
-            var replies: [Message] = []
-            while let reply = try? await peer.receiveMessage() {
-                replies.append(reply)
-                if case .complete = reply { break }
-                if case .error = reply { break }
-            }
-            withExtendedLifetime(dataStream) {}
-            return replies
-        })
-        return (server, try client.get())
+        let (server, replies) = try await HostileNumbersTests.accepted(kind, [file(["target"], size: UInt64(content.count))], dst: dst) { peer, _ in
+            try await attack(peer)
+        }
+        return (server, Array(replies.dropFirst()))
     }
 
     @Test("A wrong digest fails the file and the data never gets the final name", arguments: StackKind.allCases)

@@ -15,14 +15,15 @@ let clientIdentity = try! HostIdentity.ephemeral(commonName: "sender")
 
 /// Runs `receive` on the server side of one connection and `send` on a client connected to it,
 /// over the chosen stack; returns both results.
+/// `clientMessageLimit` lets a hostile client send frames longer than the protocol allows.
 func withConnectedPair<ServerResult: Sendable, ClientResult: Sendable>(
-    _ kind: StackKind,
+    _ kind: StackKind, clientMessageLimit: Int = ProtocolLimits.maximumMessageSize,
     receive: @escaping @Sendable (any TransferPeer) async throws -> ServerResult,
     send: @escaping @Sendable (any TransferPeer) async throws -> ClientResult
 ) async throws -> (server: Result<ServerResult, any Error>, client: Result<ClientResult, any Error>) {
     switch kind {
-    case .quic: try await connectedPair(QUIC(), receive: receive, send: send)
-    case .tls: try await connectedPair(TLS(), receive: receive, send: send)
+    case .quic: try await connectedPair(QUIC(), clientMessageLimit: clientMessageLimit, receive: receive, send: send)
+    case .tls: try await connectedPair(TLS(), clientMessageLimit: clientMessageLimit, receive: receive, send: send)
     }
 }
 
@@ -31,6 +32,8 @@ protocol TransferPeer: Sendable {
     func runReceiver(_ receiver: TransferReceiver) async throws -> TransferSummary
     func runSender(_ sender: TransferSender) async throws -> TransferSummary
     func send(_ message: Message) async throws
+    /// Sends a frame of any type and body, bypassing the codec.
+    func sendFrame(type: UInt32, body: [UInt8]) async throws
     func receiveMessage() async throws -> Message?
     func openDataStream() async throws -> any TransferPeer
     func finish() async throws
@@ -42,6 +45,7 @@ struct Peer<Stack: TLVStack>: TransferPeer {
     func runReceiver(_ receiver: TransferReceiver) async throws -> TransferSummary { try await receiver.run(over: connection) }
     func runSender(_ sender: TransferSender) async throws -> TransferSummary { try await sender.run(over: connection) }
     func send(_ message: Message) async throws { try await connection.send(message) }
+    func sendFrame(type: UInt32, body: [UInt8]) async throws { try await connection.send(body, type: type) }
     func receiveMessage() async throws -> Message? { try await connection.receiveMessage() }
     func openDataStream() async throws -> any TransferPeer {
         hasIndependentStreams ? Peer(connection: try await connection.openStream()) : self
@@ -51,7 +55,7 @@ struct Peer<Stack: TLVStack>: TransferPeer {
 }
 
 private func connectedPair<Transport: SecureTransport, ServerResult: Sendable, ClientResult: Sendable>(
-    _ transport: Transport,
+    _ transport: Transport, clientMessageLimit: Int,
     receive: @escaping @Sendable (any TransferPeer) async throws -> ServerResult,
     send: @escaping @Sendable (any TransferPeer) async throws -> ClientResult
 ) async throws -> (server: Result<ServerResult, any Error>, client: Result<ClientResult, any Error>) {
@@ -67,7 +71,7 @@ private func connectedPair<Transport: SecureTransport, ServerResult: Sendable, C
         }
         let port = try await listener.port
         let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
-            TLV { transport.identity(clientIdentity).peerFingerprint(serverIdentity.fingerprint) }
+            TLV(maximumMessageSize: clientMessageLimit) { transport.identity(clientIdentity).peerFingerprint(serverIdentity.fingerprint) }
         }
         let client: Result<ClientResult, any Error>
         do { client = .success(try await send(Peer(connection: connection))) } catch { client = .failure(error) }
@@ -263,7 +267,7 @@ struct SessionTests {
         try writer.write(pattern(2 << 20, seed: 9), at: 0)
         writer.abandon()
 
-        let (_, client) = try await withConnectedPair(kind, receive: { peer in
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
             try await peer.runReceiver(TransferReceiver(directory: dst))
         }, send: { peer in
             try await peer.runSender(TransferSender(tree: tree))
@@ -272,6 +276,9 @@ struct SessionTests {
         #expect(summary.isComplete)
         #expect(summary.transferredBytes == UInt64(content.count))
         #expect(readFile(dst + "/f.bin") == content)
+        // Nothing was resumed after all: neither side may report the discarded prefix as resumed.
+        #expect(summary.resumedBytes == 0)
+        #expect(try server.get().resumedBytes == 0)
     }
 
     @Test("A disk that fills up fails the transfer clearly and keeps a resumable partial")

@@ -87,6 +87,7 @@ RECV_FP=$("$QXFER" id --config-dir "$RECV_CFG")
 recv_start() {
     local name=$1 dir=$2; shift 2
     mkdir -p "$dir"
+    : >"$WORK/$name.out"  # an earlier run's banner must not pass for this one's (the job truncates it late)
     ip netns exec "$B" "$QXFER" recv --config-dir "$RECV_CFG" --no-advertise --dir "$dir" --yes --port "$PORT" "$@" \
         >"$WORK/$name.out" 2>"$WORK/$name.err" </dev/null &
     RECV_PID=$!; PIDS+=("$RECV_PID")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Hostile peers against the `qxfer recv` binary on loopback, over TCP+TLS and QUIC
-# (Tests/e2e/hostile_peer.py): the path-traversal corpus declined with nothing written, a TLS
+# (Tests/e2e/hostile_peer.py): the path-traversal corpus declined with nothing written, hostile
+# numbers (two files of 2^63 bytes, a frame over 16 MiB) refused with limit-exceeded, a TLS
 # 1.2-only client and clients offering another ALPN refused; then a real `qxfer send` still
 # goes through. No root needed; everything it creates is removed on exit.
 #

@@ -6,6 +6,9 @@ so it is also an independent encoder of qxfer/1 Offers. Checks, on the stack giv
   * every Offer of the path-traversal corpus is answered with Decline (unsafe-path) or Error
     (malformed / limit-exceeded, where the structure itself is broken) and nothing is written:
     the target folder stays empty and its parent keeps exactly its entries;
+  * hostile numbers: an Offer of two files of 2^63 bytes (their sum overflows 64 bits) gets
+    Decline(limit-exceeded), and a frame header announcing 16 MiB + 1 bytes gets
+    Error(limit-exceeded) — on QUIC followed by a close with application error code 2;
   * TCP+TLS only: a TLS 1.2-only client fails its handshake;
   * a client offering ALPN h2 (TLS) or h3 (QUIC) is refused: no handshake, or a connection the
     receiver closes without answering an Offer.
@@ -128,7 +131,7 @@ def tls_exchange(port, message, **context_options):
             return read_reply(sock), sock.selected_alpn_protocol()
 
 
-async def quic_exchange(port, message, alpn=("qxfer/1",)):
+async def quic_exchange(port, message, alpn=("qxfer/1",), close_code=None):
     from aioquic.asyncio import connect
     from aioquic.quic.configuration import QuicConfiguration
 
@@ -145,6 +148,14 @@ async def quic_exchange(port, message, alpn=("qxfer/1",)):
                 data += chunk
         except (asyncio.TimeoutError, ConnectionError):
             pass
+        if close_code is not None:
+            # The receiver closes after its Error: record the application error code it used.
+            try:
+                await asyncio.wait_for(client.wait_closed(), 10)
+            except asyncio.TimeoutError:
+                pass
+            event = getattr(client._quic, "_close_event", None)
+            close_code.append(None if event is None else event.error_code)
         return data
 
 
@@ -152,6 +163,33 @@ def exchange(stack, port, message):
     if stack == "tls":
         return tls_exchange(port, message)[0]
     return asyncio.run(asyncio.wait_for(quic_exchange(port, message), 30))
+
+
+def check_numbers(stack, port, target):
+    """The two hostile-number cases of issue 17: an overflowing sum of sizes, an oversized frame."""
+    huge = offer(entry([b"a"], size=1 << 63), entry([b"b"], size=1 << 63))
+    reply = exchange(stack, port, huge)
+    if len(reply) < 10 or struct.unpack(">I", reply[:4])[0] != 3:
+        fail(f"two files of 2^63 bytes: expected Decline, got {reply[:16]!r}")
+    code = struct.unpack(">H", reply[8:10])[0]
+    if code != LIMIT_EXCEEDED:
+        fail(f"two files of 2^63 bytes: declined with code {code}, expected {LIMIT_EXCEEDED}")
+    ok(f"{stack}: an offer of two files of 2^63 bytes is declined with limit-exceeded")
+
+    oversized = struct.pack(">II", 1, 16 * 1024 * 1024 + 1) + b"\0" * 64
+    close_code = []
+    if stack == "tls":
+        reply = tls_exchange(port, oversized)[0]
+    else:
+        reply = asyncio.run(asyncio.wait_for(quic_exchange(port, oversized, close_code=close_code), 30))
+    if len(reply) < 10 or struct.unpack(">I", reply[:4])[0] != 9 or struct.unpack(">H", reply[8:10])[0] != LIMIT_EXCEEDED:
+        fail(f"a 16 MiB + 1 frame: expected Error(limit-exceeded), got {reply[:16]!r}")
+    if stack == "quic" and close_code != [LIMIT_EXCEEDED]:
+        fail(f"a 16 MiB + 1 frame: QUIC closed with application error code {close_code}, expected {LIMIT_EXCEEDED}")
+    ok(f"{stack}: a frame of 16 MiB + 1 bytes gets Error(limit-exceeded)"
+       + (" and QUIC close code 2" if stack == "quic" else ""))
+    if os.listdir(target):
+        fail(f"the hostile numbers left something: {os.listdir(target)}")
 
 
 def snapshot(target):
@@ -179,6 +217,7 @@ def main():
         if after != before:
             fail(f"{name}: something was written: parent {after[0]}, target {after[1]}")
     ok(f"{args.stack}: {len(CORPUS)} hostile offers declined (codes {dict(sorted(codes.items()))}), nothing written")
+    check_numbers(args.stack, args.port, args.target)
 
     probe = offer(entry([b"probe.txt"], size=5))
     if args.stack == "tls":

@@ -37,7 +37,7 @@ public func qxferFuzzFramers(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int3
         do {
             length = try FrameLength.body(in: header, at: lengthOffset, limit: limit)
         } catch {
-            precondition(error.code == .malformedMessage && !error.description.contains("\n"), "unexpected error \(error)")
+            precondition([.malformedMessage, .messageTooLarge].contains(error.code) && !error.description.contains("\n"), "unexpected error \(error)")
             let announced = header.dropFirst(lengthOffset).reduce(0) { $0 << 8 | Int($1) }
             precondition(announced > limit, "a \(announced)-byte frame refused under a limit of \(limit)")
             return 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Seed corpora for the fuzz targets framers, media, streamwire and quic (fuzz/harness/), written
+"""Seed corpora for the fuzz targets framers, media, streamwire, quic and session (fuzz/harness/), written
 byte by byte after the layouts in docs/PROTOCOL.md and docs/STREAMING.md (the harnesses check
 that what parses re-encodes to the same bytes, so a seed that disagreed with the Swift encoders
 would show at once). The QUIC seeds are real client Initials from aioquic (PyPI), an independent
@@ -100,3 +100,28 @@ write("quic", "version-negotiation", bytes([0]) + datagrams([b"\xc0\xba\xba\xba\
 write("quic", "short-header", bytes([0]) + datagrams([b"\x40" + bytes(16) + bytes(40)]))
 write("quic", "after-xor", bytes([1, 0x00]) + datagrams([b"\x00\x01", b"\x00" * 20 + b"\x01", b"\x80"]))
 write("quic", "after-raw", bytes([1, 0xFF]) + datagrams([b"\x40" + bytes(60), b"\xc0\x00\x00\x00\x01" + bytes(40)]))
+
+
+# session: a script, not wire bytes (fuzz/harness/FuzzSession.swift reads it a byte at a time).
+# Byte 0 even: the receiver — algorithm, overwrite, streams, entry count, the entries (kind,
+# name, nesting [, which earlier entry] [, size-unknown, size], mtime [, link target]), what is
+# on disk already [, its details], then events (0-2 FileData: entry, offset, length-1, source;
+# 3-4 FileDone: entry, size, digest, algorithm, source; 5 end; 6 failure; 7 other).
+# Byte 0 odd: the sender — algorithm, entries, answer count, answers, then verdicts.
+# Numbers: below 128 as they are, from 128 an extreme (140 = 2^63, 143 = 2^64 - 1).
+def session_file(name, size, nest=(0,)):
+    return bytes([0, name, *nest, 1, size, 0])
+
+
+write("session", "one-file", bytes([0, 0, 0, 1, 1]) + session_file(0, 5) + bytes([0])
+      + bytes([0, 0, 0, 4, 1]) + bytes([3, 0, 0, 0, 0, 1]))
+write("session", "tree", bytes([0, 1, 0, 0, 3]) + bytes([1, 2, 0, 0]) + session_file(3, 10, (1, 0))
+      + bytes([2, 7, 0, 0, 0]) + bytes([0]) + bytes([0, 1, 0, 9, 0]) + bytes([3, 1, 0, 0, 0, 0]))
+write("session", "two-files-of-2to63", bytes([0, 0, 0, 1, 2]) + session_file(0, 140) + session_file(1, 140) + bytes([0]))
+write("session", "resume", bytes([0, 0, 0, 1, 1]) + session_file(0, 100) + bytes([4, 40])
+      + bytes([0, 0, 0, 47, 1]) + bytes([0, 0, 0, 11, 1]) + bytes([3, 0, 0, 0, 0, 1]))
+write("session", "restart-from-0", bytes([0, 0, 0, 0, 1]) + session_file(0, 60) + bytes([4, 40])
+      + bytes([0, 0, 200, 0, 39, 0]) + bytes([0, 0, 0, 19, 0]) + bytes([3, 0, 0, 0, 0, 0]))
+write("session", "sender", bytes([1, 0, 1]) + session_file(0, 5) + bytes([1, 0, 0]) + bytes([0, 0]) + bytes([0, 2, 1, 0]))
+write("session", "sender-hostile-complete", bytes([1, 1, 2]) + session_file(0, 5) + session_file(1, 140) + bytes([1, 0, 0, 2, 5])
+      + bytes([0, 0]) + bytes([0, 2, 143, 143]))

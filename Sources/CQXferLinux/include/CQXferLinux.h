@@ -100,4 +100,8 @@ static inline int cqxfer_opt_tcp_notsent_lowat(void) { return 25; }
 /// Caps glibc's malloc arenas (`mallopt(M_ARENA_MAX, count)`); 1 on success.
 static inline int cqxfer_limit_malloc_arenas(int count) { return mallopt(M_ARENA_MAX, count); }
 
+/// Frees the blocks of `[offset, offset + length)` of a file and keeps its size
+/// (`fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`, a GNU extension); 0 on success.
+int cqxfer_punch_hole(int fd, int64_t offset, int64_t length);
+
 #endif

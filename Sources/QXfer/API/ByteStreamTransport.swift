@@ -26,9 +26,13 @@ protocol ByteStreamTransport: Sendable {
     func metrics() async -> ConnectionMetrics
     /// A TLS exporter value of the connection (RFC 8446 section 7.5).
     func exportKeyingMaterial(label: String, context: [UInt8], length: Int) async throws -> [UInt8]
+    /// Whether the peer has closed the connection or finished sending, seen without reading.
+    var hasEnded: Bool { get async }
 }
 
 extension ByteStreamTransport {
+    var hasEnded: Bool { get async { false } }
+
     func exportKeyingMaterial(label: String, context: [UInt8], length: Int) async throws -> [UInt8] {
         throw QXferError(.unsupported, "this transport offers no TLS exporter")
     }

@@ -44,7 +44,7 @@ public struct PeerIdentity: Sendable, Hashable {
 }
 
 /// Why a peer was admitted.
-public enum TrustDecision: Sendable, Hashable {
+public enum TrustDecision: Sendable, Hashable, CustomStringConvertible {
     /// Its fingerprint matched the one pinned explicitly.
     case pinned
     /// Its fingerprint matched the known-hosts entry.
@@ -58,4 +58,16 @@ public enum TrustDecision: Sendable, Hashable {
     /// Not authenticated (`PeerTrust.anyCertificate`, or a client admitted without a
     /// required certificate); the channel is encrypted nonetheless.
     case unauthenticated
+
+    /// For logs: "known host", "first use (recorded in …)".
+    public var description: String {
+        switch self {
+        case .pinned: "pinned fingerprint"
+        case .knownHost: "known host"
+        case .firstUse(let file): "first use (recorded in \(file))"
+        case .allowListed: "allow-listed"
+        case .paired(let name): "paired device '\(name)'"
+        case .unauthenticated: "unauthenticated"
+        }
+    }
 }

@@ -14,7 +14,7 @@ enum FrameLength {
         }
         let length = field.reduce(0) { $0 << 8 | Int($1) }
         guard length <= limit else {
-            throw QXferError(.malformedMessage, "the peer sent a \(length)-byte message; the limit is \(limit) bytes")
+            throw QXferError(.messageTooLarge, "the peer sent a \(length)-byte message; the limit is \(limit) bytes")
         }
         return length
     }

@@ -5,7 +5,9 @@ import NIOFoundationCompat
 /// Type-length-value framing over a byte stream: each message carries a 32-bit type.
 ///
 /// On the wire: type (UInt32, big-endian), length (UInt32, big-endian), then `length` bytes.
-/// A length above ``maximumMessageSize`` fails the connection before anything is allocated.
+/// A length above ``maximumMessageSize`` fails the receive with
+/// ``QXferError/Code/messageTooLarge`` before anything is allocated; the connection is left
+/// open for the application to tell its peer why, then close.
 ///
 /// ```swift
 /// let connection = NetworkConnection(to: peer) { TLV { TLS() } }
@@ -76,13 +78,8 @@ extension NetworkConnection {
         } catch let error as QXferError where error.code == .endOfStream {
             return nil
         }
-        let length: Int
-        do {
-            length = try FrameLength.body(in: header.readableBytesView, at: lengthOffset, limit: limit)
-        } catch {
-            cancel()
-            throw error
-        }
+        // A length past the limit: the body is not read, and the caller ends the connection.
+        let length = try FrameLength.body(in: header.readableBytesView, at: lengthOffset, limit: limit)
         if length == 0 { return (header, ByteBuffer()) }
         do {
             let body = try await receiveBuffer(atLeast: length, atMost: length).0

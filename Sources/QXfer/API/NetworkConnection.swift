@@ -1,7 +1,6 @@
 import Foundation
 import NIOCore
 import NIOFoundationCompat
-import Synchronization
 
 /// A connection to one peer, over the stack its declaration names.
 ///
@@ -20,7 +19,7 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
     /// The stack and parameters it was created with.
     public let parameters: NetworkParameters<Stack>
 
-    private let machine: Mutex<Machine>
+    private let machine: Locked<Machine>
     let inbound = InboundBuffer()
 
     /// Creates a connection described by a stack declaration; nothing happens until first use.
@@ -32,7 +31,7 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
     public init(to endpoint: Endpoint, using parameters: NetworkParameters<Stack>) {
         self.endpoint = endpoint
         self.parameters = parameters
-        self.machine = Mutex(Machine())
+        self.machine = Locked(Machine())
     }
 
     /// Wraps a connection a listener accepted; it is ready at once.
@@ -42,7 +41,7 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
         var machine = Machine()
         machine.phase = .ready(transport)
         machine.state = .ready
-        self.machine = Mutex(machine)
+        self.machine = Locked(machine)
     }
 
     deinit {
@@ -84,6 +83,15 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
         get async {
             guard case .ready(let transport) = machine.withLock({ $0.phase }) else { return ConnectionMetrics() }
             return await transport.metrics()
+        }
+    }
+
+    /// Whether the peer has gone (closed the connection or finished sending), seen without
+    /// reading: a receiver asking its user about an offer withdraws the question then.
+    public var peerHasEnded: Bool {
+        get async {
+            guard case .ready(let transport) = machine.withLock({ $0.phase }) else { return currentState?.isFinal ?? false }
+            return await transport.hasEnded
         }
     }
 

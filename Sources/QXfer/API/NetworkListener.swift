@@ -3,7 +3,6 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 import QUICEngine
-import Synchronization
 
 /// Accepts connections on a port and runs each in its own child task.
 ///
@@ -29,7 +28,7 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
     /// address with a Retry round trip (RFC 9000 section 8.1.2). 0 validates every client.
     let retryAbovePendingHandshakes: Int
 
-    private let bound = Mutex<BoundState>(.unbound([]))
+    private let bound = Locked<BoundState>(.unbound([]))
     private static var logger: Logger { Logger(label: "qxfer.listener") }
 
     private enum BoundState {
@@ -103,6 +102,7 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
                     quic, identity: identity, parameters: parameters, verifier: verifier, isServer: true, resetSecret: secret)
                 return (configuration, verifier)
             }
+            let template = makeConfiguration().0
             let server = QUICSocketHandler.Server(
                 makeConfiguration: makeConfiguration,
                 acceptedProtocols: quic.applicationProtocols,
@@ -120,7 +120,8 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
                     }
                 },
                 statelessResetSecret: secret,
-                connectionIDLength: makeConfiguration().0.connectionIDLength,
+                connectionIDLength: template.connectionIDLength,
+                connectionIDPrefix: template.connectionIDPrefix,
                 retryAbovePendingHandshakes: retryAbovePendingHandshakes)
             let trafficClass = parameters.serviceClass.trafficClass
             let bootstrap = DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)

@@ -27,6 +27,10 @@ public struct QXferError: Error, Hashable, CustomStringConvertible, Sendable {
         public static let endOfStream = Code("end-of-stream")
         /// A frame or message from the peer is malformed or exceeds a limit.
         public static let malformedMessage = Code("malformed-message")
+        /// A frame header from the peer announces a body longer than the framer's limit. The
+        /// connection stays open (the peer's protocol may have a way to say why it ends), but
+        /// its byte stream is out of step: the caller ends it.
+        public static let messageTooLarge = Code("message-too-large")
         /// The connection was closed by an error on the path or by the peer.
         public static let connectionClosed = Code("connection-closed")
         /// Nothing was sent or received for longer than the idle timeout.

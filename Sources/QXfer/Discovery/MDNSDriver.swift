@@ -45,8 +45,16 @@ final class MDNSDriver<Machine: MDNSStateMachine> {
             return
         }
         guard let source = Self.source(envelope.remoteAddress, interfaceIndex: interfaceIndex) else { return }
+        Self.logger.debug("mDNS from \(envelope.remoteAddress): \(Self.summary(of: message))")
         machine.receive(message, from: source, now: .now())
         afterInput()
+    }
+
+    /// "query _qxfer._udp.local PTR" or "response: name TYPE, …", for the -vv log.
+    static func summary(of message: DNSMessage) -> String {
+        let questions = message.questions.map { "\($0.name) \($0.type)" }
+        let records = (message.answers + message.additionals).map { "\($0.name) \($0.type)" }
+        return message.isResponse ? "response: " + records.joined(separator: ", ") : "query " + (questions + records.map { "known " + $0 }).joined(separator: ", ")
     }
 
     /// Lets the machine say its last words (goodbyes), sends them, then closes every socket.
@@ -105,6 +113,7 @@ final class MDNSDriver<Machine: MDNSStateMachine> {
                     destination = Self.address(address, port: port, scope: outgoing.interfaceIndex)
                 }
                 guard let destination else { continue }
+                Self.logger.debug("mDNS to \(destination): \(Self.summary(of: outgoing.message))")
                 let envelope = AddressedEnvelope(remoteAddress: destination, data: entry.channel.allocator.buffer(bytes: bytes))
                 let promise = eventLoop.makePromise(of: Void.self)
                 entry.channel.writeAndFlush(envelope, promise: promise)

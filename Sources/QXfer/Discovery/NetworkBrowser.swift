@@ -1,4 +1,3 @@
-import Synchronization
 
 /// Finds services on the local network with DNS-SD over multicast DNS (RFC 6762, RFC 6763).
 ///
@@ -140,7 +139,7 @@ public struct NetworkBrowser: Sendable {
 
     /// What the browsing task has seen, for the timer task to judge.
     private final class ResolveProgress: Sendable {
-        let state = Mutex<(endpoints: [Endpoint], firstAt: ContinuousClock.Instant?)>(([], nil))
+        let state = Locked<(endpoints: [Endpoint], firstAt: ContinuousClock.Instant?)>(([], nil))
         func withLock<T: Sendable>(_ body: (inout (endpoints: [Endpoint], firstAt: ContinuousClock.Instant?)) -> T) -> T {
             state.withLock { body(&$0) }
         }

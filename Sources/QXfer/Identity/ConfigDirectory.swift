@@ -1,4 +1,5 @@
 import Foundation
+import SafeOutput
 
 /// The folder that holds a host's identity, its known hosts and its paired devices.
 ///
@@ -38,27 +39,14 @@ public struct ConfigDirectory: Sendable, Hashable {
 /// Small file helpers with the permissions and atomicity the trust files need.
 enum SecureFile {
     /// Writes `contents` to `path` with mode 0600: a temporary file, fsync, then rename,
-    /// so a crash never leaves a half-written identity or trust file.
+    /// so a crash never leaves a half-written identity or trust file. A symlinked file is
+    /// replaced where the link points; a device, pipe or folder at the path is refused, never
+    /// replaced.
     static func writeAtomically(_ contents: [UInt8], to path: String) throws {
-        let temporary = path + ".tmp-\(getpid())"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw posixError("cannot create \(temporary)") }
-        defer { close(fd) }
-        var written = 0
-        while written < contents.count {
-            let n = contents.withUnsafeBytes { write(fd, $0.baseAddress! + written, $0.count - written) }
-            if n < 0 {
-                if errno == EINTR { continue }
-                let error = posixError("cannot write \(temporary)")
-                unlink(temporary)
-                throw error
-            }
-            written += n
-        }
-        guard fsync(fd) == 0, rename(temporary, path) == 0 else {
-            let error = posixError("cannot save \(path)")
-            unlink(temporary)
-            throw error
+        do {
+            try OutputFile.replaceContents(of: path, with: contents, permissions: 0o600, allowsDirectWrites: false)
+        } catch {
+            throw QXferError(.identity, error.message)
         }
     }
 
@@ -66,6 +54,10 @@ enum SecureFile {
     static func readPrivate(_ path: String) throws -> [UInt8] {
         var info = stat()
         guard stat(path, &info) == 0 else { throw posixError("cannot read \(path)") }
+        // A pipe would block the read forever, a device is no place for trust records.
+        guard info.st_mode & S_IFMT == S_IFREG else {
+            throw QXferError(.identity, "\(path) is not a regular file; qxfer keeps its configuration in regular files")
+        }
         let mode = info.st_mode & 0o777
         if mode & 0o077 != 0 {
             throw QXferError(

@@ -60,9 +60,14 @@ public struct KnownHosts: Sendable, Hashable {
     /// processes never interleave partial lines.
     public func add(_ key: String, _ fingerprint: Fingerprint) throws {
         try ConfigDirectory(path: (path as NSString).deletingLastPathComponent).create()
-        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        // O_NONBLOCK: a pipe put at this path must not hang the connection; it is refused below.
+        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NONBLOCK | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw SecureFile.posixError("cannot open \(path)") }
         defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+            throw QXferError(.identity, "\(path) is not a regular file; qxfer keeps its configuration in regular files")
+        }
         let line = Array("\(key) \(fingerprint)\n".utf8)
         let written = line.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         guard written == line.count, fsync(fd) == 0 else { throw SecureFile.posixError("cannot write \(path)") }

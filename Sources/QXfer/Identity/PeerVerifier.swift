@@ -1,12 +1,11 @@
 import NIOCore
 import NIOSSL
-import Synchronization
 
 /// Decides, during the handshake, whether the peer's certificate is trusted, and remembers
 /// why, so a refusal surfaces as a precise ``QXferError`` instead of a TLS alert code.
 ///
 /// Runs on the event loop inside swift-nio-ssl's custom verification callback (TLS) or the
-/// engine's GnuTLS callback (QUIC); the Mutex only hands the outcome to the task that awaits
+/// engine's GnuTLS callback (QUIC); the lock only hands the outcome to the task that awaits
 /// the handshake.
 final class PeerVerifier: Sendable {
     enum Role: Sendable {
@@ -25,7 +24,7 @@ final class PeerVerifier: Sendable {
     }
 
     let role: Role
-    private let outcome = Mutex(Outcome())
+    private let outcome = Locked(Outcome())
 
     init(_ role: Role) { self.role = role }
 

@@ -57,6 +57,13 @@ final class QUICStreamTransport: ByteStreamTransport {
         return (try? await eventLoop.submit { driver.value.metrics }.get()) ?? ConnectionMetrics()
     }
 
+    var hasEnded: Bool {
+        get async {
+            let driver = self.driver
+            return (try? await eventLoop.submit { driver.value.closeError != nil }.get()) ?? true
+        }
+    }
+
     var multiplexer: (any StreamMultiplexer)? { QUICMultiplexer(driver: driver, peer: peer) }
 
     func exportKeyingMaterial(label: String, context: [UInt8], length: Int) async throws -> [UInt8] {
@@ -190,8 +197,19 @@ enum QUICTransport {
             configuration.keepAliveInterval = .seconds(10)
         }
         if parameters.performanceMode == .bulk { configuration.applyBulkTransferLimits() }
-        if let resetSecret { configuration.statelessResetSecret = resetSecret }
+        if let resetSecret {
+            configuration.statelessResetSecret = resetSecret
+            if isServer { configuration.connectionIDPrefix = connectionIDPrefix(resetSecret: resetSecret) }
+        }
         return configuration
+    }
+
+    /// The two bytes a listener's connection IDs begin with (``QUICSocketFilter``): derived from
+    /// the identity's reset secret, so a restarted receiver still recognizes, and resets, the
+    /// connections of its previous run; one-way, so they reveal nothing of the secret.
+    static func connectionIDPrefix(resetSecret: [UInt8]) -> [UInt8] {
+        let label = QUICConnectionID(Array("qxfer/1 connection-ID prefix".utf8.prefix(20)))!
+        return Array(QUICStatelessReset.token(secret: resetSecret, connectionID: label).prefix(2))
     }
 
     /// Socket options for a QUIC UDP socket: big buffers, GRO, vectored reads, DSCP.
@@ -258,6 +276,7 @@ enum QUICTransport {
                 let address = addresses[next]
                 next += 1
                 running += 1
+                logger.info("QUIC handshake with \(endpoint) at \(address)")
                 group.addTask {
                     let verifier = PeerVerifier(.client(trust, hostKey: hostKey))
                     return (try await attempt(address, quic: quic, identity: identity, parameters: parameters, verifier: verifier, timeout: timeout), verifier)
@@ -290,6 +309,7 @@ enum QUICTransport {
             throw lastError ?? QXferError(.connectFailed, "cannot connect to \(endpoint)")
         }
         let (transport, verifier) = winner
+        logger.info("QUIC handshake with \(endpoint) done: ALPN \(transport.peer.applicationProtocol), peer \(transport.peer.fingerprint?.description ?? "-") trusted as \(transport.peer.trust)")
         if let (file, key) = verifier.result.pendingFirstUse, let fingerprint = transport.peer.fingerprint {
             do {
                 try file.add(key, fingerprint)
@@ -341,6 +361,10 @@ enum QUICTransport {
             channel.close(promise: nil)
             if let failure = verifier.result.failure { throw failure }
             if Task.isCancelled { throw CancellationError() }
+            if let reason = noRoute(to: remote) {
+                let address = Endpoint.hostPort(host: remote.ipAddress ?? "?", port: UInt16(remote.port ?? 0))
+                throw QXferError(.connectFailed, "cannot reach \(address): \(reason)", underlying: error)
+            }
             throw (error as? QXferError) ?? QUICErrors.describe(error)
         }
         if Task.isCancelled {
@@ -356,6 +380,16 @@ enum QUICTransport {
         let outcome = verifier.result
         let peer = PeerIdentity(fingerprint: outcome.fingerprint, trust: outcome.trust, applicationProtocol: alpn)
         return QUICStreamTransport(driver: driver, stream: channel.eventLoop.makeSucceededFuture(stream), peer: peer)
+    }
+
+    /// Why the kernel has no route to `remote` ("Network is unreachable"), or nil if it has one:
+    /// a failed send closes the socket, and the reason is worth more than "socket closed".
+    static func noRoute(to remote: SocketAddress) -> String? {
+        let descriptor = socket(Int32(remote.protocol.rawValue), Int32(SOCK_DGRAM.rawValue), 0)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        let failed = remote.withSockAddr { Glibc.connect(descriptor, $0, socklen_t($1)) } != 0
+        return failed && [ENETUNREACH, EHOSTUNREACH, EADDRNOTAVAIL].contains(errno) ? String(cString: strerror(errno)) : nil
     }
 
     /// Resolves a host name into addresses ordered for racing: IPv6 and IPv4 alternating,

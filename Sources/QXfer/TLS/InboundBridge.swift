@@ -23,6 +23,8 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     /// The first error the pipeline reported (a TLS alert from the peer, typically): more
     /// telling than the "channel closed" a concurrent write sees.
     private(set) var firstError: (any Error)?
+    /// Whether the peer finished sending or the channel closed.
+    var hasEnded: Bool { end != nil }
 
     init(highWatermark: Int = 1 << 20) {
         self.highWatermark = highWatermark

@@ -3,7 +3,6 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 import NIOTLS
-import Synchronization
 
 /// The TCP+TLS stack: a TLS 1.3 channel from swift-nio-ssl, seen as a ``ByteStreamTransport``.
 ///
@@ -16,7 +15,7 @@ final class TLSByteStream: ByteStreamTransport {
     let bridge: NIOLoopBound<InboundBridge>
     /// The connection's exporter; nil if its secret was not captured (a child connection).
     let exporter: TLSExporter?
-    private let link = Mutex<(session: TLSSession, isChild: Bool)?>(nil)
+    private let link = Locked<(session: TLSSession, isChild: Bool)?>(nil)
 
     init(channel: any Channel, bridge: NIOLoopBound<InboundBridge>, peer: PeerIdentity, exporter: TLSExporter?) {
         self.channel = channel
@@ -112,6 +111,13 @@ final class TLSByteStream: ByteStreamTransport {
         await SocketTuning.metrics(of: channel)
     }
 
+    var hasEnded: Bool {
+        get async {
+            let bridge = self.bridge
+            return (try? await channel.eventLoop.submit { bridge.value.hasEnded }.get()) ?? true
+        }
+    }
+
     /// Turns a channel error into a one-line ``QXferError``, preferring the reason the bridge
     /// recorded when it closed the channel itself.
     private func explain(_ error: any Error) async -> QXferError {
@@ -166,7 +172,9 @@ extension TLSByteStream {
         } catch {
             throw QXferError(.connectFailed, "cannot connect to \(endpoint): \(ChannelErrors.reason(error))", underlying: error)
         }
+        logger.info("TCP connected to \(endpoint) at \(setup.channel.remoteAddress?.description ?? "?"); TLS handshake")
         let stream = try await setup.finishHandshake(verifier: verifier, peerName: endpoint.description, timeout: timeout)
+        logger.info("TLS 1.3 handshake with \(endpoint) done: ALPN \(stream.peer.applicationProtocol), peer \(stream.peer.fingerprint?.description ?? "-") trusted as \(stream.peer.trust)")
         // Record a first contact only now that the handshake, ALPN included, has succeeded.
         if let (file, key) = verifier.result.pendingFirstUse, let fingerprint = stream.peer.fingerprint {
             do {

@@ -1,7 +1,6 @@
 import Crypto
 import NIOCore
 import NIOSSL
-import Synchronization
 
 /// TLS 1.3 exporter values (RFC 8446 section 7.5) for the TCP+TLS stack.
 ///
@@ -15,7 +14,7 @@ final class ExporterSecrets: Sendable {
     /// Secrets by client random, waiting for their connection to take them. A connection whose
     /// handshake fails after the secret was logged removes its entry when it closes; the bound
     /// guards against anything else.
-    private let waiting = Mutex<[[UInt8]: [UInt8]]>([:])
+    private let waiting = Locked<[[UInt8]: [UInt8]]>([:])
     private static let bound = 4096
 
     /// The callback for `TLSConfiguration.keyLogCallback`.

@@ -1,7 +1,6 @@
 import NIOCore
 import NIOPosix
 import NIOSSL
-import Synchronization
 
 /// The wire format of TCP+TLS child connections: how QUIC's extra streams and datagrams
 /// degrade on a stack that has one ordered byte stream per connection (docs/PROTOCOL.md §8).
@@ -62,7 +61,7 @@ final class TLSChildConnector: Sendable {
     let timeout: Duration
     /// The children's TLS context, made on first use and shared: loading the key per stream
     /// would cost more than the handshake.
-    private let context = Mutex<NIOSSLContext?>(nil)
+    private let context = Locked<NIOSSLContext?>(nil)
 
     init(
         address: SocketAddress, identity: HostIdentity, tls: TLS, settings: SocketTuning.Settings, idle: Duration?,
@@ -159,7 +158,7 @@ final class TLSChildConnector: Sendable {
 
 /// The parent connections of one TLS listener, by token, so child connections find theirs.
 final class TLSSessionRegistry: Sendable {
-    private let sessions = Mutex<[[UInt8]: TLSSession]>([:])
+    private let sessions = Locked<[[UInt8]: TLSSession]>([:])
 
     func register(_ session: TLSSession) {
         sessions.withLock { $0[session.token] = session }
@@ -237,7 +236,7 @@ final class TLSSession: StreamMultiplexer {
     /// The parent's peer; every child must present the same certificate.
     let peer: PeerIdentity
     private let inbox = DatagramInbox()
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     private struct State {
         var closed = false
@@ -549,7 +548,7 @@ final class DatagramInbox: Sendable {
         var attached = false
         var waiter: CheckedContinuation<ByteBuffer?, any Error>?
     }
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     /// Whether a carrier's bytes come here (it may have ended since).
     var isAttached: Bool { state.withLock { $0.attached } }

@@ -1,5 +1,4 @@
 internal import CXXHash
-internal import Crypto
 
 /// A streaming hash: feed bytes in any pieces, read the digest at any point without ending
 /// the stream (the digest of everything fed so far).
@@ -65,23 +64,6 @@ public final class XXH3Hasher: StreamingHasher {
     /// The 64-bit XXH3 of a byte string, for short derived names.
     static func hash64(_ bytes: [UInt8]) -> UInt64 {
         bytes.withUnsafeBytes { XXH3_64bits($0.baseAddress, $0.count) }
-    }
-}
-
-/// SHA-256 over swift-crypto; the digest is what `sha256sum` prints.
-public final class SHA256Hasher: StreamingHasher {
-    private var hash = SHA256()
-
-    public init() {}
-
-    public var algorithm: DigestAlgorithm { .sha256 }
-
-    public func update(_ bytes: UnsafeRawBufferPointer) {
-        hash.update(bufferPointer: bytes)
-    }
-
-    public func digest() -> [UInt8] {
-        Array(hash.finalize())  // finalize works on a copy: the stream continues
     }
 }
 

@@ -82,13 +82,20 @@ public final class TargetDirectory {
 
     /// Opens a file `name` in `parent` without following a symlink.
     func openFile(_ name: String, in parent: Descriptor, flags: Int32, mode: mode_t = 0o600, shown: String) throws(TransferError) -> Descriptor {
-        let fd = openat(parent.fd, name, flags | O_NOFOLLOW | O_CLOEXEC, mode)
+        // O_NONBLOCK: opening a named pipe put at this name must not wait for a peer; it is
+        // refused below like any other non-file (a partial or journal is only ever a file).
+        let fd = openat(parent.fd, name, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, mode)
         guard fd >= 0 else {
             let err = errno
             if err == ELOOP { throw TransferError(.unsafePath, "'\(shown)' is a symlink; not following it") }
             throw TransferError.posix("cannot open", shown, errno: err)
         }
-        return Descriptor(fd)
+        let file = Descriptor(fd)
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+            throw TransferError(.exists, "'\(shown)': '\(name)' is not a regular file; not writing into it")
+        }
+        return file
     }
 
     /// Opens the file at `path` for reading, never through a symlink.
@@ -105,11 +112,21 @@ public final class TargetDirectory {
         if symlinkat(target, parent.fd, path.name) != 0 {
             let err = errno
             guard err == EEXIST else { throw TransferError.posix("cannot create symlink", path.description, errno: err) }
-            var buffer = [CChar](repeating: 0, count: ProtocolLimits.maximumLinkTargetLength + 2)
-            let n = readlinkat(parent.fd, path.name, &buffer, buffer.count - 1)
-            let existing = n >= 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : nil
-            guard existing == target else { throw TransferError(.exists, "'\(path)' exists and is not the same symlink") }
+            guard linkTarget(of: path.name, in: parent) == target else { throw TransferError(.exists, "'\(path)' exists and is not the same symlink") }
         }
+    }
+
+    /// The target of the symlink at `path`, or nil if there is none (or it cannot be read).
+    public func linkTarget(of path: SafePath) -> String? {
+        guard let parent = try? openParent(of: path, create: false) else { return nil }
+        return linkTarget(of: path.name, in: parent)
+    }
+
+    private func linkTarget(of name: String, in parent: Descriptor) -> String? {
+        var buffer = [CChar](repeating: 0, count: ProtocolLimits.maximumLinkTargetLength + 2)
+        let n = readlinkat(parent.fd, name, &buffer, buffer.count - 1)
+        guard n >= 0 else { return nil }
+        return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// What is at a name, without following symlinks.

@@ -1,9 +1,8 @@
-import QXfer
-
 /// The receiver's state after it accepted an offer, sans-IO: it takes the messages of the
 /// control and data streams one at a time and returns the reply to send, writing the files
 /// through its ``FileStore``. Every rule of docs/PROTOCOL.md §1 and §3.3–3.5 about which
-/// message may come when is checked here; a breach is a `protocol-violation`.
+/// message may come when is checked here; a breach is a `protocol-violation`. Every number a
+/// message carries is checked before it is used as an index, an offset or a count.
 struct ReceivingSession {
     private let offer: Offer
     private let paths: [SafePath]
@@ -20,6 +19,9 @@ struct ReceivingSession {
 
     private(set) var summary: TransferSummary
     private(set) var bytesToReceive: UInt64 = 0
+    /// Bytes the sender hashes before the first message of a file (a resumed prefix, a
+    /// present file), for files that have not had one yet.
+    private var bytesToHashFirst: UInt64 = 0
 
     private enum PendingFile {
         case receive(FileTarget, ResumePoint, FileWriter?)
@@ -42,6 +44,10 @@ struct ReceivingSession {
     /// Bytes the receiver held already from earlier attempts (resume).
     var resumedBytes: UInt64 { summary.resumedBytes }
 
+    /// How long the sender may stay silent on top of the idle timeout: the time to hash what
+    /// it must hash before its next messages, at 16 MiB/s (docs/PROTOCOL.md §1, "Timeouts").
+    var hashingAllowance: Duration { .seconds(min(bytesToHashFirst / (16 << 20), 86_400)) }
+
     /// Records an entry that cannot be taken.
     mutating func fail(_ entry: UInt32, _ error: TransferError) {
         summary.failures.append((paths[Int(entry)].description, error))
@@ -56,10 +62,13 @@ struct ReceivingSession {
                 treeEntries.append(index)
             case .receive(let target, let resume):
                 pending[UInt32(index)] = .receive(target, resume, nil)
-                bytesToReceive += (target.size ?? 0) - resume.offset
-                summary.resumedBytes += resume.offset
+                // The planner checked offset <= size and that the sizes add up within 64 bits.
+                bytesToReceive = bytesToReceive.saturatingAdd((target.size ?? 0).saturatingSubtract(resume.offset))
+                summary.resumedBytes = summary.resumedBytes.saturatingAdd(resume.offset)
+                bytesToHashFirst = bytesToHashFirst.saturatingAdd(resume.offset)
             case .present(let target, let digest):
                 pending[UInt32(index)] = .present(target, digest: digest)
+                bytesToHashFirst = bytesToHashFirst.saturatingAdd(target.size ?? 0)
             case .skip(let error):
                 fail(UInt32(index), error)
             }
@@ -70,9 +79,11 @@ struct ReceivingSession {
     mutating func handle(_ event: InboundFunnel.Event, from source: InboundFunnel.Source, usesStreams: Bool) throws -> Message? {
         switch event {
         case .failed(let error):
-            // A data stream reset or a connection lost mid-file: the partials stay resumable.
-            guard let lost = error as? QXferError else { throw error }
-            throw TransferError(.cancelled, "the sender stopped with \(unfinished) unfinished (\(lost.message)); the same send resumes them")
+            // Our own verdicts (a message that does not decode, a timeout, a take-over) as they
+            // are; anything else is the network: a data stream reset or a connection lost
+            // mid-file, and the partials stay resumable.
+            if error is TransferError || error is CancellationError { throw error }
+            throw TransferError(.cancelled, "the sender stopped with \(unfinished) unfinished (\(error)); the same send resumes them")
         case .ended:
             if source == .control {
                 throw TransferError(.cancelled, "the sender stopped with \(unfinished) unfinished (it closed the connection); the same send resumes them")
@@ -125,17 +136,20 @@ struct ReceivingSession {
         try writer!.write(data.bytes, at: data.offset)
         pending[data.entry] = .receive(target, resume, writer)
         progress.add(transferred: data.bytes.count)
-        summary.transferredBytes += UInt64(data.bytes.count)
+        summary.transferredBytes = summary.transferredBytes.saturatingAdd(UInt64(data.bytes.count))
     }
 
     /// The first chunk starts where the receiver asked, or at 0 when the sender's data differs
-    /// from the held prefix (then what was held is discarded).
-    private func open(_ target: FileTarget, _ resume: ResumePoint, startingAt offset: UInt64) throws -> FileWriter {
+    /// from the held prefix (then what was held is discarded, and no longer counts as resumed).
+    private mutating func open(_ target: FileTarget, _ resume: ResumePoint, startingAt offset: UInt64) throws -> FileWriter {
         let writer: FileWriter
+        bytesToHashFirst = bytesToHashFirst.saturatingSubtract(resume.offset)
         if offset == resume.offset {
             writer = try store.openWriter(for: target, resumingAt: resume)
         } else if offset == 0 {
             writer = try store.openWriter(for: target)
+            summary.resumedBytes = summary.resumedBytes.saturatingSubtract(resume.offset)
+            progress.unresume(resume.offset)
         } else {
             throw TransferError(.protocolViolation, "'\(target.path)' starts at offset \(offset); expected \(resume.offset) or 0")
         }
@@ -150,7 +164,8 @@ struct ReceivingSession {
         let shown = paths[Int(done.entry)].description
         let outcome: Result<Void, TransferError>
         switch pending.removeValue(forKey: done.entry)! {
-        case .present(_, let digest):
+        case .present(let target, let digest):
+            bytesToHashFirst = bytesToHashFirst.saturatingSubtract(target.size ?? 0)
             outcome = done.digest == digest
                 ? .success(())
                 : .failure(TransferError(.exists, "'\(shown)' exists with the same size but other content; not overwriting it"))
@@ -158,6 +173,8 @@ struct ReceivingSession {
             do {
                 // A file with no FileData: empty, or already complete from an earlier attempt.
                 let writer = try writer ?? open(target, resume, startingAt: done.size == resume.offset ? resume.offset : 0)
+                // A size other than the offered one fails this file alone (its partial is
+                // discarded): the other files go on.
                 try writer.finish(size: done.size, digest: done.digest)
                 outcome = .success(())
             } catch let error as TransferError where [.digestMismatch, .exists, .io].contains(error.code) {
@@ -178,30 +195,38 @@ struct ReceivingSession {
 
     /// After the last file: symlinks, then the modes and times of directories, deepest first
     /// (writing inside a directory changes its time), then every rename made durable. Returns
-    /// the Complete message, which the sender takes as "all of it is on disk".
-    mutating func finishTree() throws(TransferError) -> Complete {
-        for index in treeEntries where offer.entries[index].kind == .symlink {
-            let entry = offer.entries[index]
+    /// a Failed message for each folder or symlink that could not be made, then the Complete
+    /// message, which the sender takes as "all of it is on disk". Complete counts every entry
+    /// of the offer once: succeeded + failed = the offer's count.
+    mutating func finishTree() throws(TransferError) -> [Message] {
+        var replies: [Message] = []
+        let (store, paths) = (store, paths)
+        func settle(_ index: Int, _ work: () throws(TransferError) -> Void) {
             do {
-                try store.directory.createSymlink(paths[index], target: entry.linkTarget)
-                try store.directory.setSymlinkTime(paths[index], modificationTime: entry.modificationTime)
+                try work()
                 summary.succeeded += 1
             } catch {
                 fail(UInt32(index), error)
+                replies.append(.failed(EntryFailure(entry: UInt32(index), code: error.code, message: error.message)))
+            }
+        }
+        for index in treeEntries where offer.entries[index].kind == .symlink {
+            let entry = offer.entries[index]
+            settle(index) { () throws(TransferError) in
+                try store.directory.createSymlink(paths[index], target: entry.linkTarget)
+                try store.directory.setSymlinkTime(paths[index], modificationTime: entry.modificationTime)
             }
         }
         let directories = treeEntries.filter { offer.entries[$0].kind == .directory }
         for index in directories.sorted(by: { paths[$0].components.count > paths[$1].components.count }) {
             let entry = offer.entries[index]
-            do {
+            settle(index) { () throws(TransferError) in
                 try store.directory.setDirectoryAttributes(paths[index], mode: entry.mode, modificationTime: entry.modificationTime)
-                summary.succeeded += 1
-            } catch {
-                fail(UInt32(index), error)
             }
         }
         try store.syncDirectories()
-        return Complete(succeeded: UInt32(summary.succeeded), failed: UInt32(summary.failures.count))
+        replies.append(.complete(Complete(succeeded: UInt32(clamping: summary.succeeded), failed: UInt32(clamping: summary.failures.count))))
+        return replies
     }
 
     /// Keeps what was written of unfinished files, checkpointed, for a later resume.

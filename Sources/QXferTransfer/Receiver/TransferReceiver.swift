@@ -10,8 +10,9 @@ public struct IncomingOffer: Sendable {
     /// The digest the sender will use.
     public var algorithm: DigestAlgorithm
 
-    /// The bytes of all files of known size.
-    public var totalSize: UInt64 { entries.reduce(0) { $0 + $1.size } }
+    /// The bytes of all files of known size (UInt64.max when they add up to more: such an
+    /// offer is declined).
+    public var totalSize: UInt64 { OfferPlanner.totalSize(of: entries) ?? .max }
     /// Whether a file of unknown size (a stream) is included.
     public var hasSizeUnknown: Bool { entries.contains { $0.flags.contains(.sizeUnknown) } }
     /// How many files.
@@ -31,6 +32,9 @@ public struct TransferReceiver: Sendable {
     public var maximumEntries: Int
     /// How long the sender has to make its offer after connecting.
     public var offerTimeout: Duration
+    /// How long an accepted transfer waits for the sender's next message before it ends with
+    /// an error and lets go of its partial files (docs/PROTOCOL.md §1, "Timeouts").
+    public var idleTimeout: Duration
     /// Counters and events for a progress display.
     public var progress: TransferProgress
     /// Decides whether to accept an offer (asks the user, or applies a policy).
@@ -41,13 +45,14 @@ public struct TransferReceiver: Sendable {
 
     public init(
         directory: String, overwrite: Bool = false, maximumEntries: Int = ProtocolLimits.maximumEntries,
-        offerTimeout: Duration = .seconds(30), progress: TransferProgress = TransferProgress(),
+        offerTimeout: Duration = .seconds(30), idleTimeout: Duration = .seconds(60), progress: TransferProgress = TransferProgress(),
         confirm: @escaping @Sendable (IncomingOffer) async -> Bool = { _ in true }
     ) {
         self.directory = directory
         self.overwrite = overwrite
         self.maximumEntries = min(maximumEntries, ProtocolLimits.maximumEntries)
         self.offerTimeout = offerTimeout
+        self.idleTimeout = idleTimeout
         self.progress = progress
         self.confirm = confirm
     }
@@ -73,10 +78,11 @@ public struct TransferReceiver: Sendable {
         let paths: [SafePath]
         var plans: [Plan]
         do {
-            paths = try check(offer)
+            let planner = OfferPlanner(maximumEntries: maximumEntries, overwrite: overwrite)
+            paths = try planner.check(offer)
             let files = zip(offer.entries, paths).filter { $0.0.kind == .file }.map { directory + "\u{0}" + $0.1.description }
             await registry.claim(files, for: registration)
-            plans = try plan(offer, paths: paths, store: store)
+            plans = try planner.plan(offer, paths: paths, store: store)
         } catch {
             try await decline(error, on: connection)
         }
@@ -106,8 +112,15 @@ public struct TransferReceiver: Sendable {
         let funnel = InboundFunnel()
         var inbound = funnel.makeIterator()
         let superseded = Locked(false)
+        let watchdog = IdleWatchdog(limit: idleTimeout)
+        watchdog.idle(allowance: session.hashingAllowance)
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await funnel.pump(.control) { try await connection.receiveMessage() } }
+            group.addTask {
+                guard let silence = await watchdog.waitForSilence() else { return }
+                await funnel.interrupt(with: TransferError(
+                    .cancelled, "the sender sent nothing for \(silence.components.seconds) s with files unfinished; their partials are kept for resuming"))
+            }
             group.addTask {
                 for await _ in registration.superseded {
                     superseded.withLock { $0 = true }
@@ -135,12 +148,16 @@ public struct TransferReceiver: Sendable {
                 while !session.isFinished {
                     guard let delivery = await inbound.next() else { break }
                     defer { delivery.handled.resume() }
+                    watchdog.busy()
                     if let reply = try session.handle(delivery.event, from: delivery.source, usesStreams: usesStreams) {
                         try await connection.send(reply)
                     }
+                    watchdog.idle(allowance: session.hashingAllowance)
                 }
-                let complete = try session.finishTree()
-                try await connection.send(.complete(complete))
+                watchdog.stop()
+                for reply in try session.finishTree() {
+                    try await connection.send(reply)
+                }
                 await waitForSenderToClose(&inbound, connection: connection)
                 await close(funnel, &inbound, group: &group, connection: connection, session: &session, registration: registration)
                 return session.summary
@@ -234,71 +251,6 @@ public struct TransferReceiver: Sendable {
         try? await connection.finish()
         throw AlreadyCommunicated(error: error)
     }
-
-    /// Every path safe, no duplicates, nothing under a non-directory of the same offer,
-    /// fields consistent with the kind. One bad entry refuses the whole offer.
-    private func check(_ offer: Offer) throws(TransferError) -> [SafePath] {
-        guard offer.entries.count <= maximumEntries else {
-            throw TransferError(.limitExceeded, "\(offer.entries.count) entries offered; this receiver accepts at most \(maximumEntries)")
-        }
-        var kinds: [SafePath: EntryKind] = [:]
-        var paths: [SafePath] = []
-        paths.reserveCapacity(offer.entries.count)
-        for entry in offer.entries {
-            let path = try SafePath(validating: entry.path)
-            guard kinds[path] == nil else { throw TransferError(.unsafePath, "'\(path)' is offered twice") }
-            for depth in 1..<path.components.count {
-                if let kind = kinds[try SafePath(validating: Array(path.components[0..<depth]))], kind != .directory {
-                    throw TransferError(.unsafePath, "'\(path)' is offered inside '\(path.components[0..<depth].joined(separator: "/"))', which is not a directory")
-                }
-            }
-            switch entry.kind {
-            case .symlink:
-                try path.validateLinkTarget(entry.linkTarget)
-            case .directory, .file:
-                guard entry.linkTarget.isEmpty else { throw TransferError(.malformed, "'\(path)' is not a symlink but has a link target") }
-            }
-            guard entry.kind == .file || entry.size == 0, !entry.flags.contains(.sizeUnknown) || (entry.kind == .file && entry.size == 0) else {
-                throw TransferError(.malformed, "'\(path)' has a size that does not fit its kind")
-            }
-            kinds[path] = entry.kind
-            paths.append(path)
-        }
-        return paths
-    }
-
-    /// What to do with each entry given what is on disk; checks the free space.
-    private func plan(_ offer: Offer, paths: [SafePath], store: FileStore) throws(TransferError) -> [Plan] {
-        var plans: [Plan] = []
-        var needed: UInt64 = 0
-        for (entry, path) in zip(offer.entries, paths) {
-            let state = try store.directory.state(of: path)
-            switch entry.kind {
-            case .directory:
-                plans.append(state == .absent || state == .directory ? .directory : .skip(TransferError(.exists, "'\(path)' exists and is not a directory")))
-            case .symlink:
-                plans.append(state == .absent || state == .symlink ? .symlink : .skip(TransferError(.exists, "'\(path)' exists and is not a symlink")))
-            case .file:
-                let size: UInt64? = entry.flags.contains(.sizeUnknown) ? nil : entry.size
-                let target = FileTarget(path: path, size: size, mode: entry.mode, modificationTime: entry.modificationTime, algorithm: offer.algorithm)
-                let replaceable = if case .regularFile = state { overwrite } else { false }
-                switch state {
-                case .regularFile(let existing) where size == existing && !overwrite:
-                    plans.append(.present(target, digest: try store.digestOfExisting(target)))
-                case _ where state == .absent || replaceable:
-                    let resume = try store.resumeOffset(for: target)
-                    needed += (size ?? 0) - resume.offset
-                    plans.append(.receive(target, resume))
-                case .regularFile:
-                    plans.append(.skip(TransferError(.exists, "'\(path)' exists with another size; not overwriting it")))
-                default:
-                    plans.append(.skip(TransferError(.exists, "'\(path)' exists and is not a regular file")))
-                }
-            }
-        }
-        try store.checkFreeSpace(for: needed)
-        return plans
-    }
 }
 
 /// A transfer that stopped because a newer connection of the same sender took over its files
@@ -307,22 +259,4 @@ public struct TransferSuperseded: Error, CustomStringConvertible, Sendable {
     /// One line for a person.
     public let message: String
     public var description: String { message }
-}
-
-/// What the receiver does with one entry.
-enum Plan {
-    case directory
-    case symlink
-    case receive(FileTarget, ResumePoint)
-    case present(FileTarget, digest: [UInt8])
-    case skip(TransferError)
-
-    var answer: EntryAnswer {
-        switch self {
-        case .directory, .symlink: .sendAll
-        case .receive(_, let resume): EntryAnswer(disposition: .send, offset: resume.offset, prefixDigest: resume.prefixDigest)
-        case .present(_, let digest): EntryAnswer(disposition: .present, prefixDigest: digest)
-        case .skip(let error): EntryAnswer(disposition: .skip, code: error.code.rawValue)
-        }
-    }
 }

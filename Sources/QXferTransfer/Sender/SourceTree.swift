@@ -25,7 +25,7 @@ public struct SourceTree: Sendable {
     public private(set) var skipped: [String] = []
 
     /// The bytes of all files of known size.
-    public var totalSize: UInt64 { entries.reduce(0) { $0 + $1.size } }
+    public var totalSize: UInt64 { entries.reduce(0) { $0.saturatingAdd($1.size) } }  // sparse files may add up past 2^64
 
     public init() {}
 
@@ -72,12 +72,20 @@ public struct SourceTree: Sendable {
         sources.append(source)
     }
 
+    /// A file time in nanoseconds since the epoch, clamped to what Int64 holds (about the years
+    /// 1678 to 2262): a file can carry a time far outside (`touch -d @99999999999`).
+    static func nanoseconds(_ time: timespec) -> Int64 {
+        let (scaled, overflow) = Int64(time.tv_sec).multipliedReportingOverflow(by: 1_000_000_000)
+        if overflow { return time.tv_sec < 0 ? .min : .max }
+        return scaled.addingReportingOverflow(Int64(time.tv_nsec)).overflow ? .max : scaled + Int64(time.tv_nsec)
+    }
+
     private mutating func add(path: String, components: [String], info: stat) throws(TransferError) {
         guard components.count <= ProtocolLimits.maximumDepth else {
             throw TransferError(.limitExceeded, "'\(path)' is nested deeper than \(ProtocolLimits.maximumDepth) levels")
         }
         let mode = UInt32(info.st_mode) & 0o7777
-        let mtime = Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec)
+        let mtime = Self.nanoseconds(info.st_mtim)
         switch info.st_mode & S_IFMT {
         case S_IFREG:
             append(OfferEntry(kind: .file, path: components, size: UInt64(info.st_size), mode: mode, modificationTime: mtime), .file(path: path))

@@ -37,29 +37,11 @@ public struct TransferSender: Sendable {
         progress.report(.offered(entries: offer.entries.count, bytes: tree.totalSize, sizeUnknown: tree.entries.contains { $0.flags.contains(.sizeUnknown) }))
         try await connection.send(.offer(offer))
 
-        let answers = try await receiveAnswers(from: connection)
-        var jobs: [FileJob] = []
-        var failures: [(path: String, error: TransferError)] = []
-        var resumed: UInt64 = 0
-        var toSend: UInt64 = 0
-        for (index, (entry, answer)) in zip(offer.entries, answers).enumerated() {
-            let path = entry.path.joined(separator: "/")
-            switch answer.disposition {
-            case .skip:
-                failures.append((path, TransferError(TransferError.Code(rawValue: answer.code), "the receiver skipped it")))
-            case .send, .present:
-                guard entry.kind == .file else { continue }
-                jobs.append(FileJob(index: UInt32(index), entry: entry, source: tree.sources[index], answer: answer))
-                if answer.disposition == .send {
-                    resumed += answer.offset
-                    toSend += entry.size - answer.offset
-                }
-            }
-        }
-        let skipped = failures
+        var ledger = try SenderLedger(entries: offer.entries, algorithm: algorithm, answers: try await receiveAnswers(from: connection))
+        let jobs = ledger.jobs.map { FileJob(index: $0.index, entry: offer.entries[Int($0.index)], source: tree.sources[Int($0.index)], answer: $0.answer) }
         let present = jobs.count(where: { $0.answer.disposition == .present })
-        progress.report(.accepted(bytes: toSend, resumed: resumed, present: present, skipped: failures.count))
-        for failure in failures { progress.report(.failed(path: failure.path, error: failure.error)) }
+        progress.report(.accepted(bytes: ledger.bytesToSend, resumed: ledger.resumedBytes, present: present, skipped: ledger.failures.count))
+        for failure in ledger.failures { progress.report(.failed(path: failure.path, error: failure.error)) }
 
         let digests = Locked<[UInt32: String]>([:])
         let fileJobs = jobs
@@ -73,8 +55,7 @@ public struct TransferSender: Sendable {
                 }
             }
             // The verdicts come back on the control stream while data still flows.
-            var outcome = Outcome(expected: Set(fileJobs.map(\.index)))
-            var summary = TransferSummary(succeeded: 0, failures: skipped, transferredBytes: 0, resumedBytes: resumed, algorithm: algorithm, digests: [])
+            var summary = TransferSummary(succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: algorithm, digests: [])
             while true {
                 guard let message = try await connection.receiveMessage() else {
                     // The receiver vanished (crashed, killed): a network failure, which a new
@@ -83,24 +64,20 @@ public struct TransferSender: Sendable {
                 }
                 switch message {
                 case .verified(let entry):
-                    try outcome.settle(entry)
-                    let path = offer.entries[Int(entry)].path.joined(separator: "/")
+                    let (path, size) = try ledger.verified(entry)
                     let digest = digests.withLock { $0[entry] } ?? ""
                     summary.digests.append((path, digest))
-                    progress.report(.verified(path: path, size: offer.entries[Int(entry)].size, digest: digest))
+                    progress.report(.verified(path: path, size: size, digest: digest))
                 case .failed(let failure):
-                    try outcome.settle(failure.entry)
-                    let path = offer.entries[Int(failure.entry)].path.joined(separator: "/")
-                    let error = TransferError(failure.code, "the receiver: \(failure.message)")
-                    summary.failures.append((path, error))
+                    let (path, error) = try ledger.failed(failure)
                     progress.report(.failed(path: path, error: error))
                 case .complete(let complete):
-                    guard outcome.expected.isEmpty else {
-                        throw TransferError(.protocolViolation, "the receiver completed with \(outcome.expected.count) files unanswered")
-                    }
+                    summary.succeeded = try ledger.complete(complete)
                     try await group.waitForAll()
-                    summary.succeeded = Int(complete.succeeded)
+                    summary.failures = ledger.failures
                     summary.transferredBytes = progress.transferredBytes
+                    summary.resumedBytes = progress.resumedBytes
+                    // An older receiver counts a folder or symlink it could not make without a Failed.
                     if complete.failed > summary.failures.count {
                         summary.failures.append(("", TransferError(.io, "the receiver reports \(complete.failed) failed entries")))
                     }
@@ -117,24 +94,14 @@ public struct TransferSender: Sendable {
         }
     }
 
-    /// Reads Accept (or Decline) and checks it fits the offer.
+    /// Reads Accept (or Decline).
     private func receiveAnswers<Stack: TLVStack>(from connection: NetworkConnection<Stack>) async throws -> [EntryAnswer] {
         guard let message = try await connection.receiveMessage() else {
             throw TransferError(.refused, "the receiver closed the connection without answering the offer")
         }
         switch message {
         case .accept(let accept):
-            guard accept.answers.count == tree.entries.count else {
-                throw TransferError(.protocolViolation, "the receiver answered \(accept.answers.count) entries of \(tree.entries.count)")
-            }
-            for (entry, answer) in zip(tree.entries, accept.answers) {
-                let offsetFits = answer.offset == 0 || (entry.kind == .file && !entry.flags.contains(.sizeUnknown) && answer.offset <= entry.size)
-                let presentFits = answer.disposition != .present || (entry.kind == .file && !entry.flags.contains(.sizeUnknown))
-                guard offsetFits, presentFits, answer.prefixDigest.isEmpty || answer.prefixDigest.count == algorithm.digestLength else {
-                    throw TransferError(.protocolViolation, "the receiver's answer for '\(entry.path.joined(separator: "/"))' does not fit the offer")
-                }
-            }
-            return accept.answers
+            return accept.answers  // checked by SenderLedger
         case .decline(let refusal):
             throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver declined: \(refusal.message)"))
         case .error(let refusal):
@@ -184,6 +151,7 @@ public struct TransferSender: Sendable {
                 if hashed == job.answer.offset && hasher.digest() == job.answer.prefixDigest {
                     offset = job.answer.offset
                 } else {
+                    progress.unresume(job.answer.offset)
                     return try await send(job.restarted, on: stream, digests: digests)
                 }
             }
@@ -232,16 +200,6 @@ private struct FileJob: Sendable {
             return Descriptor(fd)
         case .none:
             throw TransferError(.internal, "no data source for '\(entry.path.joined(separator: "/"))'")
-        }
-    }
-}
-
-/// Tracks which files still await the receiver's verdict.
-private struct Outcome {
-    var expected: Set<UInt32>
-    mutating func settle(_ entry: UInt32) throws(TransferError) {
-        guard expected.remove(entry) != nil else {
-            throw TransferError(.protocolViolation, "the receiver answered entry \(entry) twice or without it being sent")
         }
     }
 }

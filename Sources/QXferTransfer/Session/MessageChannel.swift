@@ -16,13 +16,17 @@ extension NetworkConnection where Stack: TLVStack {
         try await send(body.bytes, type: MessageType.fileData.rawValue)
     }
 
-    /// The next message, or nil when the peer finished the stream between messages.
+    /// The next message, or nil when the peer finished the stream between messages. A frame
+    /// longer than the limit is `limit-exceeded`, which the caller reports to the peer in an
+    /// Error before closing (docs/PROTOCOL.md §2).
     func receiveMessage() async throws -> Message? {
         let received: (content: Data, metadata: TLVMetadata)
         do {
             received = try await receive()
         } catch let error as QXferError where error.code == .endOfStream {
             return nil
+        } catch let error as QXferError where error.code == .messageTooLarge {
+            throw TransferError(.limitExceeded, error.message)
         }
         return try MessageCodec.decode(type: received.metadata.type, body: received.content)
     }
@@ -111,9 +115,4 @@ extension NetworkConnection where Stack: TLVStack {
         }
         close(errorCode: UInt64(error.code.rawValue), reason: error.message)
     }
-}
-
-/// An error already told to the peer (or told to us by it): not sent again.
-struct AlreadyCommunicated: Error {
-    var error: TransferError
 }

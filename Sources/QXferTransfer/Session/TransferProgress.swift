@@ -48,7 +48,16 @@ public final class TransferProgress: Sendable {
     }
 
     func add(transferred bytes: Int) {
-        counters.withLock { $0.transferredBytes += UInt64(bytes) }
+        counters.withLock { $0.transferredBytes = $0.transferredBytes.saturatingAdd(UInt64(clamping: bytes)) }
+    }
+
+    /// A file announced as resumed from `bytes` starts again from 0 (the sender's data differs
+    /// from what the receiver held): those bytes travel after all.
+    func unresume(_ bytes: UInt64) {
+        counters.withLock {
+            $0.resumedBytes = $0.resumedBytes.saturatingSubtract(bytes)
+            $0.totalBytes = $0.totalBytes.saturatingAdd(bytes)
+        }
     }
 }
 

@@ -150,6 +150,9 @@ public final class FileStore {
         if let size = target.size, start.offset > size {
             throw TransferError(.internal, "resume offset beyond the file size")
         }
+        guard let startOffset = off_t(exactly: start.offset) else {
+            throw TransferError(.limitExceeded, "'\(target.path)' resumes at \(start.offset) bytes, beyond what a file can hold")
+        }
         switch try directory.state(of: target.path) {
         case .absent: break
         case .regularFile where overwrite: break
@@ -167,7 +170,7 @@ public final class FileStore {
         guard flock(file.fd, LOCK_EX | LOCK_NB) == 0 else {
             throw TransferError(.exists, "'\(target.path)' is being received by another transfer right now")
         }
-        guard ftruncate(file.fd, off_t(start.offset)) == 0 else {
+        guard ftruncate(file.fd, startOffset) == 0 else {
             throw TransferError.posix("cannot truncate the partial of", target.path.description, errno: errno)
         }
         // Only a file longer than 1 MiB (or one checkpoint interval, if shorter) gets a journal:
@@ -256,13 +259,20 @@ public final class FileWriter {
         if let size = target.size, UInt64(bytes.count) > size - offset {
             throw TransferError(.protocolViolation, "more data for '\(target.path)' than its offered \(size) bytes")
         }
+        // A file may hold at most Int64.max bytes: a size-unknown stream that claims to go past
+        // that is refused, not converted with a trap.
+        guard let end = off_t(exactly: offset.saturatingAdd(UInt64(bytes.count))) else {
+            throw TransferError(.limitExceeded, "'\(target.path)' would grow past \(Int64.max) bytes")
+        }
+        let position = end - off_t(bytes.count)
         var written = 0
         while written < bytes.count {
-            let n = bytes.withUnsafeBytes { pwrite(file.fd, $0.baseAddress! + written, bytes.count - written, off_t(offset) + off_t(written)) }
+            let n = bytes.withUnsafeBytes { pwrite(file.fd, $0.baseAddress! + written, bytes.count - written, position + off_t(written)) }
             if n < 0 {
                 let err = errno
                 if err == EINTR { continue }
                 try? checkpoint()
+                if journal == nil { unlinkat(parent.fd, names.partial, 0) }  // not resumable: see abandon()
                 self.file = nil
                 let error = TransferError.posix("cannot write", "'\(target.path)'", errno: err)
                 throw TransferError(error.code, "\(error.message) after \(checkpointedOffset) bytes; the partial file is kept for resuming")
@@ -295,13 +305,15 @@ public final class FileWriter {
         guard let file else { throw TransferError(.internal, "finish after the file was closed") }
         self.file = nil
         let shown = target.path.description
+        // A size other than the one offered or received is, like a wrong digest, a file that
+        // did not arrive as announced: it fails alone (docs/PROTOCOL.md §6).
         if let offered = target.size, offered != size {
             discard()
-            throw TransferError(.protocolViolation, "'\(shown)' was offered with \(offered) bytes but finished with \(size)")
+            throw TransferError(.digestMismatch, "'\(shown)' was offered with \(offered) bytes but finished with \(size); nothing written")
         }
         guard size == offset else {
             discard()
-            throw TransferError(.protocolViolation, "'\(shown)' finished at \(size) bytes but \(offset) were received")
+            throw TransferError(.digestMismatch, "'\(shown)' finished at \(size) bytes but \(offset) were received; nothing written")
         }
         guard digest == hasher.digest() else {
             discard()
@@ -320,8 +332,16 @@ public final class FileWriter {
     }
 
     /// Stops writing and keeps the partial for a later resume (checkpointing what is written).
+    /// A partial without a journal (a file of at most 1 MiB, or of unknown size) can never be
+    /// resumed, so it is removed now, while this writer still holds its lock: nothing else
+    /// can be using it (docs/PROTOCOL.md §6, "Leftovers").
     public func abandon() {
-        try? checkpoint()
+        guard file != nil else { return }
+        if journal == nil {
+            unlinkat(parent.fd, names.partial, 0)
+        } else {
+            try? checkpoint()
+        }
         file = nil
     }
 

@@ -25,6 +25,9 @@ final class QUICSocketHandler: ChannelInboundHandler {
         var statelessResetSecret: [UInt8]
         /// The length of the connection IDs the engines issue: short headers do not carry it.
         var connectionIDLength: Int
+        /// The bytes the engines' connection IDs begin with: a short header without them was
+        /// never addressed to this listener (the kernel filter drops it before it is read).
+        var connectionIDPrefix: [UInt8] = []
         /// With this many connections still in their handshake, or twice as many begun in the
         /// current second, a new client must first prove its address with a Retry round trip,
         /// so a flood of spoofed Initials costs the listener a stateless answer instead of a
@@ -54,14 +57,20 @@ final class QUICSocketHandler: ChannelInboundHandler {
         init(perSecond: Int) { self.perSecond = perSecond }
 
         mutating func spend(now: QUICTime) -> Bool {
+            guard hasRoom(now: now) else { return false }
+            remaining -= 1
+            return true
+        }
+
+        /// Whether ``spend(now:)`` would succeed, spending nothing: checked before a source's
+        /// own budget, so that a datagram dropped here costs that source nothing either.
+        mutating func hasRoom(now: QUICTime) -> Bool {
             let current = now.nanoseconds / 1_000_000_000
             if current != second {
                 second = current
                 remaining = perSecond
             }
-            guard remaining > 0 else { return false }
-            remaining -= 1
-            return true
+            return remaining > 0
         }
     }
     static let resetsPerSecond = 100
@@ -70,6 +79,12 @@ final class QUICSocketHandler: ChannelInboundHandler {
     private var resetBudget = AnswerBudget(perSecond: resetsPerSecond)
     private var retryBudget = AnswerBudget(perSecond: retriesPerSecond)
     private var versionNegotiationBudget = AnswerBudget(perSecond: versionNegotiationsPerSecond)
+    /// Each source's share of the work above and of connection set-ups, checked first, so one
+    /// address flooding cannot spend the listener-wide budgets other clients need. Generous
+    /// enough for a few hundred connections from one host at once (a NAT, `faults.sh` §4).
+    static let sourceBurst = 256
+    static let sourcePerSecond = 128
+    private var sourceBudgets = SourceBudgets(perSecond: sourcePerSecond, burst: sourceBurst)
 
     private let server: Server?
     private var context: ChannelHandlerContext?
@@ -91,6 +106,15 @@ final class QUICSocketHandler: ChannelInboundHandler {
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
         updateLocalAddress()
+        if let server {
+            let program = QUICSocketFilter.program(
+                connectionIDLength: server.connectionIDLength, prefix: server.connectionIDPrefix,
+                versions: QUICVersionNegotiation.supportedVersions)
+            // Without the filter (a kernel refusing it) the handler drops the same datagrams itself.
+            QUICSocketFilter.attach(program, to: context.channel).whenFailure { error in
+                QUICTransport.logger.debug("no kernel filter on the QUIC listener: \(error)")
+            }
+        }
     }
 
     func channelActive(context: ChannelHandlerContext) {
@@ -209,30 +233,43 @@ final class QUICSocketHandler: ChannelInboundHandler {
                 driver.receive(datagram, path: path)
                 dirty[ObjectIdentifier(driver)] = driver
             } else if header.isLongHeader {
-                let bytes = Array(datagram)
-                if drivers.count < server.maximumConnections, let initial = QUICInitialPacket.accept(datagram: bytes) {
-                    let now = QUICConnectionDriver.now
-                    if let original = QUICRetry.validate(initial, remote: path.remote, secret: retrySecret, now: now) {
-                        accept(initial, datagram: datagram, path: path, server: server, retriedFrom: original)
-                    } else if underLoad(server, now: now) {
-                        // A token that fails validation is answered like none: with a fresh
-                        // Retry (a client's own NEW_TOKEN tokens are never issued here).
-                        sendRetry(for: initial, to: path.remote, triggeredBy: bytes.count, server: server, now: now)
-                    } else {
-                        accept(initial, datagram: datagram, path: path, server: server, retriedFrom: nil)
-                    }
-                }
-            } else {
+                handleUnrouted(longHeader: datagram, path: path, server: server)
+            } else if header.destinationConnectionID.bytes.starts(with: server.connectionIDPrefix),
+                      spend(from: path.remote) {
                 sendStatelessReset(for: header.destinationConnectionID, triggeredBy: datagram.count, to: path.remote, server: server)
             }
         case .unsupportedVersion(let header):
-            if datagram.count >= 1200, versionNegotiationBudget.spend(now: QUICConnectionDriver.now),
-               let reply = QUICVersionNegotiation.write(for: header) {
+            let now = QUICConnectionDriver.now
+            if datagram.count >= 1200, versionNegotiationBudget.hasRoom(now: now), spend(from: path.remote),
+               versionNegotiationBudget.spend(now: now), let reply = QUICVersionNegotiation.write(for: header) {
                 sendRaw(reply, to: path.remote)
             }
         case .invalid:
             break
         }
+    }
+
+    /// A long-header datagram no connection claims: a client's first Initial, perhaps after a
+    /// Retry. Everything before the source's budget is header parsing, no cryptography.
+    private func handleUnrouted(longHeader datagram: UnsafeRawBufferPointer, path: QUICPath, server: Server) {
+        guard datagram.count >= 1200, drivers.count < server.maximumConnections,
+              let initial = QUICInitialPacket.accept(datagram: datagram), spend(from: path.remote)
+        else { return }
+        let now = QUICConnectionDriver.now
+        if let original = QUICRetry.validate(initial, remote: path.remote, secret: retrySecret, now: now) {
+            accept(initial, datagram: datagram, path: path, server: server, retriedFrom: original)
+        } else if underLoad(server, now: now) {
+            // A token that fails validation is answered like none: with a fresh Retry (a
+            // client's own NEW_TOKEN tokens are never issued here).
+            sendRetry(for: initial, to: path.remote, triggeredBy: datagram.count, server: server, now: now)
+        } else {
+            accept(initial, datagram: datagram, path: path, server: server, retriedFrom: nil)
+        }
+    }
+
+    /// Whether the datagram's source may still cost the listener an answer or a set-up.
+    private func spend(from remote: QUICSocketAddress) -> Bool {
+        sourceBudgets.spend(remote, now: QUICConnectionDriver.now)
     }
 
     private func accept(

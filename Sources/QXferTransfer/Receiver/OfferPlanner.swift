@@ -1,0 +1,118 @@
+/// The receiver's decisions about an offer before it answers, apart from any connection (so
+/// fuzz/harness/FuzzSession.swift drives them with hostile values): every path checked, the
+/// sizes added without overflow, and what to do with each entry given what is on disk.
+struct OfferPlanner {
+    /// The most entries accepted in one offer.
+    var maximumEntries: Int
+    /// Whether a verified file may replace an existing one of another size.
+    var overwrite: Bool
+
+    /// The bytes of all files of known size, or nil when they add up past UInt64 (a hostile
+    /// offer: two files of 2^63 bytes).
+    static func totalSize(of entries: [OfferEntry]) -> UInt64? {
+        var total: UInt64 = 0
+        for entry in entries {
+            let (sum, overflow) = total.addingReportingOverflow(entry.size)
+            if overflow { return nil }
+            total = sum
+        }
+        return total
+    }
+
+    /// Every path safe, no duplicates, nothing under a non-directory of the same offer,
+    /// fields consistent with the kind, a total size that fits in 64 bits. One bad entry
+    /// refuses the whole offer.
+    func check(_ offer: Offer) throws(TransferError) -> [SafePath] {
+        guard offer.entries.count <= maximumEntries else {
+            throw TransferError(.limitExceeded, "\(offer.entries.count) entries offered; this receiver accepts at most \(maximumEntries)")
+        }
+        guard OfferPlanner.totalSize(of: offer.entries) != nil else {
+            throw TransferError(.limitExceeded, "the offered files add up to more than \(UInt64.max) bytes")
+        }
+        var kinds: [SafePath: EntryKind] = [:]
+        var paths: [SafePath] = []
+        paths.reserveCapacity(offer.entries.count)
+        for entry in offer.entries {
+            let path = try SafePath(validating: entry.path)
+            guard kinds[path] == nil else { throw TransferError(.unsafePath, "'\(path)' is offered twice") }
+            for depth in 1..<path.components.count {
+                if let kind = kinds[try SafePath(validating: Array(path.components[0..<depth]))], kind != .directory {
+                    throw TransferError(.unsafePath, "'\(path)' is offered inside '\(path.components[0..<depth].joined(separator: "/"))', which is not a directory")
+                }
+            }
+            switch entry.kind {
+            case .symlink:
+                try path.validateLinkTarget(entry.linkTarget)
+            case .directory, .file:
+                guard entry.linkTarget.isEmpty else { throw TransferError(.malformed, "'\(path)' is not a symlink but has a link target") }
+            }
+            guard entry.kind == .file || entry.size == 0, !entry.flags.contains(.sizeUnknown) || (entry.kind == .file && entry.size == 0) else {
+                throw TransferError(.malformed, "'\(path)' has a size that does not fit its kind")
+            }
+            kinds[path] = entry.kind
+            paths.append(path)
+        }
+        return paths
+    }
+
+    /// What to do with each entry given what is on disk; checks the free space.
+    func plan(_ offer: Offer, paths: [SafePath], store: FileStore) throws(TransferError) -> [Plan] {
+        var plans: [Plan] = []
+        var needed: UInt64 = 0
+        for (entry, path) in zip(offer.entries, paths) {
+            let state = try store.directory.state(of: path)
+            switch entry.kind {
+            case .directory:
+                plans.append(state == .absent || state == .directory ? .directory : .skip(TransferError(.exists, "'\(path)' exists and is not a directory")))
+            case .symlink:
+                // Answered now, not found out after the files: an existing link is fine only
+                // when it is the same link.
+                if state == .absent || (state == .symlink && store.directory.linkTarget(of: path) == entry.linkTarget) {
+                    plans.append(.symlink)
+                } else {
+                    plans.append(.skip(TransferError(.exists, state == .symlink ? "'\(path)' exists as a symlink to somewhere else" : "'\(path)' exists and is not a symlink")))
+                }
+            case .file:
+                let size: UInt64? = entry.flags.contains(.sizeUnknown) ? nil : entry.size
+                let target = FileTarget(path: path, size: size, mode: entry.mode, modificationTime: entry.modificationTime, algorithm: offer.algorithm)
+                let replaceable = if case .regularFile = state { overwrite } else { false }
+                switch state {
+                case .regularFile(let existing) where size == existing && !overwrite:
+                    plans.append(.present(target, digest: try store.digestOfExisting(target)))
+                case _ where state == .absent || replaceable:
+                    let resume = try store.resumeOffset(for: target)
+                    // The journal matched this size, so the offset is within it; the sum of
+                    // sizes was checked to fit.
+                    let (rest, below) = (size ?? 0).subtractingReportingOverflow(resume.offset)
+                    let (sum, over) = needed.addingReportingOverflow(below ? 0 : rest)
+                    needed = over ? .max : sum
+                    plans.append(.receive(target, resume))
+                case .regularFile:
+                    plans.append(.skip(TransferError(.exists, "'\(path)' exists with another size; not overwriting it")))
+                default:
+                    plans.append(.skip(TransferError(.exists, "'\(path)' exists and is not a regular file")))
+                }
+            }
+        }
+        try store.checkFreeSpace(for: needed)
+        return plans
+    }
+}
+
+/// What the receiver does with one entry.
+enum Plan {
+    case directory
+    case symlink
+    case receive(FileTarget, ResumePoint)
+    case present(FileTarget, digest: [UInt8])
+    case skip(TransferError)
+
+    var answer: EntryAnswer {
+        switch self {
+        case .directory, .symlink: .sendAll
+        case .receive(_, let resume): EntryAnswer(disposition: .send, offset: resume.offset, prefixDigest: resume.prefixDigest)
+        case .present(_, let digest): EntryAnswer(disposition: .present, prefixDigest: digest)
+        case .skip(let error): EntryAnswer(disposition: .skip, code: error.code.rawValue)
+        }
+    }
+}

@@ -1,0 +1,94 @@
+/// The sender's account of the receiver's answers, apart from any connection (so
+/// fuzz/harness/FuzzSession.swift drives it with hostile values): whether Accept fits the
+/// offer, which Verified and Failed may come, and whether Complete's counts add up. Every
+/// number the receiver sends is checked before it is used as an index, an offset or a count;
+/// a receiver that breaks a rule gets `protocol-violation`.
+struct SenderLedger {
+    /// A file to send (or, when `present`, only to hash) and the receiver's answer for it.
+    struct Job {
+        var index: UInt32
+        var answer: EntryAnswer
+    }
+
+    let entries: [OfferEntry]
+    /// Files to send or compare, in offer order.
+    private(set) var jobs: [Job] = []
+    /// Entries skipped in Accept and entries the receiver reported Failed.
+    private(set) var failures: [(path: String, error: TransferError)] = []
+    /// Bytes the receiver said it held (resume offsets).
+    private(set) var resumedBytes: UInt64 = 0
+    /// Bytes to send after the resume offsets.
+    private(set) var bytesToSend: UInt64 = 0
+    /// Files that still owe exactly one Verified or Failed.
+    private var awaitingVerdict: Set<UInt32> = []
+    /// Folders and symlinks answered `send`: the receiver may report one Failed for each.
+    private var mayFail: Set<UInt32> = []
+
+    /// Checks the receiver's answers against the offer (docs/PROTOCOL.md §3.2).
+    init(entries: [OfferEntry], algorithm: DigestAlgorithm, answers: [EntryAnswer]) throws(TransferError) {
+        self.entries = entries
+        guard answers.count == entries.count else {
+            throw TransferError(.protocolViolation, "the receiver answered \(answers.count) entries of \(entries.count)")
+        }
+        for (index, (entry, answer)) in zip(entries, answers).enumerated() {
+            let isSizedFile = entry.kind == .file && !entry.flags.contains(.sizeUnknown)
+            let offsetFits = answer.offset == 0 || (isSizedFile && answer.disposition == .send && answer.offset <= entry.size)
+            let presentFits = answer.disposition != .present || isSizedFile
+            let digestFits = answer.prefixDigest.isEmpty || answer.prefixDigest.count == algorithm.digestLength
+            guard offsetFits, presentFits, digestFits else {
+                throw TransferError(.protocolViolation, "the receiver's answer for '\(Self.shown(entry))' does not fit the offer")
+            }
+            let number = UInt32(index)  // index < entries.count, which the codec bounds to 1 000 000
+            switch answer.disposition {
+            case .skip:
+                failures.append((Self.shown(entry), TransferError(TransferError.Code(rawValue: answer.code), "the receiver skipped it")))
+            case .send, .present:
+                guard entry.kind == .file else {
+                    mayFail.insert(number)
+                    continue
+                }
+                jobs.append(Job(index: number, answer: answer))
+                awaitingVerdict.insert(number)
+                if answer.disposition == .send {
+                    resumedBytes = resumedBytes.saturatingAdd(answer.offset)
+                    bytesToSend = bytesToSend.saturatingAdd(entry.size - answer.offset)  // offset <= size, checked above
+                }
+            }
+        }
+    }
+
+    /// Files sent or compared whose verdict has not come yet.
+    var unanswered: Int { awaitingVerdict.count }
+
+    /// Records a Verified; returns the file's path and size.
+    mutating func verified(_ entry: UInt32) throws(TransferError) -> (path: String, size: UInt64) {
+        guard awaitingVerdict.remove(entry) != nil else {
+            throw TransferError(.protocolViolation, "the receiver verified entry \(entry), which was not sent or was answered already")
+        }
+        return (Self.shown(entries[Int(entry)]), entries[Int(entry)].size)
+    }
+
+    /// Records a Failed for a file, or for a folder or symlink the receiver could not make.
+    mutating func failed(_ failure: EntryFailure) throws(TransferError) -> (path: String, error: TransferError) {
+        guard awaitingVerdict.remove(failure.entry) != nil || mayFail.remove(failure.entry) != nil else {
+            throw TransferError(.protocolViolation, "the receiver reported entry \(failure.entry) failed, which was not sent or was answered already")
+        }
+        let recorded = (Self.shown(entries[Int(failure.entry)]), TransferError(failure.code, "the receiver: \(failure.message)"))
+        failures.append(recorded)
+        return recorded
+    }
+
+    /// Checks Complete: it comes after every file's verdict and counts every entry once.
+    /// Returns the number of entries that succeeded.
+    func complete(_ complete: Complete) throws(TransferError) -> Int {
+        guard awaitingVerdict.isEmpty else {
+            throw TransferError(.protocolViolation, "the receiver completed with \(awaitingVerdict.count) files unanswered")
+        }
+        guard UInt64(complete.succeeded) + UInt64(complete.failed) == UInt64(entries.count), Int(complete.failed) >= failures.count else {
+            throw TransferError(.protocolViolation, "the receiver completed with \(complete.succeeded) succeeded and \(complete.failed) failed for \(entries.count) entries, \(failures.count) of them failed")
+        }
+        return Int(complete.succeeded)
+    }
+
+    private static func shown(_ entry: OfferEntry) -> String { entry.path.joined(separator: "/") }
+}

@@ -1,0 +1,36 @@
+import Foundation
+import Logging
+import QXfer
+
+/// Starts `connection` as a command-line user expects: a refused TCP connection (nothing
+/// listens on that port) or a network the kernel has no route to fails within `grace`, as scp
+/// and ssh say so at once, instead of being retried until the 10 s connect timeout as the
+/// library's `waiting` state does for failures that may pass. The grace (the library's first
+/// three attempts, 0.75 s) covers a receiver started a moment before its sender, as scripts do.
+/// A transfer's own reconnect loop still retries such failures after the receiver accepted.
+func startFailingFast<Stack>(_ connection: NetworkConnection<Stack>, grace: Duration = .milliseconds(500)) async throws {
+    let definitive = [ECONNREFUSED, ENETUNREACH, EHOSTUNREACH].map { String(cString: strerror($0)) }
+    let started = ContinuousClock.now
+    // true: started; false: the state watcher ended without finding a refusal.
+    try await withThrowingTaskGroup(of: Bool.self) { group in
+        group.addTask {
+            try await connection.start()
+            return true
+        }
+        group.addTask {
+            for await state in connection.states {
+                guard case .waiting(let error) = state else { continue }
+                Logger(label: "qxfer.connect").info("attempt failed, retrying: \(error.message)")
+                if definitive.contains(where: error.message.hasSuffix), ContinuousClock.now - started >= grace {
+                    connection.cancel()
+                    throw error
+                }
+            }
+            return false
+        }
+        for try await started in group where started {
+            group.cancelAll()
+            return
+        }
+    }
+}

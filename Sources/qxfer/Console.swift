@@ -1,0 +1,121 @@
+import Foundation
+import Synchronization
+
+/// Where the CLI's messages go: one line on standard error for a person, or with `--json` one
+/// JSON object per line on standard output (README.md lists the events), each with an
+/// ISO-8601 `time` and a stable `event` name.
+enum Console {
+    private struct Mode {
+        var json = false
+        var dataOnStandardOutput = false
+    }
+    private static let mode = Mutex(Mode())
+
+    /// Whether messages are JSON lines; set once the command line is parsed.
+    static var json: Bool {
+        get { mode.withLock { $0.json } }
+        set { mode.withLock { $0.json = newValue } }
+    }
+
+    /// Whether received data goes to standard output (`recv --stdout`): every report then goes
+    /// to standard error, JSON lines included.
+    static var dataOnStandardOutput: Bool {
+        get { mode.withLock { $0.dataOnStandardOutput } }
+        set { mode.withLock { $0.dataOnStandardOutput = newValue } }
+    }
+
+    /// Writes one JSON event line on standard output (unbuffered: a pipe sees it at once).
+    static func emit(_ event: String, _ fields: [String: Any] = [:]) {
+        writeEvent(jsonLine(event, fields))
+    }
+
+    /// Writes an event from a JSON object line the library printed.
+    static func emit(_ event: String, parsing line: String) {
+        writeEvent(jsonLine(event, parsing: line))
+    }
+
+    private static func writeEvent(_ line: String) {
+        let handle = dataOnStandardOutput ? FileHandle.standardError : FileHandle.standardOutput
+        handle.write(Data((line + "\n").utf8))
+    }
+
+    /// One event as a JSON line: `event`, `time` and the fields, keys sorted, slashes as they are.
+    static func jsonLine(_ event: String, _ fields: [String: Any]) -> String {
+        var object = fields
+        object["event"] = event
+        object["time"] = timestamp()
+        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data()
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    /// An event from a JSON object line the library printed: its fields, `event` and `time` added.
+    static func jsonLine(_ event: String, parsing line: String) -> String {
+        let fields = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] ?? ["raw": line]
+        return jsonLine(event, fields)
+    }
+
+    /// A warning: `qxfer: …` on standard error, or a `warning` event.
+    static func warn(_ line: String) {
+        if json {
+            emit("warning", ["message": line])
+        } else {
+            writeLine("qxfer: \(line)")
+        }
+    }
+
+    /// A fatal error, before the exit: always one line on standard error; with `--json` also an
+    /// `error` event carrying the code and the exit status.
+    static func fatal(_ message: String, code: String, exitStatus: Int32) {
+        if json { emit("error", ["message": message, "code": code, "exit_code": Int(exitStatus)]) }
+        FileHandle.standardError.write(Data("qxfer: \(message)\n".utf8))
+    }
+
+    // MARK: The terminal's last line
+
+    /// The question on the terminal, if one is open (recv's "Accept? [y/N] "): no progress bar
+    /// is drawn over it, and lines written meanwhile go above it, the question written again
+    /// after them. The lock also keeps lines from different tasks whole.
+    private static let question = Mutex<String?>(nil)
+    private static let standardErrorIsTerminal = isatty(STDERR_FILENO) == 1
+
+    /// Writes one line to `handle`; on a terminal it starts on a wiped line (a bar may be there)
+    /// and goes above an open question.
+    static func writeLine(_ line: String, to handle: FileHandle = .standardError) {
+        question.withLock { question in
+            let onTerminal = isatty(handle.fileDescriptor) == 1
+            if onTerminal && standardErrorIsTerminal { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+            handle.write(Data((line + "\n").utf8))
+            if onTerminal, let question { FileHandle.standardError.write(Data(question.utf8)) }
+        }
+    }
+
+    /// Draws `bar` over the current line of standard error (a terminal), unless a question is on it.
+    static func drawBar(_ bar: String) {
+        question.withLock { question in
+            if question == nil { FileHandle.standardError.write(Data("\r\u{1B}[K\(bar)".utf8)) }
+        }
+    }
+
+    /// Puts `prompt` on the terminal's last line until ``endQuestion(saying:)``.
+    static func beginQuestion(_ prompt: String) {
+        question.withLock { question in
+            question = prompt
+            FileHandle.standardError.write(Data(((standardErrorIsTerminal ? "\r\u{1B}[K" : "") + prompt).utf8))
+        }
+    }
+
+    /// Closes the question; `line`, if given, follows on its own line.
+    static func endQuestion(saying line: String? = nil) {
+        question.withLock { question in
+            question = nil
+            if let line { FileHandle.standardError.write(Data("\nqxfer: \(line)\n".utf8)) }
+        }
+    }
+
+    /// Now, in UTC with milliseconds: 2026-11-24T09:30:01.123Z.
+    static func timestamp(_ date: Date = Date()) -> String {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter.string(from: date)
+    }
+}

@@ -1,0 +1,49 @@
+import Foundation
+import Testing
+@testable import QXfer
+
+/// The files under the configuration folder are replaced atomically where they are regular
+/// files, followed where they are symlinks, and refused — never replaced, never waited on —
+/// where something else stands at their name.
+@Suite struct ConfigFileTests {
+    func type(_ path: String) -> mode_t {
+        var info = stat()
+        return lstat(path, &info) == 0 ? info.st_mode & S_IFMT : 0
+    }
+
+    @Test func aPipeAtKnownHostsIsRefusedAtOnceAndLeftAlone() throws {
+        let directory = TemporaryDirectory()
+        let file = KnownHosts(path: directory.file("known_hosts"))
+        #expect(mkfifo(file.path, 0o600) == 0)
+        // Both would block forever on a pipe with no other end.
+        let reading = #expect(throws: QXferError.self) { try file.entries() }
+        #expect(reading?.message.contains("not a regular file") == true)
+        #expect(throws: QXferError.self) { try file.add("host:1", Identities.server.fingerprint) }
+        #expect(type(file.path) == S_IFIFO)
+    }
+
+    @Test func pairedDevicesFollowASymlinkAndRefuseOtherFiles() throws {
+        let directory = TemporaryDirectory()
+        let config = ConfigDirectory(path: directory.file("cfg"))
+        let identity = try HostIdentity.loadOrCreate(in: config)
+        let devices = PairedDevices(in: config, identity: identity)
+        let list = config.file("paired-devices.json")
+        try devices.add(PairedDevices.Device(name: "one", fingerprint: Identities.client.fingerprint, pairedAt: Date()))
+        #expect(type(list) == S_IFREG)
+
+        // Kept in another folder (a dotfiles repository) behind a symlink: the link stays.
+        let kept = directory.file("paired-devices.json")
+        #expect(rename(list, kept) == 0 && symlink(kept, list) == 0)
+        try devices.add(PairedDevices.Device(name: "two", fingerprint: Identities.stranger.fingerprint, pairedAt: Date()))
+        #expect(type(list) == S_IFLNK && type(kept) == S_IFREG)
+        #expect(try devices.devices().map(\.name) == ["one", "two"])
+
+        // A pipe at the list's name: refused, not replaced.
+        unlink(list)
+        #expect(mkfifo(list, 0o600) == 0)
+        #expect(throws: QXferError.self) {
+            try devices.add(PairedDevices.Device(name: "three", fingerprint: Identities.server.fingerprint, pairedAt: Date()))
+        }
+        #expect(type(list) == S_IFIFO)
+    }
+}
