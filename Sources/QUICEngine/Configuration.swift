@@ -146,10 +146,12 @@ public struct QUICConfiguration: Sendable {
     /// 50 ms is 3.1 MB). The send buffer grows with the measured path up to 16 MiB; what is in
     /// flight stays within 1.25 of them; one acknowledgement per 8 packets instead of 2 spares
     /// three quarters of the receiver's packets and of the sender's reads. Memory stays
-    /// bounded whatever the path: 16 MiB of send buffer and of receive window per stream.
+    /// bounded whatever the path: 16 MiB of send buffer and of receive window per stream; the
+    /// windows start at 4 and 8 MiB, so a stalled reader does not hold 8 and 16 at once (the
+    /// 64 MiB resident bound of Tests/e2e/faults.sh §3).
     public mutating func applyBulkTransferLimits() {
-        initialStreamWindow = 8 << 20
-        initialConnectionWindow = 16 << 20
+        initialStreamWindow = 4 << 20
+        initialConnectionWindow = 8 << 20
         maxStreamWindow = 16 << 20
         maxConnectionWindow = 32 << 20
         streamSendBufferLimit = 4 << 20

@@ -705,14 +705,18 @@ public final class QUICConnection {
 
     /// Unacknowledged bytes a stream may hold now: ``QUICConfiguration/streamSendBufferLimit``,
     /// or with ``QUICConfiguration/maxStreamSendBuffer`` the congestion window plus one
-    /// bandwidth-delay product, within those bounds.
+    /// bandwidth-delay product, within those bounds — but no more than is in flight plus what
+    /// the peer's flow control still admits: a slow reader holds the sender's memory at the floor.
+    /// The corresponding ngtcp2 function for the peer's credit is `ngtcp2_conn_get_max_data_left`.
     public var streamSendBufferLimit: Int {
         let floor = configuration.streamSendBufferLimit
         guard let ceiling = configuration.maxStreamSendBuffer, let conn else { return floor }
         let s = Self.statistics(conn)
         let seconds = Double(s.smoothed_rtt) / 1e9
         let product = Double(s.delivery_rate_sec) * seconds
-        let wanted = Double(s.cwnd) + (product.isFinite ? product : 0)
+        let path = Double(s.cwnd) + (product.isFinite ? product : 0)
+        let admitted = Double(s.bytes_in_flight) + Double(ngtcp2_conn_get_max_data_left(conn))
+        let wanted = min(path, admitted)
         return wanted >= Double(ceiling) ? ceiling : max(floor, Int(wanted))
     }
 
