@@ -53,6 +53,7 @@ def summarize_transfer(groups):
             "receiver_rss": max(int(r["receiver_rss_kib"]) for r in rows) / 1024,
             "complete": all(r.get("complete", "1") == "1" for r in rows),
             "loads": [float(r["load1"]) for r in rows if r.get("load1")],
+            "drops": statistics.median(int(r["link_drops"]) for r in rows) if all(r.get("link_drops") for r in rows) else None,
         }
     return summary
 
@@ -78,8 +79,8 @@ def transfer_tables(paths):
     summary = summarize_transfer(read_transfer(paths))
     conditions = list(OrderedDict.fromkeys(c for c, _ in summary))
     out = []
-    out.append("| condition | tool | MB/s median | min–max (runs) | CPU s/GB sender / receiver | peak RSS MiB sender / receiver | × scp | × best file peer | × best iperf3 |")
-    out.append("|---|---|---:|---|---:|---:|---:|---:|---:|")
+    out.append("| condition | tool | MB/s median | min–max (runs) | CPU s/GB sender / receiver | peak RSS MiB sender / receiver | × scp | × best file peer | × best iperf3 | queue drops |")
+    out.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for condition in conditions:
         best = best_peer(summary, condition, exclude="iperf3")
         ceiling = best_peer(summary, condition, "iperf3")
@@ -89,14 +90,17 @@ def transfer_tables(paths):
             rss = " / ".join(f"{x:.0f}" if x > 0 else "–" for x in (v["sender_rss"], v["receiver_rss"]))
             cpu = " / ".join(f"{x:.2f}" if x > 0 else "–" for x in (v["sender_cpu"], v["receiver_cpu"]))
             mark = "" if v["complete"] else " (stopped at CAP)"
+            drops = "–" if v["drops"] is None else f"{v['drops']:.0f}"
             best_text = "–" if is_peer(tool) or not best else f"{fmt_ratio(ratio(summary, condition, tool, best))} {best}"
             ceiling_text = "–" if not ceiling or tool.startswith("iperf3") else fmt_ratio(ratio(summary, condition, tool, ceiling))
             out.append(
                 f"| {condition} | {tool}{mark} | {v['median']:.1f} | {v['low']:.1f}–{v['high']:.1f} ({v['runs']}) | {cpu} | {rss} | "
-                f"{fmt_ratio(ratio(summary, condition, tool, 'scp'))} | {best_text} | {ceiling_text} |"
+                f"{fmt_ratio(ratio(summary, condition, tool, 'scp'))} | {best_text} | {ceiling_text} | "
+                f"{drops} |"
             )
     out.append("")
-    out.append("File peers: scp, rsync, the ngtcp2 example pair; iperf3 moves memory to memory without encryption (the ceiling).")
+    out.append("File peers: scp, rsync, the ngtcp2 example pair; iperf3 moves memory to memory without encryption (the ceiling). "
+               "Queue drops: packets the link emulator's queue dropped during the run, both directions (median).")
     out.append("")
     out.extend(target_lines(summary))
     loads = [x for v in summary.values() for x in v["loads"]]
@@ -127,6 +131,14 @@ def target_lines(summary):
     for tool in ("qxfer-quic", "qxfer-tls"):
         check("wan-loss", tool, "iperf3-bbr", 0.9)
         check("wan-loss", tool, "scp", 3.0)
+    check("loopback", "qxfer-quic", "scp", 1.5)
+    for condition in ("wan-long", "wan-lossy"):
+        check(condition, "qxfer-quic", "qxfer-tls", 1.0)
+    for condition in ("wan", "wan-loss", "wan-long", "wan-lossy"):
+        quic, example = summary.get((condition, "qxfer-quic")), summary.get((condition, "ngtcp2-bbr"))
+        if quic and example and quic["drops"] is not None and example["drops"] is not None:
+            verdict = "meets" if quic["drops"] <= example["drops"] else "**short of**"
+            checks.append(f"- {condition}: qxfer-quic queue drops {quic['drops']:.0f} vs ngtcp2-bbr {example['drops']:.0f} (target ≤: {verdict})")
     for condition in ("loopback", "wan", "wan-loss"):
         scp = summary.get((condition, "scp"))
         if not scp or scp["sender_cpu"] <= 0:

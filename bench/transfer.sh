@@ -9,9 +9,13 @@
 #     TOOLS="qxfer-quic iperf3-bbr" CAP=60 bench/transfer.sh
 #     QXFER=path/to/qxfer bench/transfer.sh               # use that binary, build nothing
 #
-# Conditions: loopback (both ends in one namespace, over lo); wan (25 ms one way, 500 Mbit/s,
-# 50 ms queue); wan-loss (the same with 1 % random loss each way). Receivers run in namespace b,
-# senders in namespace a (loopback: both in a).
+# Conditions: loopback (both ends in one namespace, over lo); veth (two namespaces joined by a
+# veth pair, MTU 1500, nothing emulated); wan (25 ms one way, 500 Mbit/s, 50 ms queue); wan-loss
+# (the same with 1 % random loss each way); wan-long (100 ms one way, 100 Mbit/s, 100 ms queue:
+# an ocean away); wan-lossy (20 ms one way, 300 Mbit/s, 40 ms queue, 0.5 % random loss each
+# way). Receivers run in namespace b, senders in namespace a (loopback: both in a). On the
+# emulated paths each run records the packets the emulator's queue dropped, both directions
+# (column link_drops; random losses are not counted).
 #
 # Contenders (TOOLS, default all): qxfer-quic, qxfer-tls, scp, rsync (-e ssh, whole file; the
 # target is removed before each run), iperf3-cubic and iperf3-bbr (`iperf3 -n BYTES -C CC`, memory
@@ -32,7 +36,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 BYTES=${BYTES:-1GiB}
 RUNS=${RUNS:-3}
-CONDITIONS=${CONDITIONS:-loopback wan wan-loss}
+CONDITIONS=${CONDITIONS:-loopback veth wan wan-loss wan-long wan-lossy}
 SCRATCH=${SCRATCH:-.build-bench}
 CAP=${CAP:-300}
 TOOLS=${TOOLS:-qxfer-quic qxfer-tls scp rsync iperf3-cubic iperf3-bbr ngtcp2-cubic ngtcp2-bbr qxfer-tls-4files-1conn qxfer-tls-4files-4conn}
@@ -99,7 +103,7 @@ SSH_OPTS=(-i "$WORK/client_key" -c aes128-gcm@openssh.com -o StrictHostKeyChecki
 mkdir -p /run/sshd
 
 CSV=bench/results/transfer-$(date +%Y%m%d-%H%M%S).csv
-echo "condition,tool,run,bytes,seconds,mb_per_s,sender_cpu_s,receiver_cpu_s,sender_rss_kib,receiver_rss_kib,complete,load1" >"$CSV"
+echo "condition,tool,run,bytes,seconds,mb_per_s,sender_cpu_s,receiver_cpu_s,sender_rss_kib,receiver_rss_kib,complete,load1,link_drops" >"$CSV"
 
 # The ngtcp2 examples' document root (the same bytes) and a throwaway certificate.
 mkdir -p "$WORK/www"
@@ -110,11 +114,30 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -su
 # The topology for one condition: namespaces a and b joined by the link emulator.
 setup() {
     LE_QUIET=1 bench/netns/linkemu-down.sh --prefix "$PREFIX" >/dev/null 2>&1 || true
+    local emulate=(--delay 25ms --rate 500mbit --queue 50ms)
     case $1 in
-        loopback) LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net 10.99.77 --no-emu >/dev/null ;;
-        wan) LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net 10.99.77 -- --delay 25ms --rate 500mbit --queue 50ms >/dev/null ;;
-        wan-loss) LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net 10.99.77 -- --delay 25ms --rate 500mbit --queue 50ms --loss 1% >/dev/null ;;
+        loopback|veth) emulate=() ;;
+        wan) ;;
+        wan-loss) emulate+=(--loss 1%) ;;
+        wan-long) emulate=(--delay 100ms --rate 100mbit --queue 100ms) ;;
+        wan-lossy) emulate=(--delay 20ms --rate 300mbit --queue 40ms --loss 0.5%) ;;
+        *) echo "bench/transfer.sh: unknown condition '$1'" >&2; exit 2 ;;
     esac
+    if [ "${#emulate[@]}" -eq 0 ]; then
+        LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net 10.99.77 --no-emu >/dev/null
+    else
+        LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net 10.99.77 -- "${emulate[@]}" >/dev/null
+    fi
+    if [ "$1" = veth ]; then
+        # Replace the unattached TUN devices' addresses with a veth pair between the namespaces.
+        ip -n "${PREFIX}a" addr flush dev tun0
+        ip -n "${PREFIX}b" addr flush dev tun0
+        ip link add "${PREFIX}va" netns "${PREFIX}a" mtu 1500 type veth peer name "${PREFIX}vb" netns "${PREFIX}b" mtu 1500
+        ip -n "${PREFIX}a" addr add 10.99.77.1/30 dev "${PREFIX}va"
+        ip -n "${PREFIX}b" addr add 10.99.77.2/30 dev "${PREFIX}vb"
+        ip -n "${PREFIX}a" link set "${PREFIX}va" up
+        ip -n "${PREFIX}b" link set "${PREFIX}vb" up
+    fi
     if [ "$1" = loopback ]; then RECV_NS=${PREFIX}a; HOST=127.0.0.1; SEND_HOST=127.0.0.1
     else RECV_NS=${PREFIX}b; HOST=10.99.77.2; SEND_HOST=10.99.77.1; fi
     SEND_NS=${PREFIX}a
@@ -175,16 +198,26 @@ check() {
     [ "$got" = "$SUM" ] || { echo "bench: received data differs for $TOOL" >&2; exit 1; }
 }
 
+# Packets the emulator's queue has dropped so far, both directions (empty without an emulator).
+link_drops() {
+    local dir=/run/qxfer-linkemu/$PREFIX pid
+    pid=$(cat "$dir/emu.pid" 2>/dev/null) || return 0
+    kill -USR1 "$pid" 2>/dev/null || return 0
+    sleep 0.2
+    jq '.ab.drop_queue + .ba.drop_queue' "$dir/stats.json" 2>/dev/null || true
+}
+
 # condition tool run sender-time-file [receiver-time-file]; the wall time is the sender's unless
 # WALL is set; MOVED (default BYTES) bytes arrived, COMPLETE=0 if the run was stopped at CAP.
 record() {
-    local s r=(0 0 0 0)
+    local s r=(0 0 0 0) drops=""
     read -r -a s < <(tail -1 "$4")
+    if [ -n "$DROPS_BEFORE" ]; then drops=$(( $(link_drops) - DROPS_BEFORE )); fi
     if [ -n "${5:-}" ] && [ -s "$5" ]; then read -r -a r < <(tail -1 "$5"); fi
     [ -n "${WALL:-}" ] || [ ! -s "$4.wall" ] || WALL=$(cat "$4.wall")
     awk -v c="$1" -v t="$2" -v n="$3" -v b="${MOVED:-$bytes}" -v e="${WALL:-${s[0]}}" -v su="${s[1]}" -v ss="${s[2]}" -v sm="${s[3]}" \
-        -v ru="${r[1]}" -v rs="${r[2]}" -v rm="${r[3]}" -v done="${COMPLETE:-1}" -v load="$(cut -d' ' -f1 /proc/loadavg)" \
-        'BEGIN { printf "%s,%s,%d,%d,%.4f,%.2f,%.2f,%.2f,%d,%d,%d,%s\n", c, t, n, b, e, b / e / 1e6, su + ss, ru + rs, sm, rm, done, load }' >>"$CSV"
+        -v ru="${r[1]}" -v rs="${r[2]}" -v rm="${r[3]}" -v done="${COMPLETE:-1}" -v load="$(cut -d' ' -f1 /proc/loadavg)" -v drops="$drops" \
+        'BEGIN { printf "%s,%s,%d,%d,%.4f,%.2f,%.2f,%.2f,%d,%d,%d,%s,%s\n", c, t, n, b, e, b / e / 1e6, su + ss, ru + rs, sm, rm, done, load, drops }' >>"$CSV"
     MOVED=; WALL=; COMPLETE=
 }
 
@@ -290,6 +323,7 @@ for condition in $CONDITIONS; do
     setup "$condition"
     for run in $(seq 1 "$RUNS"); do
         for tool in $TOOLS; do
+            DROPS_BEFORE=$(link_drops)
             run_tool "$condition" "$tool" "$run"
             tail -1 "$CSV" >&2
         done

@@ -82,8 +82,25 @@ public struct QUICConfiguration: Sendable {
     public var maxIncomingUnidirectionalStreams: UInt64 = 128
 
     /// Unacknowledged bytes the engine keeps per stream before ``QUICConnection/write(stream:bytes:finish:)``
-    /// accepts less than offered.
+    /// accepts less than offered: the floor when ``maxStreamSendBuffer`` lets it follow the path.
     public var streamSendBufferLimit: Int = 1 << 20
+    /// When set, the per-stream send buffer follows the path between ``streamSendBufferLimit``
+    /// and this ceiling: the congestion window plus one measured bandwidth-delay product
+    /// (delivery rate × smoothed RTT), so that what is in flight and what waits for the pacer
+    /// both fit on a long fat path, while memory stays bounded. nil keeps the fixed limit.
+    public var maxStreamSendBuffer: Int? = nil
+    /// When set, new stream data waits while the bytes in flight exceed this many measured
+    /// bandwidth-delay products (delivery rate × minimum RTT), or 1 MiB when that is more.
+    /// ngtcp2 0.12's BBR in start-up sends at 2.89 times its estimate and fills a path's queue
+    /// until it overflows; with a send buffer that no longer bounds what is in flight
+    /// (``maxStreamSendBuffer``), this does. Retransmissions and control frames are never held
+    /// back. nil: only the congestion controller decides.
+    public var maxInFlightBandwidthDelayProducts: Double? = nil
+    /// ACK-eliciting packets received before an acknowledgement is sent at once
+    /// (`ngtcp2_settings.ack_thresh`, 2 by default as RFC 9000 §13.2.2 suggests). Bulk
+    /// transfers take more: each acknowledgement costs the receiver a packet and the sender a
+    /// read and a rate sample.
+    public var acknowledgementThreshold: Int = 2
     /// Largest DATAGRAM frame accepted (`max_datagram_frame_size`); 0 disables RFC 9221 datagrams.
     public var maxDatagramFrameSize: UInt64 = 1200
     /// Outgoing datagrams waiting for congestion window; when full the oldest is dropped.
@@ -122,6 +139,27 @@ public struct QUICConfiguration: Sendable {
     /// stateless resets for connections it no longer knows. Random per configuration by default.
     public var statelessResetSecret: [UInt8]
 
+    /// Windows, buffers and acknowledgement spacing for bulk transfer (qxfer's bulk mode), sized
+    /// for a long fat lossy path (docs/benchmarks.md, "Why QUIC overshot the emulated WAN"): a
+    /// lost packet pins what follows it in the peer's receive window and in this send buffer
+    /// for two round trips or more, so both hold a few bandwidth-delay products (500 Mbit/s ×
+    /// 50 ms is 3.1 MB). The send buffer grows with the measured path up to 16 MiB; what is in
+    /// flight stays within 1.25 of them; one acknowledgement per 8 packets instead of 2 spares
+    /// three quarters of the receiver's packets and of the sender's reads. Memory stays
+    /// bounded whatever the path: 16 MiB of send buffer and of receive window per stream; the
+    /// windows start at 4 and 8 MiB, so a stalled reader does not hold 8 and 16 at once (the
+    /// 64 MiB resident bound of Tests/e2e/faults.sh §3).
+    public mutating func applyBulkTransferLimits() {
+        initialStreamWindow = 4 << 20
+        initialConnectionWindow = 8 << 20
+        maxStreamWindow = 16 << 20
+        maxConnectionWindow = 32 << 20
+        streamSendBufferLimit = 4 << 20
+        maxStreamSendBuffer = 16 << 20
+        maxInFlightBandwidthDelayProducts = 1.25
+        acknowledgementThreshold = 8
+    }
+
     /// Creates a configuration with the given identity and verifier and defaults elsewhere.
     public init(certificateChainPEM: String, privateKeyPEM: String, verifyPeer: @escaping PeerVerifier) {
         self.certificateChainPEM = certificateChainPEM
@@ -140,8 +178,12 @@ public struct QUICConfiguration: Sendable {
         if connectionIDPrefix.count > connectionIDLength - 8 {
             throw QUICEngineError(.invalidConfiguration, "connectionIDPrefix must leave at least 8 random bytes")
         }
-        if streamSendBufferLimit <= 0 || maxSegmentsPerTransmit <= 0 {
-            throw QUICEngineError(.invalidConfiguration, "buffer limits must be positive")
+        if streamSendBufferLimit <= 0 || maxSegmentsPerTransmit <= 0 || acknowledgementThreshold <= 0
+            || (maxStreamSendBuffer.map { $0 < streamSendBufferLimit } ?? false) {
+            throw QUICEngineError(.invalidConfiguration, "buffer limits and the acknowledgement threshold must be positive, the send buffer's ceiling at least its floor")
+        }
+        if let products = maxInFlightBandwidthDelayProducts, !(products > 0 && products.isFinite) {
+            throw QUICEngineError(.invalidConfiguration, "maxInFlightBandwidthDelayProducts must be a positive number")
         }
         if statelessResetSecret.isEmpty {
             throw QUICEngineError(.invalidConfiguration, "statelessResetSecret must not be empty")

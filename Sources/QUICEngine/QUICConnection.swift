@@ -62,6 +62,9 @@ public final class QUICConnection {
     /// Scratch space for the stream bytes offered to one packet, allocated once, not per packet.
     private let streamVectors = UnsafeMutableBufferPointer<ngtcp2_vec>.allocate(capacity: 16)
     private var lastExpiryHandled: QUICTime?
+    /// When the bytes this connection put in flight so far have left at the pacing rate: the
+    /// base for the next batch's pacing interval (see ``pollTransmit(now:into:)``).
+    private var pacedUntil = QUICTime(nanoseconds: 0)
     private var currentPath: QUICPath
 
     // Recorded by callbacks, acted on after the ngtcp2 call returns.
@@ -197,6 +200,7 @@ public final class QUICConnection {
         settings.max_window = configuration.maxConnectionWindow
         settings.max_stream_window = configuration.maxStreamWindow
         settings.handshake_timeout = configuration.handshakeTimeout.quicNanoseconds
+        settings.ack_thresh = configuration.acknowledgementThreshold
         if let rtt = configuration.initialRTT { settings.initial_rtt = rtt.quicNanoseconds }
         if let size = configuration.maxUDPPayloadSize ?? (remote.isLoopback ? configuration.loopbackUDPPayloadSize : nil) {
             settings.max_tx_udp_payload_size = size
@@ -412,6 +416,7 @@ public final class QUICConnection {
         // limit still holds.
         let maxPackets = max(1, min(packetsPerBatch(maxUDP: maxUDP), quantum / max(maxUDP, 1), buffer.count / maxUDP))
         compactSendQueue()
+        let inFlightBefore = Self.statistics(conn).bytes_in_flight
 
         var used = 0
         var segmentSize = 0
@@ -447,7 +452,7 @@ public final class QUICConnection {
             packets += 1
             if length < segmentSize { break } // a short packet must be the batch's last
         }
-        ngtcp2_conn_update_pkt_tx_time(conn, now.nanoseconds)
+        pace(conn, inFlightBefore: inFlightBefore, now: now)
         afterLibraryCall(now: now)
 
         if failure != 0 {
@@ -475,6 +480,51 @@ public final class QUICConnection {
         return info.map { QUICTransmit($0, data: data) }
     }
 
+    /// Starts the pacing interval of the batch just written (`ngtcp2_conn_update_pkt_tx_time`)
+    /// where the previous batch's ended, not at `now`.
+    ///
+    /// ngtcp2 0.12 sets its next send time to "the time given + this batch's bytes / pacing
+    /// rate" and lets a batch go up to 1 ms early. Given `now`, a driver that polls in a loop
+    /// got every batch whose interval is under 1 ms (64 packets above ~90 MB/s) at once: the
+    /// whole congestion window left in one burst, with no acknowledgement read in between, and
+    /// every packet of it carried the same delivery snapshot, which ngtcp2 0.12's rate sampler
+    /// turns into delivery-rate samples up to twice the link's (docs/benchmarks.md, "Why
+    /// QUIC overshot the emulated WAN"). Starting each interval where the last one ended keeps
+    /// the average at the pacing rate and bursts within 1 ms. Only bytes that count as in
+    /// flight carry the debt forward: acknowledgements are not congestion-controlled, and a
+    /// receiver's stream of them must not hold back its window updates.
+    private func pace(_ conn: OpaquePointer, inFlightBefore: UInt64, now: QUICTime) {
+        let start = max(now, pacedUntil)
+        ngtcp2_conn_update_pkt_tx_time(conn, start.nanoseconds)
+        let s = Self.statistics(conn)
+        let paced = s.bytes_in_flight > inFlightBefore ? s.bytes_in_flight - inFlightBefore : 0
+        guard paced > 0 else { return }
+        // ngtcp2's own fallback when the controller sets no rate (RFC 9002 §7.7): cwnd / srtt × 1.25.
+        let bytesPerNanosecond = s.pacing_rate > 0
+            ? s.pacing_rate : Double(s.cwnd) / Double(max(s.smoothed_rtt, 1)) * 1.25
+        guard bytesPerNanosecond > 0, bytesPerNanosecond.isFinite else { return }
+        pacedUntil = start.advanced(by: .nanoseconds(Int64(min(Double(paced) / bytesPerNanosecond, 1e12))))
+    }
+
+    /// The in-flight cap never goes below this, so that a start-up whose estimate still lags
+    /// is not throttled; small enough to sit under a 40 ms, 300 Mbit/s path's BDP plus queue.
+    static let minimumInFlightCap = 1 << 20
+
+    /// Whether ``QUICConfiguration/maxInFlightBandwidthDelayProducts`` holds new stream data back now.
+    private func inFlightCapReached(_ conn: OpaquePointer) -> Bool {
+        guard let products = configuration.maxInFlightBandwidthDelayProducts else { return false }
+        let s = Self.statistics(conn)
+        guard s.delivery_rate_sec > 0, s.min_rtt != UInt64.max else { return false }
+        let cap = max(Double(Self.minimumInFlightCap), products * Double(s.delivery_rate_sec) * Double(s.min_rtt) / 1e9)
+        return Double(s.bytes_in_flight) >= cap
+    }
+
+    private static func statistics(_ conn: OpaquePointer) -> ngtcp2_conn_stat {
+        var s = ngtcp2_conn_stat()
+        cngtcp2_conn_get_conn_stat(conn, &s)
+        return s
+    }
+
     private func count(_ info: QUICTransmitInfo) {
         counters.packetsSent += UInt64(info.segmentCount)
         counters.bytesSent += UInt64(info.byteCount)
@@ -486,6 +536,7 @@ public final class QUICConnection {
                              info: UnsafeMutablePointer<ngtcp2_pkt_info>, dest: UnsafeMutablePointer<UInt8>,
                              capacity: Int, now: QUICTime) -> Int {
         let connectionCredit = ngtcp2_conn_get_max_data_left(conn)
+        let newDataHeld = inFlightCapReached(conn)
         var candidateIndex = 0
         let candidates = sendQueue.count
         let start = candidates == 0 ? 0 : roundRobin % candidates
@@ -529,7 +580,7 @@ public final class QUICConnection {
                 let id = sendQueue[(start + candidateIndex) % candidates]
                 candidateIndex += 1
                 guard sendQueueMembers.contains(id), let s = streams[id], s.hasPendingSend, !s.flowBlocked else { continue }
-                if s.send!.unsentBytes > 0 && connectionCredit == 0 { continue }
+                if s.send!.unsentBytes > 0 && (connectionCredit == 0 || newDataHeld) { continue }
                 streamID = id
                 stream = s
                 break
@@ -636,13 +687,13 @@ public final class QUICConnection {
 
     /// Queues bytes on a stream; returns how many were accepted.
     ///
-    /// The engine keeps at most ``QUICConfiguration/streamSendBufferLimit`` unacknowledged
-    /// bytes per stream. When fewer than `bytes.count` are accepted, wait for
-    /// ``QUICEvent/streamWritable(_:)`` and offer the rest. With `finish`, the stream's
+    /// The engine keeps at most ``streamSendBufferLimit`` unacknowledged bytes per stream.
+    /// When fewer than `bytes.count` are accepted, wait for ``QUICEvent/streamWritable(_:)``
+    /// and offer the rest. With `finish`, the stream's
     /// sending side ends after these bytes, but only if all of them were accepted.
     public func write(stream: QUICStreamID, bytes: UnsafeRawBufferPointer, finish: Bool = false) throws(QUICEngineError) -> Int {
         let s = try sendableStream(stream)
-        let accepted = s.send!.append(bytes, limit: configuration.streamSendBufferLimit)
+        let accepted = s.send!.append(bytes, limit: streamSendBufferLimit)
         if accepted < bytes.count {
             s.wantsWritable = true
         } else if finish {
@@ -650,6 +701,23 @@ public final class QUICConnection {
         }
         enqueueForSending(s)
         return accepted
+    }
+
+    /// Unacknowledged bytes a stream may hold now: ``QUICConfiguration/streamSendBufferLimit``,
+    /// or with ``QUICConfiguration/maxStreamSendBuffer`` the congestion window plus one
+    /// bandwidth-delay product, within those bounds — but no more than is in flight plus what
+    /// the peer's flow control still admits: a slow reader holds the sender's memory at the floor.
+    /// The corresponding ngtcp2 function for the peer's credit is `ngtcp2_conn_get_max_data_left`.
+    public var streamSendBufferLimit: Int {
+        let floor = configuration.streamSendBufferLimit
+        guard let ceiling = configuration.maxStreamSendBuffer, let conn else { return floor }
+        let s = Self.statistics(conn)
+        let seconds = Double(s.smoothed_rtt) / 1e9
+        let product = Double(s.delivery_rate_sec) * seconds
+        let path = Double(s.cwnd) + (product.isFinite ? product : 0)
+        let admitted = Double(s.bytes_in_flight) + Double(ngtcp2_conn_get_max_data_left(conn))
+        let wanted = min(path, admitted)
+        return wanted >= Double(ceiling) ? ceiling : max(floor, Int(wanted))
     }
 
     /// Queues bytes on a stream (array convenience); same contract as the buffer-pointer overload.
@@ -953,8 +1021,7 @@ public final class QUICConnection {
     /// Current path and congestion statistics.
     /// The corresponding ngtcp2 function is `ngtcp2_conn_get_conn_stat`.
     public var stats: QUICConnectionStats {
-        var s = ngtcp2_conn_stat()
-        if let conn { cngtcp2_conn_get_conn_stat(conn, &s) }
+        let s = conn.map(Self.statistics) ?? ngtcp2_conn_stat()
         let streamLoss = streams.values.reduce(counters.closedStreamLoss) { $0 + $1.lossCount }
         return QUICConnectionStats(
             smoothedRTT: .nanoseconds(Int64(clamping: s.smoothed_rtt)),
@@ -1058,7 +1125,7 @@ public final class QUICConnection {
     fileprivate func onAcked(_ id: Int64, upTo offset: UInt64) {
         guard let s = streams[id], let send = s.send else { return }
         send.acknowledge(upTo: offset)
-        if s.wantsWritable && send.bufferedBytes <= configuration.streamSendBufferLimit / 2 {
+        if s.wantsWritable && send.bufferedBytes <= streamSendBufferLimit / 2 {
             s.wantsWritable = false
             recordEvent(.streamWritable(s.id))
         }

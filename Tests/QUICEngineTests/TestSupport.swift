@@ -170,6 +170,8 @@ final class Simulation {
     var tick: UInt64?
     /// Called after every step, to let the test's "application" read and write.
     var onStep: (() -> Void)?
+    /// Called for each batch a side sends, with the virtual time it left (before the link's effects).
+    var onTransmit: ((Side, QUICTransmit) -> Void)?
     /// Drops datagrams for which this returns true (after the random link effects).
     var filter: ((Side, [UInt8]) -> Bool)?
     private(set) var delivered: [Side: Int] = [.client: 0, .server: 0]
@@ -302,6 +304,7 @@ final class Simulation {
             guard let c = connection(side) else { continue }
             var batches = 0
             while let t = c.pollTransmit(now: nowTime) {
+                onTransmit?(side, t)
                 send(t, from: side)
                 batches += 1
                 precondition(batches < 100_000, "pollTransmit never returns nil (seed \(seed))")

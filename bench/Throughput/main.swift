@@ -1,7 +1,7 @@
 // qxfer-bench: bulk throughput of one qxfer connection, QUIC or TCP+TLS, between two processes.
 //
-//     qxfer-bench sink   --stack quic|tls --port P [--host H] [--cc cubic|bbr] [--connections N]
-//     qxfer-bench source --stack quic|tls HOST PORT --bytes N [--fingerprint FP] [--cc cubic|bbr]
+//     qxfer-bench sink   --stack quic|tls --port P [--host H] [--cc cubic|bbr|bbr2|reno] [--connections N]
+//     qxfer-bench source --stack quic|tls HOST PORT --bytes N [--fingerprint FP] [--cc cubic|bbr|bbr2|reno]
 //
 // The sink prints its identity's fingerprint on its first stdout line and `listening on H:P` on
 // the second, then reads and discards everything a client sends until the client finishes its
@@ -74,8 +74,9 @@ func congestionControl(_ options: Options) throws -> CongestionControl? {
     case nil: return nil
     case "cubic": return .cubic
     case "bbr": return .bbr
+    case "bbr2": return .bbr2
     case "reno": return .reno
-    case let other?: throw Usage(description: "--cc: cubic, bbr or reno, not \(other)")
+    case let other?: throw Usage(description: "--cc: cubic, bbr, bbr2 or reno, not \(other)")
     }
 }
 

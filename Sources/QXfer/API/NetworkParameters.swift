@@ -102,6 +102,7 @@ public struct CongestionControl: Sendable, Hashable, CustomStringConvertible {
     /// NewReno (RFC 6582).
     public static let reno = CongestionControl(name: "reno")
     /// BBR v2: also reacts to loss, but only above 2 % in a round. QUIC only (Linux's TCP has no
-    /// `bbr2`; there the socket keeps its default). QUIC's choice for `.performanceMode(.realtime)`.
+    /// `bbr2`; there the socket keeps its default). QUIC's choice for `.performanceMode(.realtime)`
+    /// and `.bulk`.
     public static let bbr2 = CongestionControl(name: "bbr2")
 }

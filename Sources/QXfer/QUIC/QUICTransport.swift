@@ -177,10 +177,12 @@ enum QUICTransport {
         // BBR unless asked otherwise: on loopback the two are within noise of each other
         // (bench/loopback.sh: 352 vs 272 MB/s in one run, 272 vs 314 in another), but under
         // 1 % random loss CUBIC collapses where BBR holds (the brief's TCP figures: 57.6 MB/s
-        // against under 0.5), and lossy WAN links are what qxfer is for. Realtime takes BBR v2:
-        // ngtcp2's BBR v1 cuts an application-limited flow's window to what is in flight at
-        // every loss, which held frames back 17 ms or more after each one (docs/STREAMING.md).
-        let defaultAlgorithm: CongestionControl = parameters.performanceMode == .realtime ? .bbr2 : .bbr
+        // against under 0.5), and lossy WAN links are what qxfer is for. Realtime and bulk take
+        // BBR v2: ngtcp2's BBR v1 cuts an application-limited flow's window to what is in flight
+        // at every loss, which held frames back 17 ms or more after each one (docs/STREAMING.md),
+        // and under 1 % random loss on a 50 ms, 500 Mbit/s path it moved a bulk transfer 10-20 %
+        // slower than BBR v2 (docs/benchmarks.md, "Why QUIC overshot the emulated WAN").
+        let defaultAlgorithm: CongestionControl = parameters.performanceMode == .default ? .bbr : .bbr2
         switch (parameters.congestionControl ?? defaultAlgorithm).name {
         case "bbr": configuration.congestionControl = .bbr
         case "bbr2": configuration.congestionControl = .bbr2
@@ -194,13 +196,7 @@ enum QUICTransport {
             configuration.idleTimeout = .seconds(30)
             configuration.keepAliveInterval = .seconds(10)
         }
-        if parameters.performanceMode == .bulk {
-            configuration.initialStreamWindow = 2 << 20
-            configuration.initialConnectionWindow = 4 << 20
-            configuration.maxStreamWindow = 16 << 20
-            configuration.maxConnectionWindow = 32 << 20
-            configuration.streamSendBufferLimit = 4 << 20
-        }
+        if parameters.performanceMode == .bulk { configuration.applyBulkTransferLimits() }
         if let resetSecret {
             configuration.statelessResetSecret = resetSecret
             if isServer { configuration.connectionIDPrefix = connectionIDPrefix(resetSecret: resetSecret) }
