@@ -400,7 +400,12 @@ public final class ByteOutput {
 
     /// Appends bytes.
     public func write(_ data: Data) throws {
-        do { try file.write(Array(data)) } catch { throw StreamError(.output, error.message) }
+        // Written from Data's own storage: no copy of each frame on the way out.
+        var failure: OutputError?
+        data.withUnsafeBytes { raw in
+            do throws(OutputError) { try file.write(raw) } catch { failure = error }
+        }
+        if let failure { throw StreamError(.output, failure.message) }
     }
 
     /// Overwrites bytes at an offset, if the output is a file (IVF's frame count).
