@@ -54,16 +54,20 @@ struct QUICListener: BoundTransportListener {
             let template = makeConfiguration().0
             let server = QUICSocketHandler.Server(
                 makeConfiguration: makeConfiguration,
-                acceptedProtocols: quic.applicationProtocols,
-                accepted: { driver in
-                    let outcome = driver.verifier.result
-                    let peer = PeerIdentity(
-                        fingerprint: outcome.fingerprint, trust: outcome.trust,
-                        applicationProtocol: driver.engine.negotiatedALPN ?? "")
-                    let remote = driver.engine.path.remote.socketAddress?.endpoint
-                    if case .dropped = continuation.yield((NIOLoopBound(driver, eventLoop: driver.eventLoop), peer, remote)) {
-                        driver.close(code: 0x2, reason: "too many pending connections")
+                makeConnection: { engine, verifier, eventLoop in
+                    let driver = QUICConnectionDriver(
+                        engine: engine, eventLoop: eventLoop, verifier: verifier, acceptedProtocols: quic.applicationProtocols)
+                    driver.handshakeResult.whenSuccess { [unowned driver] _ in
+                        let outcome = driver.verifier.result
+                        let peer = PeerIdentity(
+                            fingerprint: outcome.fingerprint, trust: outcome.trust,
+                            applicationProtocol: driver.engine.negotiatedALPN ?? "")
+                        let remote = driver.engine.path.remote.socketAddress?.endpoint
+                        if case .dropped = continuation.yield((NIOLoopBound(driver, eventLoop: driver.eventLoop), peer, remote)) {
+                            driver.close(code: 0x2, reason: "too many pending connections")
+                        }
                     }
+                    return driver
                 },
                 statelessResetSecret: secret,
                 connectionIDLength: template.connectionIDLength,

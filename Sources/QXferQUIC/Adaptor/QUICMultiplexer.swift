@@ -42,16 +42,14 @@ struct QUICMultiplexer: StreamMultiplexer {
         }.get()
         // The new socket must live on the connection's own event loop: the driver is confined to it.
         let channel = try await QUICSockets.openClientSocket(
-            on: driver.eventLoop, host: localHost ?? (remoteIsIPv6 ? "::" : "0.0.0.0"), trafficClass: trafficClass)
+            on: driver.eventLoop, host: localHost ?? QUICSockets.wildcardHost(ipv6: remoteIsIPv6), trafficClass: trafficClass)
         do {
             try await driver.eventLoop.submit {
                 let driver = driver.value
                 let handler = try channel.pipeline.syncOperations.handler(type: QUICSocketHandler.self)
                 guard let local = handler.localAddress else { throw QXferError(.invalidUse, "the new socket has no address") }
-                let old = driver.socket
-                if let old, let oldHandler = try? old.pipeline.syncOperations.handler(type: QUICSocketHandler.self) {
-                    oldHandler.detach(client: driver)
-                }
+                let old = driver.endpoint
+                old?.detach(client: driver)
                 handler.attach(client: driver)
                 do {
                     try driver.engine.migrate(toLocalAddress: local, now: QUICConnectionDriver.now)
@@ -59,7 +57,7 @@ struct QUICMultiplexer: StreamMultiplexer {
                     throw QXferError(.invalidUse, "cannot migrate the connection: \(error)")
                 }
                 driver.process()
-                old?.close(promise: nil)
+                old?.channel?.close(promise: nil)
             }.get()
         } catch {
             try? await channel.close()

@@ -84,7 +84,7 @@ enum QUICConnector {
         let channel: any Channel
         do {
             channel = try await QUICSockets.openClientSocket(
-                on: MultiThreadedEventLoopGroup.singleton, host: remote.protocol == .inet6 ? "::" : "0.0.0.0", trafficClass: trafficClass)
+                on: MultiThreadedEventLoopGroup.singleton, host: QUICSockets.wildcardHost(ipv6: remote.protocol == .inet6), trafficClass: trafficClass)
         } catch {
             throw QXferError(.connectFailed, "cannot open a UDP socket: \(ChannelErrors.reason(error))", underlying: error)
         }

@@ -8,22 +8,14 @@ import QUICEngine
 ///
 /// Confined to its event loop; tasks reach it through `eventLoop.submit`/`flatSubmit`.
 /// Engine calls only happen here, never from inside an engine callback.
-final class QUICConnectionDriver {
+final class QUICConnectionDriver: QUICEndpointConnection {
     let engine: QUICConnection
     let eventLoop: any EventLoop
     let verifier: PeerVerifier
     let acceptedProtocols: [String]
-    /// Has the engine write its next batch of packets into a socket buffer and sends it;
-    /// false when nothing was due or the socket cannot take more now.
-    var sendNextBatch: ((QUICConnection) -> Bool)?
-    /// Tells the socket to route (true) or stop routing (false) a connection ID here.
-    var route: ((QUICConnectionID, Bool) -> Void)?
-    /// Called once the connection is terminated, so the socket forgets it.
-    var onTerminated: (() -> Void)?
-    /// Pushes what `sendNextBatch` queued onto the wire.
-    var flush: (() -> Void)?
-    /// The UDP socket this connection currently uses.
-    var socket: (any Channel)?
+    /// The endpoint (UDP socket) this connection sends through; nil while it has none. Weak:
+    /// the socket's pipeline owns its endpoint, which keeps this driver.
+    weak var endpoint: QUICSocketHandler?
     /// The DSCP byte its sockets carry, so a socket it migrates to is marked the same.
     var trafficClass: Int32 = 0
 
@@ -49,6 +41,8 @@ final class QUICConnectionDriver {
         var error: QXferError?
     }
 
+    var handshakeResult: EventLoopFuture<String> { handshake.futureResult }
+
     init(engine: QUICConnection, eventLoop: any EventLoop, verifier: PeerVerifier, acceptedProtocols: [String]) {
         self.engine = engine
         self.eventLoop = eventLoop
@@ -61,7 +55,7 @@ final class QUICConnectionDriver {
     /// The connection's primary stream as the server sees it: stream 0, once the client uses it.
     var primaryStream: EventLoopFuture<QUICStreamID> { primary.futureResult }
 
-    static var now: QUICTime { QUICTime(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
+    static var now: QUICTime { QUICClock.now }
 
     // MARK: Input
 
@@ -233,9 +227,9 @@ final class QUICConnectionDriver {
                     streams[id] = nil
                 }
             case .connectionIDIssued(let id, _):
-                route?(id, true)
+                endpoint?.route(id, to: self)
             case .connectionIDRetired(let id):
-                route?(id, false)
+                endpoint?.unroute(id, from: self)
             case .connectionClosed(let reason):
                 closed(with: QUICErrors.describe(reason, verifier: verifier, offered: acceptedProtocols))
             case .datagramReceived(let payload):
@@ -348,8 +342,8 @@ final class QUICConnectionDriver {
     // MARK: Output and timers
 
     private func flushTransmits() {
-        while let sendNextBatch, sendNextBatch(engine) {}
-        flush?()
+        while let endpoint, endpoint.sendNextBatch(of: engine) {}
+        endpoint?.flushIfNeeded()
     }
 
     private func armTimer() {
@@ -375,8 +369,8 @@ final class QUICConnectionDriver {
         terminated = true
         timer?.cancel()
         timer = nil
-        for id in engine.sourceConnectionIDs { route?(id, false) }
-        onTerminated?()
+        for id in engine.sourceConnectionIDs { endpoint?.unroute(id, from: self) }
+        endpoint?.forget(self)
     }
 
     /// Called by the socket when it closed: nothing can be sent any more.
@@ -386,7 +380,11 @@ final class QUICConnectionDriver {
         terminated = true
         timer?.cancel()
         timer = nil
-        onTerminated?()
+        endpoint?.forget(self)
+    }
+
+    func socketDied() {
+        rebind()
     }
 
     /// Called by the socket when it died under the established connection: what is sent until a
@@ -395,11 +393,7 @@ final class QUICConnectionDriver {
     /// address cannot be had, the connection migrates to a new port. Retried with backoff while
     /// binding fails.
     func rebind(after delay: TimeAmount = .milliseconds(100)) {
-        sendNextBatch = nil
-        flush = nil
-        route = nil
-        onTerminated = nil
-        socket = nil
+        endpoint = nil
         // Confined to the event loop, like everything here; the closures run on it.
         let bound = NIOLoopBound(self, eventLoop: eventLoop)
         let loop = eventLoop
@@ -407,7 +401,7 @@ final class QUICConnectionDriver {
         eventLoop.scheduleTask(in: delay) {
             let driver = bound.value
             guard !driver.terminated else { return }
-            let host = driver.engine.path.remote.isIPv6 ? "::" : "0.0.0.0"
+            let host = QUICSockets.wildcardHost(ipv6: driver.engine.path.remote.isIPv6)
             let sameAddress = driver.engine.path.local.socketAddress.map {
                 QUICSockets.bindClientSocket(on: loop, to: $0, trafficClass: trafficClass)
             } ?? loop.makeFailedFuture(QXferError(.invalidUse, "the connection has no local address"))

@@ -17,9 +17,9 @@ final class QUICSocketHandler: ChannelInboundHandler {
     struct Server {
         /// A configuration (with a fresh verifier) for each new connection.
         var makeConfiguration: () -> (QUICConfiguration, PeerVerifier)
-        var acceptedProtocols: [String]
-        /// Called on the event loop when a connection completes its handshake.
-        var accepted: (QUICConnectionDriver) -> Void
+        /// The connection (its driver) for a new client's engine, on the socket's event loop.
+        /// It reports itself to the listener once its handshake completes.
+        var makeConnection: (QUICConnection, PeerVerifier, any EventLoop) -> any QUICEndpointConnection
         /// Connections beyond this many are ignored until others end.
         var maximumConnections = 4096
         /// The secret stateless-reset tokens derive from (the engines use the same one).
@@ -90,14 +90,14 @@ final class QUICSocketHandler: ChannelInboundHandler {
     private let server: Server?
     private var context: ChannelHandlerContext?
     private(set) var localAddress: QUICSocketAddress?
-    private var routes: [QUICConnectionID: QUICConnectionDriver] = [:]
-    private var drivers: [ObjectIdentifier: QUICConnectionDriver] = [:]
-    private var dirty: [ObjectIdentifier: QUICConnectionDriver] = [:]
+    private var routes: [QUICConnectionID: any QUICEndpointConnection] = [:]
+    private var drivers: [ObjectIdentifier: any QUICEndpointConnection] = [:]
+    private var dirty: [ObjectIdentifier: any QUICEndpointConnection] = [:]
     private var needsFlush = false
     /// A send buffer a connection did not fill (it had nothing to send), for the next send.
     private var unusedSendBuffer: ByteBuffer?
     /// The connection of a client socket, which has exactly one.
-    private var clientDriver: QUICConnectionDriver?
+    private var clientDriver: (any QUICEndpointConnection)?
 
     /// A listening socket with `server`, or a client's socket with nil.
     init(server: Server?) {
@@ -127,15 +127,18 @@ final class QUICSocketHandler: ChannelInboundHandler {
         localAddress = context?.channel.localAddress.flatMap(QUICSocketAddress.init)
     }
 
+    /// The socket.
+    var channel: (any Channel)? { context?.channel }
+
     /// Attaches a client connection to this socket.
-    func attach(client driver: QUICConnectionDriver) {
+    func attach(client driver: any QUICEndpointConnection) {
         clientDriver = driver
         wire(driver)
     }
 
     /// Lets go of a client connection that moves to another socket, so closing this one does
     /// not end it.
-    func detach(client driver: QUICConnectionDriver) {
+    func detach(client driver: any QUICEndpointConnection) {
         guard clientDriver === driver else { return }
         clientDriver = nil
         drivers[ObjectIdentifier(driver)] = nil
@@ -143,22 +146,31 @@ final class QUICSocketHandler: ChannelInboundHandler {
         routes.removeAll()
     }
 
-    private func wire(_ driver: QUICConnectionDriver) {
+    private func wire(_ driver: any QUICEndpointConnection) {
         let key = ObjectIdentifier(driver)
         drivers[key] = driver
-        driver.sendNextBatch = { [unowned self] engine in self.sendNextBatch(of: engine) }
-        driver.flush = { [unowned self] in self.flushIfNeeded() }
-        driver.route = { [unowned self, unowned driver] id, add in
-            if add { self.routes[id] = driver } else if self.routes[id] === driver { self.routes[id] = nil }
-        }
-        driver.socket = context?.channel
-        driver.onTerminated = { [unowned self, unowned driver] in
-            self.drivers[ObjectIdentifier(driver)] = nil
-            self.dirty[ObjectIdentifier(driver)] = nil
-            self.routes = self.routes.filter { $0.value !== driver }
-            if self.server == nil { self.context?.close(promise: nil) }
-        }
+        driver.endpoint = self
         for id in driver.engine.sourceConnectionIDs { routes[id] = driver }
+    }
+
+    // MARK: Called by the connections it carries
+
+    /// Routes datagrams addressed to `id` to `driver` (a connection ID it issued).
+    func route(_ id: QUICConnectionID, to driver: any QUICEndpointConnection) {
+        routes[id] = driver
+    }
+
+    /// Stops routing `id` to `driver` (a connection ID it retired).
+    func unroute(_ id: QUICConnectionID, from driver: any QUICEndpointConnection) {
+        if routes[id] === driver { routes[id] = nil }
+    }
+
+    /// Forgets a terminated connection; a client's socket, which has only that one, closes.
+    func forget(_ driver: any QUICEndpointConnection) {
+        drivers[ObjectIdentifier(driver)] = nil
+        dirty[ObjectIdentifier(driver)] = nil
+        routes = routes.filter { $0.value !== driver }
+        if server == nil { context?.close(promise: nil) }
     }
 
     // MARK: Receive
@@ -209,7 +221,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
             // while the interface is down, and NIO closes a datagram socket on that error. For
             // QUIC that is packet loss, not the end: the connection goes on from a new socket.
             detach(client: driver)
-            driver.rebind()
+            driver.socketDied()
         } else {
             for driver in Array(drivers.values) { driver.socketClosed() }
         }
@@ -240,7 +252,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
                 sendStatelessReset(for: header.destinationConnectionID, triggeredBy: datagram.count, to: path.remote, server: server)
             }
         case .unsupportedVersion(let header):
-            let now = QUICConnectionDriver.now
+            let now = QUICClock.now
             if datagram.count >= 1200, versionNegotiationBudget.hasRoom(now: now), spend(from: path.remote),
                versionNegotiationBudget.spend(now: now), let reply = QUICVersionNegotiation.write(for: header) {
                 sendRaw(reply, to: path.remote)
@@ -256,7 +268,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
         guard datagram.count >= 1200, drivers.count < server.maximumConnections,
               let initial = QUICInitialPacket.accept(datagram: datagram), spend(from: path.remote)
         else { return }
-        let now = QUICConnectionDriver.now
+        let now = QUICClock.now
         if let original = QUICRetry.validate(initial, remote: path.remote, secret: retrySecret, now: now) {
             accept(initial, datagram: datagram, path: path, server: server, retriedFrom: original)
         } else if underLoad(server, now: now) {
@@ -270,7 +282,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
 
     /// Whether the datagram's source may still cost the listener an answer or a set-up.
     private func spend(from remote: QUICSocketAddress) -> Bool {
-        sourceBudgets.spend(remote, now: QUICConnectionDriver.now)
+        sourceBudgets.spend(remote, now: QUICClock.now)
     }
 
     private func accept(
@@ -281,19 +293,16 @@ final class QUICSocketHandler: ChannelInboundHandler {
         let engine: QUICConnection
         do {
             engine = try QUICConnection(
-                serverWith: configuration, initialPacket: initial, path: path, now: QUICConnectionDriver.now, retriedFrom: original)
+                serverWith: configuration, initialPacket: initial, path: path, now: QUICClock.now, retriedFrom: original)
         } catch {
             return
         }
-        let driver = QUICConnectionDriver(
-            engine: engine, eventLoop: context.eventLoop, verifier: verifier, acceptedProtocols: server.acceptedProtocols)
+        let driver = server.makeConnection(engine, verifier, context.eventLoop)
         wire(driver)
         routes[initial.destinationConnectionID] = driver  // retransmitted Initials still carry it
-        let accepted = server.accepted
         pendingHandshakes += 1
         acceptedThisSecond += 1
-        driver.handshake.futureResult.whenComplete { [weak self] _ in self?.pendingHandshakes -= 1 }
-        driver.handshake.futureResult.whenSuccess { [unowned driver] _ in accepted(driver) }
+        driver.handshakeResult.whenComplete { [weak self] _ in self?.pendingHandshakes -= 1 }
         driver.receive(datagram, path: path)
         dirty[ObjectIdentifier(driver)] = driver
     }
@@ -323,7 +332,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
     /// Tells a peer that this endpoint no longer knows its connection (it restarted, or the
     /// connection ended long ago), so the peer fails at once instead of at its idle timeout.
     private func sendStatelessReset(for id: QUICConnectionID, triggeredBy length: Int, to remote: QUICSocketAddress, server: Server) {
-        guard resetBudget.spend(now: QUICConnectionDriver.now) else { return }
+        guard resetBudget.spend(now: QUICClock.now) else { return }
         let token = QUICStatelessReset.token(secret: server.statelessResetSecret, connectionID: id)
         guard let reset = QUICStatelessReset.write(token: token, triggeringPacketLength: length) else { return }
         sendRaw(reset, to: remote)
@@ -333,13 +342,13 @@ final class QUICSocketHandler: ChannelInboundHandler {
 
     /// The engine writes its packets straight into the buffer the socket sends. Most calls end
     /// with nothing due; their buffer is kept for the next call instead of allocated afresh.
-    private func sendNextBatch(of engine: QUICConnection) -> Bool {
+    func sendNextBatch(of engine: QUICConnection) -> Bool {
         guard let context, context.channel.isActive else { return false }
         let capacity = engine.transmitCapacity
         var buffer = unusedSendBuffer.take() ?? context.channel.allocator.buffer(capacity: capacity)
         var written: QUICTransmitInfo?
         buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: capacity) { raw in
-            written = engine.pollTransmit(now: QUICConnectionDriver.now, into: raw)
+            written = engine.pollTransmit(now: QUICClock.now, into: raw)
             return written?.byteCount ?? 0
         }
         guard let transmit = written else {
@@ -361,7 +370,8 @@ final class QUICSocketHandler: ChannelInboundHandler {
         needsFlush = true
     }
 
-    private func flushIfNeeded() {
+    /// Pushes what ``sendNextBatch(of:)`` queued onto the wire.
+    func flushIfNeeded() {
         guard needsFlush, let context else { return }
         needsFlush = false
         context.flush()
@@ -369,7 +379,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
 
     /// Closes every connection (each sends CONNECTION_CLOSE), then the socket.
     func shutdown() {
-        for driver in Array(drivers.values) { driver.close() }
+        for driver in Array(drivers.values) { driver.close(code: 0, reason: "") }
         flushIfNeeded()
         context?.close(promise: nil)
     }

@@ -5,6 +5,9 @@ import NIOPosix
 /// Opening and tuning the UDP sockets QUIC runs on, each with its ``QUICSocketHandler``:
 /// the only place that sets a QUIC socket's options.
 enum QUICSockets {
+    /// The address a client socket binds to reach a peer of that family: any, any port.
+    static func wildcardHost(ipv6: Bool) -> String { ipv6 ? "::" : "0.0.0.0" }
+
     /// Socket options for a QUIC UDP socket: big buffers, GRO, vectored reads, DSCP.
     static func tune(_ channel: any Channel, trafficClass: Int32) throws {
         guard let options = channel.syncOptions else { return }
