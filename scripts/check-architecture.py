@@ -10,7 +10,8 @@ Reads the manifest (`swift package dump-package`, no build) and every source fil
   - applications (transfer, streaming, pairing, the CLI, samples, bench) reach no C module and
     no engine, and see the library only through the umbrella `QXfer`;
   - a source file imports only modules its target declares (SwiftPM lets a file import any
-    module already built), and only the library's layers and tests use `@_spi(Stacks)`.
+    module already built), and only the library's layers and tests use `@_spi(Stacks)`;
+  - inside QXferQUIC, arrows point down: Connect → Adaptor → Driver → Endpoint, never back.
 Exit status 1 with one line per violation.
 """
 import json
@@ -38,6 +39,12 @@ CORE_PRODUCTS = {"NIOCore", "NIOConcurrencyHelpers", "NIOFoundationCompat", "Cry
 # Edges that other branches remove; each names where it goes.
 KNOWN_EXCEPTIONS = {
     ("QXferTransfer", "CXXHash"): "XXH3 and renameat2 move behind a Swift type (branch i21-small)",
+}
+# Inside a target, folders in layers, lowest first: a file names no type declared in a higher
+# folder (the QUIC side as quinn shapes it; the target's top folder, the stack's description and
+# its seam, may use them all).
+FOLDER_ORDER = {
+    "QXferQUIC": ["Endpoint", "Driver", "Adaptor", "Connect"],
 }
 SYSTEM_MODULES = {"Foundation", "FoundationEssentials", "Glibc", "Darwin", "Dispatch", "Synchronization",
                   "Testing", "XCTest", "_Concurrency", "Observation", "os", "Musl"}
@@ -83,6 +90,36 @@ def imports(folder, exclude):
                     match = IMPORT.match(line)
                     if match:
                         yield os.path.relpath(path, ROOT), match.group(1), line.strip()
+
+
+DECLARATION = re.compile(r"^\s*(?:(?:public|internal|private|fileprivate|package|final|@[\w()]+)\s+)*"
+                         r"(?:class|struct|enum|protocol|actor|typealias)\s+(\w+)")
+
+
+def code_of(path):
+    """A Swift file without its comments and string literals (good enough to look for names)."""
+    with open(path, encoding="utf-8") as file:
+        text = file.read()
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    return re.sub(r'"(?:\\.|[^"\\\n])*"', '""', text)
+
+
+def folder_order_problems(root, order):
+    """Files of a lower folder that name a type declared in a higher one."""
+    files = {folder: [os.path.join(directory, f) for directory, _, names in os.walk(os.path.join(root, folder))
+                      for f in names if f.endswith(".swift")] for folder in order}
+    declared = {folder: {m.group(1) for path in paths for line in open(path, encoding="utf-8")
+                         for m in [DECLARATION.match(line)] if m} for folder, paths in files.items()}
+    problems = []
+    for index, folder in enumerate(order):
+        higher = {name: other for other in order[index + 1:] for name in declared[other]}
+        for path in files[folder]:
+            code = code_of(path)
+            for name, other in sorted(higher.items()):
+                if re.search(r"\b" + re.escape(name) + r"\b", code):
+                    problems.append(f"{os.path.relpath(path, ROOT)}: names {name} from {other}/, a higher layer than {folder}/")
+    return problems
 
 
 def find_cycle(graph):
@@ -179,6 +216,9 @@ def main():
                 problems.append(f"{path}: imports {module}, which target {name} does not declare")
             if "@_spi(" in line and name not in LAYERS and target["type"] != "test":
                 problems.append(f"{path}: `{line}`: only the library's layers use its stacks' SPI")
+
+    for name, order in FOLDER_ORDER.items():
+        problems += folder_order_problems(folders[name], order)
 
     for (source, dependency), why in KNOWN_EXCEPTIONS.items():
         if dependency in graph.get(source, []):

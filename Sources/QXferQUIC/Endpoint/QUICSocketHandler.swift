@@ -1,3 +1,4 @@
+import Logging
 import NIOCore
 import QUICEngine
 @_spi(Stacks) import QXferIdentity
@@ -35,6 +36,8 @@ final class QUICSocketHandler: ChannelInboundHandler {
         /// connection set-up each. 0: always.
         var retryAbovePendingHandshakes = 32
     }
+
+    private static let logger = Logger(label: "qxfer.quic")
 
     /// Seals Retry tokens; they live seconds, so a secret per socket is enough.
     private let retrySecret: [UInt8] = (0..<32).map { _ in UInt8.random(in: 0...255) }
@@ -113,7 +116,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
                 versions: QUICVersionNegotiation.supportedVersions)
             // Without the filter (a kernel refusing it) the handler drops the same datagrams itself.
             QUICSocketFilter.attach(program, to: context.channel).whenFailure { error in
-                QUICConnector.logger.debug("no kernel filter on the QUIC listener: \(error)")
+                Self.logger.debug("no kernel filter on the QUIC listener: \(error)")
             }
         }
     }

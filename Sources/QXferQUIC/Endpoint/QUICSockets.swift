@@ -1,6 +1,5 @@
 import NIOCore
 import NIOPosix
-@_spi(Stacks) import QXferCore
 
 /// Opening and tuning the UDP sockets QUIC runs on, each with its ``QUICSocketHandler``:
 /// the only place that sets a QUIC socket's options.
