@@ -80,8 +80,9 @@ let package = Package(
         ),
 
         // The layers of the library, each a target so that a forbidden import fails the build
-        // (docs/ARCHITECTURE.md; scripts/check-architecture.sh checks the graph):
-        //   QXfer (umbrella) → QXferTLS, QXferQUIC, QXferDiscovery → QXferSockets → QXferIdentity → QXferCore.
+        // (docs/ARCHITECTURE.md has the graph; scripts/check-architecture.py checks it): the
+        // umbrella QXfer over the stacks (QXferTLS, QXferQUIC) and QXferDiscovery, the stacks over
+        // QXferSockets and QXferIdentity, everything over QXferCore.
 
         // The connection API: endpoints, the stack builder, NetworkConnection/Listener, framers,
         // states, metrics, errors, and the seam every stack implements (TransportStack).
