@@ -1,6 +1,6 @@
 import ArgumentParser
-import LinuxSystem
 import Foundation
+import LinuxSystem
 import QXfer
 import QXferPairing
 import QXferTransfer

@@ -1,5 +1,5 @@
-import LinuxSystem
 import Foundation
+import LinuxSystem
 import QXferTransfer
 import Synchronization
 
