@@ -21,7 +21,7 @@ import Testing
         var droppedAtQueueOrLoss = 0
     }
 
-    /// As qxfer's bulk mode (QUICTransport.configuration): BBR v2 and the bulk limits.
+    /// As qxfer's bulk mode (QUICStackConfiguration.make): BBR v2 and the bulk limits.
     static func bulk(_ base: QUICConfiguration) -> QUICConfiguration {
         var c = base
         c.congestionControl = .bbr2
