@@ -94,36 +94,71 @@ final class StreamSendBuffer {
 }
 
 /// Received stream bytes waiting for the application, in order.
+///
+/// Kept in chunks of a fixed size rather than one growing array: when a repaired loss releases
+/// a window's worth of bytes at once, an array doubled its capacity and copied itself on the
+/// way (twice the window resident for a moment), and dropping what was read moved the rest.
+/// Chunks cost what they hold, rounded up to one chunk, and reading frees them.
 struct ByteQueue {
-    private var storage: [UInt8] = []
-    private var head = 0
+    static let chunkSize = 64 << 10
 
-    var count: Int { storage.count - head }
+    private var chunks: [[UInt8]] = []
+    /// Index of the first chunk still holding unread bytes.
+    private var firstChunk = 0
+    /// Bytes already read from `chunks[firstChunk]`.
+    private var headOffset = 0
+    private(set) var count = 0
+
     var isEmpty: Bool { count == 0 }
 
     mutating func append(_ bytes: UnsafeRawBufferPointer) {
-        if head > 0 && head >= storage.count / 2 {
-            storage.removeFirst(head)
-            head = 0
+        var rest = bytes[...]
+        while !rest.isEmpty {
+            if chunks.count == firstChunk || chunks[chunks.count - 1].count == Self.chunkSize {
+                var chunk: [UInt8] = []
+                chunk.reserveCapacity(Self.chunkSize)
+                chunks.append(chunk)
+            }
+            let last = chunks.count - 1
+            let n = Swift.min(rest.count, Self.chunkSize - chunks[last].count)
+            chunks[last].append(contentsOf: UnsafeRawBufferPointer(rebasing: rest.prefix(n)))
+            rest = rest.dropFirst(n)
+            count += n
         }
-        storage.append(contentsOf: bytes)
     }
 
     /// Moves as many bytes as fit into `buffer`; returns how many.
     mutating func read(into buffer: UnsafeMutableRawBufferPointer) -> Int {
-        let n = Swift.min(buffer.count, count)
-        guard n > 0 else { return 0 }
-        storage.withUnsafeBytes { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[head..<head + n])) }
-        head += n
-        if head == storage.count {
-            storage.removeAll(keepingCapacity: storage.capacity <= 1 << 16)
-            head = 0
+        var copied = 0
+        while copied < buffer.count && firstChunk < chunks.count {
+            let n = chunks[firstChunk].withUnsafeBytes { chunk in
+                let n = Swift.min(buffer.count - copied, chunk.count - headOffset)
+                UnsafeMutableRawBufferPointer(rebasing: buffer[copied..<copied + n])
+                    .copyMemory(from: UnsafeRawBufferPointer(rebasing: chunk[headOffset..<headOffset + n]))
+                return n
+            }
+            copied += n
+            headOffset += n
+            if headOffset == chunks[firstChunk].count && (headOffset == Self.chunkSize || firstChunk < chunks.count - 1) {
+                chunks[firstChunk] = []
+                firstChunk += 1
+                headOffset = 0
+            } else if headOffset == chunks[firstChunk].count {
+                break  // the last, partly filled chunk is empty now: keep it for the next append
+            }
         }
-        return n
+        count -= copied
+        if firstChunk == chunks.count || firstChunk >= 64 && firstChunk >= chunks.count / 2 {
+            chunks.removeFirst(firstChunk)
+            firstChunk = 0
+        }
+        return copied
     }
 
     mutating func removeAll() {
-        storage = []
-        head = 0
+        chunks = []
+        firstChunk = 0
+        headOffset = 0
+        count = 0
     }
 }

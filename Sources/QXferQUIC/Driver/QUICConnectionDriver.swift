@@ -249,6 +249,7 @@ final class QUICConnectionDriver: QUICEndpointConnection {
     }
 
     private static let allocator = ByteBufferAllocator()
+    private static let maximumRead = 1 << 20
 
     private func serveReader(_ id: QUICStreamID) {
         guard var state = streams[id], let waiter = state.readWaiter else { return }
@@ -259,8 +260,10 @@ final class QUICConnectionDriver: QUICEndpointConnection {
             return
         }
         // The engine copies straight into the buffer handed to the reader. With nothing
-        // buffered the read only asks whether the peer's FIN has been reached.
-        let capacity = min(engine.readableBytes(stream: id), 4 << 20)
+        // buffered the read only asks whether the peer's FIN has been reached. At most 1 MiB:
+        // a repaired loss can release a whole window at once, and the reader's copy of it adds
+        // to the peak memory (the window is already extended as the engine's queue drains).
+        let capacity = min(engine.readableBytes(stream: id), Self.maximumRead)
         var buffer = Self.allocator.buffer(capacity: capacity)
         var isFinished = false
         let byteCount: Int
