@@ -4,8 +4,9 @@ import Glibc
 import Musl
 #endif
 
-/// An open file descriptor, closed when the last reference goes away.
-public final class Descriptor {
+/// An open file descriptor, closed when the last reference goes away (immutable, so it may be
+/// handed between threads).
+public final class Descriptor: Sendable {
     /// The raw descriptor.
     public let fd: Int32
     private let owned: Bool
