@@ -7,7 +7,7 @@ import QXfer
 /// receiver's verdicts.
 ///
 /// Nothing waits for one file before the next: small files (at most ``batchedFileLimit``
-/// bytes) travel together in Batch messages, each large file after them in its own messages.
+/// bytes) travel together in Batch messages, each larger file in messages of its own.
 /// On QUIC the batches go on up to ``parallelFiles`` long-lived streams and every large file
 /// on a stream of its own, several in parallel; on TCP+TLS, which has one ordered byte stream,
 /// the same messages follow each other on the connection.

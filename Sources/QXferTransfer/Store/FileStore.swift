@@ -160,13 +160,15 @@ public final class FileStore {
         guard let startOffset = off_t(exactly: start.offset) else {
             throw TransferError(.limitExceeded, "'\(target.path)' resumes at \(start.offset) bytes, beyond what a file can hold")
         }
-        switch try directory.state(of: target.path) {
+        // The parent is walked once (creating what is missing, as writing needs it anyway) and
+        // the name looked at from there: a few system calls fewer for each of many small files.
+        let parent = try directory.openParent(of: target.path, create: true)
+        switch try directory.kind(of: target.path.name, in: parent) {
         case .absent: break
         case .regularFile where overwrite: break
         case .regularFile: throw TransferError(.exists, "'\(target.path)' already exists; not overwriting it")
         default: throw TransferError(.exists, "'\(target.path)' exists and is not a regular file")
         }
-        let parent = try directory.openParent(of: target.path, create: true)
         let names = FileStore.tempNames(for: target.path.name)
         // Never O_TRUNC before holding the lock: the partial may be another transfer's.
         let flags = start.offset == 0 ? (O_RDWR | O_CREAT) : O_RDWR
