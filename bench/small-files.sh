@@ -9,6 +9,7 @@
 #     bench/small-files.sh                         # both conditions, 3 runs
 #     RUNS=5 CONDITIONS=wan QXFER=path/to/qxfer bench/small-files.sh
 #     TOOLS="qxfer-quic rsync" bench/small-files.sh
+#     QXFER_BASELINE=path/to/older/qxfer bench/small-files.sh   # adds baseline-quic, baseline-tls
 #
 # Each run is the wall time of the sending process (start to exit, handshake included); the
 # receiver (qxfer recv, or the sshd session) runs before and after. A run still going after CAP
@@ -16,16 +17,21 @@
 # trip or more per file: about 5 files/s over the 50 ms path, 7 minutes for 2000 files). qxfer's receiver fsyncs every
 # file and folder before it reports Complete; rsync and scp sync nothing (the comparison is as a
 # user meets it). The target is removed before each run and every received tree is compared with
-# the source. Prints a table with the median time, files per second and the ratio to rsync's time
+# the source. Each run receives into an empty folder and nothing received is deleted before the
+# end: ext4 makes creating files slow for a minute or more after many deletions (its inode
+# allocator skips recently freed inodes; perf showed 65 % of qxfer's receiver in
+# ext4_create -> recently_deleted), which would charge one contender's leftovers to the next.
+# Prints a table with the median time, files per second and the ratio to rsync's time
 # and files per second in the same run; the CSV goes to bench/results/small-files-DATE.csv.
 # The issue's targets: wan, both stacks <= 0.5x rsync's time; loopback, >= 3x rsync's files/s.
 # Env: QXFER (a built qxfer; qxfer-linkemu from beside it), else a release build in SCRATCH
-# (default .build-bench). Runs as root (namespaces, sshd).
+# (default .build-bench); QXFER_BASELINE, another qxfer (e.g. before a change) run in the same
+# run as baseline-quic and baseline-tls against a receiver of its own. Runs as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 CONDITIONS=${CONDITIONS:-wan loopback}
-TOOLS=${TOOLS:-qxfer-quic qxfer-tls rsync scp}
+TOOLS=${TOOLS:-qxfer-quic qxfer-tls ${QXFER_BASELINE:+baseline-quic baseline-tls} rsync scp}
 CAP=${CAP:-30}
 SCRATCH=${SCRATCH:-.build-bench}
 PREFIX=qsf$$
@@ -44,9 +50,15 @@ fi
 export LINKEMU_BIN=${LINKEMU_BIN:-$(dirname "$QXFER")/qxfer-linkemu}
 
 WORK=$(mktemp -d /tmp/qxfer-small-files.XXXXXX)
-RECV_PID=
+RECV_PIDS=()
+stop_receivers() {
+    local pid
+    for pid in "${RECV_PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
+    for pid in "${RECV_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    RECV_PIDS=()
+}
 cleanup() {
-    [ -z "$RECV_PID" ] || { kill -INT "$RECV_PID" 2>/dev/null; wait "$RECV_PID" 2>/dev/null; } || true
+    stop_receivers
     [ ! -s "$WORK/sshd.pid" ] || kill "$(cat "$WORK/sshd.pid")" 2>/dev/null || true
     LE_QUIET=1 bench/netns/linkemu-down.sh --prefix "$PREFIX" >/dev/null 2>&1 || true
     rm -rf "$WORK"
@@ -76,6 +88,7 @@ tree_sum() { (cd "$1" && find . -type f -print0 | sort -z | while IFS= read -r -
 bench_sshd_setup "$WORK"
 mkdir -p bench/results
 FP=$("$QXFER" id --config-dir "$WORK/cfg-recv")
+[ -z "${QXFER_BASELINE:-}" ] || "$QXFER_BASELINE" id --config-dir "$WORK/cfg-recv" >/dev/null  # same identity
 "$QXFER" id --config-dir "$WORK/cfg-send" >/dev/null
 CSV=bench/results/small-files-$(date +%Y%m%d-%H%M%S).csv
 echo "condition,tool,run,files,bytes,seconds,load1,complete,arrived" >"$CSV"
@@ -102,14 +115,18 @@ for condition in $CONDITIONS; do
     ip netns exec "$RECV_NS" /usr/sbin/sshd -f "$WORK/sshd_config" -E "$WORK/sshd.log"
     mkdir -p "$WORK/dst"
     ip netns exec "$RECV_NS" "$QXFER" recv --config-dir "$WORK/cfg-recv" --dir "$WORK/dst" --yes --port 7447 --no-advertise >/dev/null 2>"$WORK/recv.err" &
-    RECV_PID=$!
+    RECV_PIDS+=($!)
+    if [ -n "${QXFER_BASELINE:-}" ]; then
+        ip netns exec "$RECV_NS" "$QXFER_BASELINE" recv --config-dir "$WORK/cfg-recv" --dir "$WORK/dst" --yes --port 7448 --no-advertise >/dev/null 2>"$WORK/recv-baseline.err" &
+        RECV_PIDS+=($!)
+    fi
     sleep 0.5
     for run in $(seq 1 "$RUNS"); do
         for tool in $TOOLS; do
-            rm -rf "$WORK/dst/tree"
             sync  # each run starts without the previous one's dirty pages
             case $tool in
                 qxfer-quic|qxfer-tls) command=("$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/tree" "$HOST:7447" --stack "${tool#qxfer-}" --fingerprint "$FP") ;;
+                baseline-quic|baseline-tls) command=("$QXFER_BASELINE" send --config-dir "$WORK/cfg-send" "$WORK/tree" "$HOST:7448" --stack "${tool#baseline-}" --fingerprint "$FP") ;;
                 rsync) command=(rsync -a -e "ssh ${SSH_OPTS[*]}" "$WORK/tree" "root@$HOST:$WORK/dst/") ;;
                 scp) command=(scp -q -r "${SSH_OPTS[@]}" "$WORK/tree" "root@$HOST:$WORK/dst/") ;;
                 *) echo "bench/small-files.sh: unknown tool '$tool'" >&2; exit 2 ;;
@@ -128,9 +145,11 @@ for condition in $CONDITIONS; do
             fi
             arrived=$(find "$WORK/dst/tree" -type f ! -name '.*' 2>/dev/null | wc -l)
             echo "$condition,$tool,$run,$files,$bytes,$seconds,$(cut -d' ' -f1 /proc/loadavg),$complete,$arrived" | tee -a "$CSV" >&2
+            mkdir -p "$WORK/kept"
+            mv "$WORK/dst/tree" "$WORK/kept/$condition-$tool-$run" 2>/dev/null || true  # removed at the end
         done
     done
-    kill -INT "$RECV_PID" 2>/dev/null; wait "$RECV_PID" 2>/dev/null || true; RECV_PID=
+    stop_receivers
     kill "$(cat "$WORK/sshd.pid")" 2>/dev/null || true; rm -f "$WORK/sshd.pid"
 done
 

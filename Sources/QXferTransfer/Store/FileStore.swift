@@ -122,7 +122,8 @@ public final class FileStore {
     /// describes another version of the file (size, mtime, algorithm), or when the partial does
     /// not hash to what the journal recorded.
     public func resumeOffset(for target: FileTarget) throws(TransferError) -> ResumePoint {
-        guard target.size != nil else { return .start(target.algorithm) }
+        // A file too small for a journal has none to resume from: no lookup for each of many.
+        guard let size = target.size, keepsJournal(size: size) else { return .start(target.algorithm) }
         let names = FileStore.tempNames(for: target.path.name)
         let parent: Descriptor
         do {
@@ -186,7 +187,7 @@ public final class FileStore {
         // re-sending a smaller one whole after an interruption costs less than creating,
         // syncing and removing a journal for each of many small files (~2 ms each).
         var journalFile: Descriptor?
-        if let size = target.size, size > min(1 << 20, checkpointInterval) || start.offset > 0 {
+        if let size = target.size, keepsJournal(size: size) || start.offset > 0 {
             let journal = try directory.openFile(names.journal, in: parent, flags: O_RDWR | O_CREAT, mode: 0o600, shown: target.path.description)
             if start.offset == 0 {
                 // Replaces any journal of an older attempt (it must not vouch for the new data)
@@ -200,6 +201,10 @@ public final class FileStore {
         }
         return FileWriter(store: self, target: target, parent: parent, names: names, file: file, journal: journalFile, start: start)
     }
+
+    /// Whether a file of `size` bytes is written with a journal: longer than 1 MiB (or one
+    /// checkpoint interval, if shorter).
+    func keepsJournal(size: UInt64) -> Bool { size > min(1 << 20, checkpointInterval) }
 
     /// Removes the partial and journal of a target, if any.
     public func discardPartial(for target: FileTarget) {
