@@ -16,7 +16,7 @@ public struct TransferSender: Sendable {
     public var tree: SourceTree
     /// The end-to-end digest.
     public var algorithm: DigestAlgorithm
-    /// Files sent at the same time over QUIC (each on its own stream).
+    /// Streams used at the same time over QUIC (Batches of small files, or one larger file each).
     public var parallelFiles: Int
     /// Counters and events for a progress display.
     public let progress: TransferProgress
