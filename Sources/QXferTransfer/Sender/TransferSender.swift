@@ -37,9 +37,12 @@ public struct TransferSender: Sendable {
 
     /// Files up to this size go in Batches (docs/PROTOCOL.md §3.6); larger ones alone.
     static let batchedFileLimit: UInt64 = 256 << 10
-    /// A Batch is sent once it holds this much file data, or ``batchFileCount`` files.
-    static let batchBytes = 1 << 20
-    static let batchFileCount = 512
+    /// A Batch is sent once it holds this much file data, or ``batchFileCount`` files. Small:
+    /// the receiver takes a Batch only once all of it has arrived, and over a path still in
+    /// slow start (with 8 streams sharing it on QUIC) a 1 MiB Batch arrived only after most of
+    /// a 9 MB tree had, so the receiver's work waited for the network instead of overlapping it.
+    static let batchBytes = 64 << 10
+    static let batchFileCount = 256
 
     private func exchange<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
         let offer = Offer(algorithm: algorithm, entries: tree.entries, flags: .batches)
