@@ -17,6 +17,9 @@ demo: build
 
 ## Runs the whole test suite.
 test: deps
+	# The target graph, and a failure on a cycle or on an edge the layering forbids
+	# (docs/ARCHITECTURE.md): before building, so a forbidden import is named, not just compiled.
+	scripts/check-architecture.py
 	$(SWIFT) build --build-tests
 	# The engine's simulated-link tests are CPU-bound; run them apart from the socket tests
 	# so that timeouts in the latter measure the code, not a starved machine.

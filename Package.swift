@@ -37,6 +37,18 @@ let package = Package(
             name: "CP256",
             linkerSettings: [.linkedLibrary("crypto")]
         ),
+        // CP256 behind a Swift type (P256Group), so the pairing module reaches no C.
+        .target(
+            name: "PairingGroup",
+            dependencies: ["CP256"],
+            swiftSettings: strictSwift6
+        ),
+        // The Linux calls the CLI needs (malloc arenas, punching holes) behind Swift types.
+        .target(
+            name: "LinuxSystem",
+            dependencies: ["CQXferLinux"],
+            swiftSettings: strictSwift6
+        ),
 
         // The sans-IO QUIC engine around ngtcp2_conn: datagrams and "now" in, datagrams,
         // events and the next timer out. No sockets, no clock, no NIO.
@@ -76,24 +88,102 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
 
-        // The public connection API, the TCP+TLS stack and the host identity.
+        // The layers of the library, each a target so that a forbidden import fails the build
+        // (docs/ARCHITECTURE.md has the graph; scripts/check-architecture.py checks it): the
+        // umbrella QXfer over the stacks (QXferTLS, QXferQUIC) and QXferDiscovery, the stacks over
+        // QXferSockets and QXferIdentity, everything over QXferCore.
+
+        // The connection API: endpoints, the stack builder, NetworkConnection/Listener, framers,
+        // states, metrics, errors, and the seam every stack implements (TransportStack).
+        // No sockets, no C, no stack: NIOCore only for ByteBuffer, the currency of the seam.
         .target(
-            name: "QXfer",
+            name: "QXferCore",
             dependencies: [
-                "CQXferLinux",
-                "QUICEngine",
-                "SafeOutput",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOFoundationCompat", package: "swift-nio"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
-                .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+
+        // The host identity and trust: key and certificate, known hosts, paired devices, the
+        // trust settings both stacks share and the verifier that applies them.
+        .target(
+            name: "QXferIdentity",
+            dependencies: [
+                "QXferCore",
+                "SafeOutput",
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+
+        // What both stacks share about NIO sockets: error wording, the every-address bind,
+        // socket address → Endpoint.
+        .target(
+            name: "QXferSockets",
+            dependencies: [
+                "QXferCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+
+        // The TCP+TLS stack: swift-nio-ssl, child connections for extra streams and datagrams.
+        .target(
+            name: "QXferTLS",
+            dependencies: [
+                "QXferCore",
+                "QXferIdentity",
+                "QXferSockets",
+                "CQXferLinux",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ],
+            swiftSettings: strictSwift6
+        ),
+
+        // The QUIC stack, shaped as quinn is: the sans-IO engine (QUICEngine) below, the endpoint
+        // that owns the UDP socket, a driver per connection, the adaptor to the API's seam.
+        .target(
+            name: "QXferQUIC",
+            dependencies: [
+                "QXferCore",
+                "QXferIdentity",
+                "QXferSockets",
+                "QUICEngine",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+
+        // Finding peers on the local network: mDNS / DNS-SD (NetworkBrowser, NetworkAdvertiser).
+        .target(
+            name: "QXferDiscovery",
+            dependencies: [
+                "QXferCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+
+        // The library as a program imports it: one `import QXfer` for all of the above.
+        .target(
+            name: "QXfer",
+            dependencies: ["QXferCore", "QXferIdentity", "QXferTLS", "QXferQUIC", "QXferDiscovery"],
             swiftSettings: strictSwift6
         ),
 
@@ -116,7 +206,7 @@ let package = Package(
         // over the public API only.
         .target(
             name: "QXferPairing",
-            dependencies: ["QXfer", "CP256", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["QXfer", "PairingGroup", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strictSwift6
         ),
 
@@ -124,7 +214,7 @@ let package = Package(
         .executableTarget(
             name: "qxfer",
             dependencies: [
-                "CQXferLinux",
+                "LinuxSystem",
                 "QXfer",
                 "QXferTransfer",
                 "QXferStream",
@@ -169,9 +259,17 @@ let package = Package(
             name: "QXferTests",
             dependencies: [
                 "QXfer",
+                "QXferCore",
+                "QXferIdentity",
+                "QXferSockets",
+                "QXferTLS",
+                "QXferQUIC",
+                "QXferDiscovery",
+                "QUICEngine",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
             exclude: ["Interop"],

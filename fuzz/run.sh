@@ -24,7 +24,7 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 ALL_TARGETS=(codec frames paths journal dns framers media streamwire quic session)
 
 T=Sources/QXferTransfer
-D=Sources/QXfer/Discovery
+D=Sources/QXferDiscovery
 S=Sources/QXferStream
 WIRE="$T/Wire/MessageCodec.swift $T/Wire/Messages.swift $T/Limits.swift $T/TransferError.swift $T/SaturatingArithmetic.swift"
 # The receiver's and sender's decisions after decoding, with the file store they write through.
@@ -45,7 +45,7 @@ sources() {
         paths)   echo "fuzz/harness/FuzzPaths.swift $T/Paths/SafePath.swift $T/Limits.swift $T/TransferError.swift" ;;
         journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $WIRE fuzz/support/JournalSupport.swift" ;;
         dns)     echo "fuzz/harness/FuzzDNS.swift $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift" ;;
-        framers) echo "fuzz/harness/FuzzFramers.swift Sources/QXfer/API/FrameRules.swift Sources/QXfer/API/QXferError.swift" ;;
+        framers) echo "fuzz/harness/FuzzFramers.swift Sources/QXferCore/FrameRules.swift Sources/QXferCore/QXferError.swift" ;;
         media)   echo "fuzz/harness/FuzzMedia.swift $S/MediaFiles.swift $STREAM" ;;
         streamwire) echo "fuzz/harness/FuzzStreamWire.swift $S/FrameAssembler.swift $STREAM" ;;
         quic)    echo "fuzz/harness/FuzzQUIC.swift $(echo Sources/QUICEngine/*.swift)" ;;

@@ -687,13 +687,14 @@ public final class QUICConnection {
 
     /// Queues bytes on a stream; returns how many were accepted.
     ///
-    /// The engine keeps at most ``streamSendBufferLimit`` unacknowledged bytes per stream.
+    /// The engine keeps at most ``QUICConfiguration/streamSendBufferLimit`` unacknowledged bytes
+    /// per stream (more on a path that needs it, see ``QUICConfiguration/maxStreamSendBuffer``).
     /// When fewer than `bytes.count` are accepted, wait for ``QUICEvent/streamWritable(_:)``
     /// and offer the rest. With `finish`, the stream's
     /// sending side ends after these bytes, but only if all of them were accepted.
     public func write(stream: QUICStreamID, bytes: UnsafeRawBufferPointer, finish: Bool = false) throws(QUICEngineError) -> Int {
         let s = try sendableStream(stream)
-        let accepted = s.send!.append(bytes, limit: streamSendBufferLimit)
+        let accepted = s.send!.append(bytes, limit: sendBufferLimit(for: s))
         if accepted < bytes.count {
             s.wantsWritable = true
         } else if finish {
@@ -703,21 +704,40 @@ public final class QUICConnection {
         return accepted
     }
 
-    /// Unacknowledged bytes a stream may hold now: ``QUICConfiguration/streamSendBufferLimit``,
+    /// Unacknowledged bytes a stream may hold on this path: ``QUICConfiguration/streamSendBufferLimit``,
     /// or with ``QUICConfiguration/maxStreamSendBuffer`` the congestion window plus one
-    /// bandwidth-delay product, within those bounds — but no more than is in flight plus what
-    /// the peer's flow control still admits: a slow reader holds the sender's memory at the floor.
-    /// The corresponding ngtcp2 function for the peer's credit is `ngtcp2_conn_get_max_data_left`.
-    public var streamSendBufferLimit: Int {
+    /// bandwidth-delay product, within those bounds.
+    private var pathSendBufferLimit: Int {
         let floor = configuration.streamSendBufferLimit
         guard let ceiling = configuration.maxStreamSendBuffer, let conn else { return floor }
         let s = Self.statistics(conn)
         let seconds = Double(s.smoothed_rtt) / 1e9
         let product = Double(s.delivery_rate_sec) * seconds
         let path = Double(s.cwnd) + (product.isFinite ? product : 0)
-        let admitted = Double(s.bytes_in_flight) + Double(ngtcp2_conn_get_max_data_left(conn))
-        let wanted = min(path, admitted)
-        return wanted >= Double(ceiling) ? ceiling : max(floor, Int(wanted))
+        return path >= Double(ceiling) ? ceiling : max(floor, Int(path))
+    }
+
+    /// What `s` may hold: the path's limit, plus what a loss pins, but no further than the
+    /// peer's flow control admits.
+    ///
+    /// The buffer spans from the lowest unacknowledged byte, so after a loss everything sent
+    /// after it stays until its retransmission is acknowledged, a round trip or two later. On a
+    /// lossy path there is almost always such a hole, and without counting what it pins the
+    /// buffer filled with acknowledged bytes while nothing new could be queued: the sender went
+    /// idle for want of data (docs/benchmarks.md, "QUIC under random loss"). A slow reader stops
+    /// the peer's window, so what is sent plus the credit left holds the sender at the floor.
+    private func sendBufferLimit(for s: StreamState) -> Int {
+        let path = pathSendBufferLimit
+        guard let ceiling = configuration.maxStreamSendBuffer, let conn, let send = s.send else { return path }
+        let sentSpan = UInt64(send.bufferedBytes - send.unsentBytes)
+        let inFlight = Self.statistics(conn).bytes_in_flight
+        let pinnedByLoss = sentSpan > inFlight ? sentSpan - inFlight : 0
+        let wanted = min(UInt64(ceiling), UInt64(path) + pinnedByLoss)
+        let credit = min(ngtcp2_conn_get_max_data_left(conn),
+                         ngtcp2_conn_get_max_stream_data_left(conn, s.id.rawValue))
+        let admitted = sentSpan.addingReportingOverflow(credit)
+        let limit = admitted.overflow ? wanted : min(wanted, admitted.partialValue)
+        return max(configuration.streamSendBufferLimit, Int(limit))
     }
 
     /// Queues bytes on a stream (array convenience); same contract as the buffer-pointer overload.
@@ -1125,7 +1145,10 @@ public final class QUICConnection {
     fileprivate func onAcked(_ id: Int64, upTo offset: UInt64) {
         guard let s = streams[id], let send = s.send else { return }
         send.acknowledge(upTo: offset)
-        if s.wantsWritable && send.bufferedBytes <= streamSendBufferLimit / 2 {
+        // Wake the writer once a quarter of the limit is free: enough to be worth a write,
+        // early enough that the bytes still unsent cover the time the writer takes to answer.
+        let limit = sendBufferLimit(for: s)
+        if s.wantsWritable && send.bufferedBytes <= limit - limit / 4 {
             s.wantsWritable = false
             recordEvent(.streamWritable(s.id))
         }

@@ -1,4 +1,4 @@
-import CP256
+import PairingGroup
 import Crypto
 import Foundation
 
@@ -39,14 +39,13 @@ public struct SPAKE2: Sendable {
     /// A party with the password scalar `w` (see ``passwordScalar(_:domain:)``) and the two
     /// parties' identities as both agree on them.
     public init(role: Role, w: [UInt8], identityA: [UInt8], identityB: [UInt8]) throws {
-        var secret = [UInt8](repeating: 0, count: Int(CP256_SCALAR_BYTES))
-        guard cp256_random_scalar(&secret) == 1 else { throw Failure.misuse }
+        guard let secret = P256Group.randomScalar() else { throw Failure.misuse }
         try self.init(role: role, w: w, secret: secret, identityA: identityA, identityB: identityB)
     }
 
     /// The same with a chosen secret scalar: only for the RFC's test vectors.
     init(role: Role, w: [UInt8], secret: [UInt8], identityA: [UInt8], identityB: [UInt8]) throws {
-        guard w.count == Int(CP256_SCALAR_BYTES), secret.count == Int(CP256_SCALAR_BYTES) else { throw Failure.misuse }
+        guard w.count == P256Group.scalarBytes, secret.count == P256Group.scalarBytes else { throw Failure.misuse }
         self.role = role
         self.w = w
         self.secret = secret
@@ -61,15 +60,15 @@ public struct SPAKE2: Sendable {
         hash.update(data: Array(domain.utf8) + [0])
         hash.update(data: Array(password))
         let wide = Array(hash.finalize())
-        var w = [UInt8](repeating: 0, count: Int(CP256_SCALAR_BYTES))
-        precondition(cp256_reduce(wide, wide.count, &w) == 1, "P-256 reduction cannot fail on 64 bytes")
+        guard let w = P256Group.reduce(wide) else { preconditionFailure("P-256 reduction cannot fail on 64 bytes") }
         return w
     }
 
     /// This party's share, 65 bytes, to send to the peer.
     public mutating func start() throws -> [UInt8] {
-        var share = [UInt8](repeating: 0, count: Int(CP256_POINT_BYTES))
-        guard cp256_share(secret, w, role == .a ? Self.pointM : Self.pointN, &share) == 1 else { throw Failure.misuse }
+        guard let share = P256Group.share(scalar: secret, w: w, base: role == .a ? Self.pointM : Self.pointN) else {
+            throw Failure.misuse
+        }
         ownShare = share
         return share
     }
@@ -78,10 +77,10 @@ public struct SPAKE2: Sendable {
     /// confirmation (RFC 9382's AAD); returns this party's key confirmation (32 bytes) to send.
     public mutating func finish(peerShare: [UInt8], additionalData: [UInt8] = []) throws -> [UInt8] {
         guard let ownShare, keys == nil else { throw Failure.misuse }
-        guard peerShare.count == Int(CP256_POINT_BYTES), peerShare != ownShare else { throw Failure.invalidShare }
-        var sharedPoint = [UInt8](repeating: 0, count: Int(CP256_POINT_BYTES))
+        guard peerShare.count == P256Group.pointBytes, peerShare != ownShare else { throw Failure.invalidShare }
         // K = secret * (peerShare - w * (the peer's base point)).
-        guard cp256_shared_point(secret, w, role == .a ? Self.pointN : Self.pointM, peerShare, &sharedPoint) == 1 else {
+        guard let sharedPoint = P256Group.sharedPoint(
+            scalar: secret, w: w, base: role == .a ? Self.pointN : Self.pointM, peer: peerShare) else {
             throw Failure.invalidShare
         }
         let (pA, pB) = role == .a ? (ownShare, peerShare) : (peerShare, ownShare)
@@ -141,8 +140,7 @@ public struct SPAKE2: Sendable {
         let compressed = stride(from: 0, to: hex.count, by: 2).map {
             UInt8(hex[hex.index(hex.startIndex, offsetBy: $0)..<hex.index(hex.startIndex, offsetBy: $0 + 2)], radix: 16)!
         }
-        var point = [UInt8](repeating: 0, count: Int(CP256_POINT_BYTES))
-        precondition(cp256_decompress(compressed, compressed.count, &point) == 1, "RFC 9382 constant is a valid point")
+        guard let point = P256Group.decompress(compressed) else { preconditionFailure("RFC 9382 constant is a valid point") }
         return point
     }
 }

@@ -86,25 +86,27 @@ struct PairCommand: AsyncParsableCommand {
         let identity = try HostIdentity.loadOrCreate(in: global.config)
         let store = PairedDevices(in: global.config, identity: identity)
         _ = try store.devices()  // a damaged list stops us before the other side stores anything
-        // Any certificate: the PAKE is what authenticates it, bound to the fingerprint seen here.
-        let device: PairedDevices.Device
-        switch stack {
-        case .quic:
-            let connection = NetworkConnection(to: endpoint, using: .parameters {
-                Coder(PairingMessage.self, using: .json, maximumMessageSize: Pairing.maximumMessageSize) {
-                    QUIC().identity(identity).peerTrust(.anyCertificate)
-                }
-            })
-            device = try await Pairing.initiate(over: connection, code: code, name: deviceName, address: endpoint.host, identity: identity, store: store)
-        case .tls:
-            let connection = NetworkConnection(to: endpoint, using: .parameters {
-                Coder(PairingMessage.self, using: .json, maximumMessageSize: Pairing.maximumMessageSize) {
-                    TLS().identity(identity).peerTrust(.anyCertificate)
-                }
-            })
-            device = try await Pairing.initiate(over: connection, code: code, name: deviceName, address: endpoint.host, identity: identity, store: store)
-        }
+        let device = try await stack.run(
+            Initiating(endpoint: endpoint, code: code, name: deviceName, identity: identity, store: store),
+            identity: identity, trust: .anyCertificate)
         report(device, store: store)
+    }
+
+    /// Pairing with the waiting side, over whichever stack `--stack` chose. Any certificate:
+    /// the PAKE is what authenticates it, bound to the fingerprint seen here.
+    private struct Initiating: OverChosenStack {
+        let endpoint: Endpoint
+        let code: PairingCode
+        let name: String
+        let identity: HostIdentity
+        let store: PairedDevices
+
+        func run<Transport: SecureTransport>(over transport: Transport) async throws -> PairedDevices.Device {
+            let connection = NetworkConnection(to: endpoint, using: .parameters {
+                Coder(PairingMessage.self, using: .json, maximumMessageSize: Pairing.maximumMessageSize) { transport }
+            })
+            return try await Pairing.initiate(over: connection, code: code, name: name, address: endpoint.host, identity: identity, store: store)
+        }
     }
 
     private func askForCode(shownOn host: String) throws -> PairingCode {

@@ -1,6 +1,6 @@
 import ArgumentParser
-import CQXferLinux
 import Foundation
+import LinuxSystem
 import QXfer
 import QXferPairing
 import QXferTransfer
@@ -33,7 +33,7 @@ struct QXferCommand: AsyncParsableCommand {
         // malloc arena per thread, memory freed on one thread stays reserved for it, and a
         // receiver that drains a backlog in bursts peaked at 56–64 MiB (faults.sh, slow reader,
         // QUIC, four runs; 66 in CI) against 53–59 MiB with two arenas: the brief wants < 64.
-        _ = cqxfer_limit_malloc_arenas(2)
+        MallocArenas.limit(to: 2)
         // Before parsing, for usage errors; the parsed command says for sure.
         Console.json = CommandLine.arguments.contains("--json")
         do {

@@ -14,11 +14,6 @@ let defaultTransferPort: UInt16 = 7447
 /// is ridden out by TCP's own retransmissions.
 let transferTCP = TCP().keepAlive().userTimeout(.seconds(30))
 
-/// Which transport carries a transfer.
-enum StackChoice: String, ExpressibleByArgument, CaseIterable {
-    case quic, tls
-}
-
 /// The end-to-end digest, by the name help shows (ArgumentParser shows a `CaseIterable`
 /// enum's raw value, and ``DigestAlgorithm``'s is its wire number).
 enum ChecksumChoice: String, ExpressibleByArgument, CaseIterable {
@@ -158,11 +153,21 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         let reporter = TransferReporter(json: json, role: .sender)
         for line in tree.skipped { reporter.warn(line) }
 
-        switch stack {
-        case .quic:
-            try await send(tree, to: endpoint, over: QUIC().identity(identity).peerTrust(receiverTrust.trust), trust: receiverTrust, reporter: reporter)
-        case .tls:
-            try await send(tree, to: endpoint, over: TLS { transferTCP }.identity(identity).peerTrust(receiverTrust.trust), trust: receiverTrust, reporter: reporter)
+        try await stack.run(
+            Sending(command: self, tree: tree, endpoint: endpoint, trust: receiverTrust, reporter: reporter),
+            identity: identity, trust: receiverTrust.trust, tcp: transferTCP)
+    }
+
+    /// The transfer, over whichever stack `--stack` chose.
+    private struct Sending: OverChosenStack {
+        let command: SendCommand
+        let tree: SourceTree
+        let endpoint: Endpoint
+        let trust: ReceiverTrust
+        let reporter: TransferReporter
+
+        func run<Transport: SecureTransport>(over transport: Transport) async throws {
+            try await command.send(tree, to: endpoint, over: transport, trust: trust, reporter: reporter)
         }
     }
 

@@ -1,5 +1,5 @@
-import CQXferLinux
 import Foundation
+import LinuxSystem
 import QXferTransfer
 import Synchronization
 
@@ -118,7 +118,7 @@ final class StandardOutputRelay: Sendable {
     /// Frees the blocks of `[from, to)` without changing the file's size; false where the file
     /// system cannot.
     private func punchHole(_ file: Int32, from: UInt64, to: UInt64) -> Bool {
-        cqxfer_punch_hole(file, Int64(from), Int64(to - from)) == 0
+        FileSpace.punchHole(descriptor: file, offset: Int64(from), length: Int64(to - from))
     }
 }
 

@@ -24,11 +24,6 @@ struct StreamCommand: AsyncParsableCommand {
     )
 }
 
-/// The transport of a stream.
-enum StreamStackChoice: String, ExpressibleByArgument, CaseIterable {
-    case quic, tls
-}
-
 extension StreamMode: ExpressibleByArgument {}
 extension RepairScheme: ExpressibleByArgument {}
 
@@ -61,7 +56,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
     var destination: String
 
     @Option(help: "Transport: quic or tls (TCP+TLS).")
-    var stack: StreamStackChoice = .quic
+    var stack: StackChoice = .quic
 
     @Option(help: "How frames travel: realtime, stream-per-frame or reliable.")
     var mode: StreamMode = .realtime
@@ -121,38 +116,11 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
 
     private func send() async throws {
         let endpoint = StreamEndpoint.parse(destination, defaultPort: defaultStreamPort)!
-        let source: any FrameSource
-        var options = StreamSenderOptions()
-        options.mode = mode
-        options.repair = repair
-        options.deadline = .milliseconds(deadline)
-        let rate = fps.map { FrameRate(numerator: UInt32(($0 * 1000).rounded()), denominator: 1000) }
-        if let input {
-            source = try openSource(path: input)
-            options.frameRate = rate
-            options.duration = duration.map { .milliseconds(Int64($0 * 1000)) }
-        } else {
-            source = SyntheticSource(
-                frameRate: rate ?? FrameRate(numerator: 30), bitsPerSecond: BitRate.parse(bitrate)!, keyframeInterval: keyframeInterval)
-            options.duration = .milliseconds(Int64((duration ?? 10) * 1000))
-        }
         let identity = try HostIdentity.loadOrCreate(in: global.config)
         let receiverTrust = try ReceiverTrust(
             fingerprint: fingerprint, endpoint: endpoint, discoveredName: nil, identity: identity, config: global.config)
-        let trust = receiverTrust.trust
-        let summary: StreamSenderSummary
-        switch stack {
-        case .quic:
-            summary = try await run(
-                NetworkConnection(to: endpoint, using: .parameters { QUIC().identity(identity).peerTrust(trust) }
-                    .serviceClass(.interactiveVideo).performanceMode(.realtime)),
-                source: source, options: options, trust: receiverTrust)
-        case .tls:
-            summary = try await run(
-                NetworkConnection(to: endpoint, using: .parameters { TLS().identity(identity).peerTrust(trust) }
-                    .serviceClass(.interactiveVideo).performanceMode(.realtime)),
-                source: source, options: options, trust: receiverTrust)
-        }
+        let summary = try await stack.run(
+            Streaming(command: self, endpoint: endpoint, trust: receiverTrust), identity: identity, trust: receiverTrust.trust)
         guard let totals = summary.receiverTotals else {
             throw StreamError(.malformed, "the receiver's totals could not be read")
         }
@@ -175,6 +143,40 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             if summary.streamsReset > 0 { extras.append("\(summary.streamsReset) frame streams reset at their deadline") }
             if summary.shardsRetransmitted > 0 { extras.append("\(summary.shardsRetransmitted) shards retransmitted on request") }
             if !extras.isEmpty { print("sender: " + extras.joined(separator: ", ")) }
+        }
+    }
+
+    /// The frames to send (`--input`, or synthetic ones) and the options they go with.
+    private func makeSource() throws -> (any FrameSource, StreamSenderOptions) {
+        let source: any FrameSource
+        var options = StreamSenderOptions()
+        options.mode = mode
+        options.repair = repair
+        options.deadline = .milliseconds(deadline)
+        let rate = fps.map { FrameRate(numerator: UInt32(($0 * 1000).rounded()), denominator: 1000) }
+        if let input {
+            source = try openSource(path: input)
+            options.frameRate = rate
+            options.duration = duration.map { .milliseconds(Int64($0 * 1000)) }
+        } else {
+            source = SyntheticSource(
+                frameRate: rate ?? FrameRate(numerator: 30), bitsPerSecond: BitRate.parse(bitrate)!, keyframeInterval: keyframeInterval)
+            options.duration = .milliseconds(Int64((duration ?? 10) * 1000))
+        }
+        return (source, options)
+    }
+
+    /// The stream, over whichever stack `--stack` chose.
+    private struct Streaming: OverChosenStack {
+        let command: StreamSendCommand
+        let endpoint: Endpoint
+        let trust: ReceiverTrust
+
+        func run<Transport: SecureTransport>(over transport: Transport) async throws -> StreamSenderSummary {
+            let (source, options) = try command.makeSource()
+            return try await command.run(
+                NetworkConnection(to: endpoint, using: .parameters { transport }.serviceClass(.interactiveVideo).performanceMode(.realtime)),
+                source: source, options: options, trust: trust)
         }
     }
 

@@ -25,6 +25,10 @@ final class BulkTransfer {
     var trigger: (bytes: Int, action: () -> Void)?
     let streamCount: Int
     private var pendingOpen: Int
+    /// As qxfer's driver: after a short write, write to that stream again only once the engine
+    /// reports it writable (otherwise the sender offers bytes at every step).
+    var writerWaitsForWritable = false
+    private var waitingForWritable: Set<QUICStreamID> = []
 
     init(sim: Simulation, size: Int, streams: Int = 1) {
         self.sim = sim
@@ -33,6 +37,11 @@ final class BulkTransfer {
         self.pendingOpen = streams
         self.pattern = Pattern(seed: sim.seed)
         sim.onStep = { [unowned self] in self.step() }
+        let earlier = sim.onEvent
+        sim.onEvent = { [unowned self] side, event in
+            earlier?(side, event)
+            if side == .client, case .streamWritable(let id) = event { self.waitingForWritable.remove(id) }
+        }
     }
 
     var complete: Bool { finished.count == streamCount }
@@ -44,14 +53,19 @@ final class BulkTransfer {
             sent[id] = 0
             pendingOpen -= 1
         }
-        for (id, offset) in sent where offset < size {
+        for (id, offset) in sent where offset < size && !waitingForWritable.contains(id) {
             var o = offset
             while o < size {
+                var offered = 0
                 let n = pattern.withBytes(at: o, maxLength: min(64 << 10, size - o)) { chunk in
-                    (try? client.write(stream: id, bytes: chunk, finish: o + chunk.count == size)) ?? 0
+                    offered = chunk.count
+                    return (try? client.write(stream: id, bytes: chunk, finish: o + chunk.count == size)) ?? 0
                 }
-                if n == 0 { break }
                 o += n
+                if n < offered {
+                    if writerWaitsForWritable { waitingForWritable.insert(id) }
+                    break
+                }
             }
             sent[id] = o
         }

@@ -1,6 +1,12 @@
 import Foundation
 import Testing
-@testable import QXfer
+import QXfer
+@_spi(Stacks) @testable import QXferCore
+@_spi(Stacks) @testable import QXferDiscovery
+@_spi(Stacks) @testable import QXferIdentity
+@_spi(Stacks) @testable import QXferQUIC
+@_spi(Stacks) @testable import QXferSockets
+@_spi(Stacks) @testable import QXferTLS
 
 /// The files under the configuration folder are replaced atomically where they are regular
 /// files, followed where they are symlinks, and refused — never replaced, never waited on —

@@ -1,7 +1,13 @@
 import Foundation
 import Synchronization
 import Testing
-@testable import QXfer
+import QXfer
+@_spi(Stacks) @testable import QXferCore
+@_spi(Stacks) @testable import QXferDiscovery
+@_spi(Stacks) @testable import QXferIdentity
+@_spi(Stacks) @testable import QXferQUIC
+@_spi(Stacks) @testable import QXferSockets
+@_spi(Stacks) @testable import QXferTLS
 
 /// A veth pair between a namespace the test creates and either the test's own (root) namespace
 /// or a second created namespace; removed by ``remove()``. Multicast works on it from the

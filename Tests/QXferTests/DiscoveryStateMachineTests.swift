@@ -1,6 +1,12 @@
 import NIOCore
 import Testing
-@testable import QXfer
+import QXfer
+@_spi(Stacks) @testable import QXferCore
+@_spi(Stacks) @testable import QXferDiscovery
+@_spi(Stacks) @testable import QXferIdentity
+@_spi(Stacks) @testable import QXferQUIC
+@_spi(Stacks) @testable import QXferSockets
+@_spi(Stacks) @testable import QXferTLS
 
 /// Responders and queriers on a simulated link: virtual time, every message encoded and parsed
 /// again, multicast delivered to every machine (the sender included, as IP_MULTICAST_LOOP does).

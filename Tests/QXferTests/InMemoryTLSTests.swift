@@ -4,7 +4,13 @@ import NIOEmbedded
 import NIOSSL
 import Synchronization
 import Testing
-@testable import QXfer
+import QXfer
+@_spi(Stacks) @testable import QXferCore
+@_spi(Stacks) @testable import QXferDiscovery
+@_spi(Stacks) @testable import QXferIdentity
+@_spi(Stacks) @testable import QXferQUIC
+@_spi(Stacks) @testable import QXferSockets
+@_spi(Stacks) @testable import QXferTLS
 
 /// The TLS stack's handshake and trust decisions with no socket: two `EmbeddedChannel`s
 /// joined by a loop that moves bytes until both are quiet.

@@ -1,5 +1,11 @@
 import Testing
-@testable import QXfer
+import QXfer
+@_spi(Stacks) @testable import QXferCore
+@_spi(Stacks) @testable import QXferDiscovery
+@_spi(Stacks) @testable import QXferIdentity
+@_spi(Stacks) @testable import QXferQUIC
+@_spi(Stacks) @testable import QXferSockets
+@_spi(Stacks) @testable import QXferTLS
 import QUICEngine
 
 /// What a flood may cost a QUIC listener, checked without sockets or a clock: the kernel filter's
@@ -60,10 +66,10 @@ struct QUICFloodTests {
     @Test("A listener's connection-ID prefix is two bytes fixed by its reset secret")
     func prefixFollowsTheSecret() {
         let secret = [UInt8](repeating: 7, count: 32)
-        let prefix = QUICTransport.connectionIDPrefix(resetSecret: secret)
+        let prefix = QUICStackConfiguration.connectionIDPrefix(resetSecret: secret)
         #expect(prefix.count == 2)
-        #expect(prefix == QUICTransport.connectionIDPrefix(resetSecret: secret), "a restarted receiver keeps it")
-        let others = (0..<8).map { QUICTransport.connectionIDPrefix(resetSecret: [UInt8](repeating: UInt8($0), count: 32)) }
+        #expect(prefix == QUICStackConfiguration.connectionIDPrefix(resetSecret: secret), "a restarted receiver keeps it")
+        let others = (0..<8).map { QUICStackConfiguration.connectionIDPrefix(resetSecret: [UInt8](repeating: UInt8($0), count: 32)) }
         #expect(Set(others.map { $0.description }).count > 1)
     }
 

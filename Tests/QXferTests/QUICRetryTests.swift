@@ -1,6 +1,12 @@
 import Foundation
 import Testing
-@testable import QXfer
+import QXfer
+@_spi(Stacks) @testable import QXferCore
+@_spi(Stacks) @testable import QXferDiscovery
+@_spi(Stacks) @testable import QXferIdentity
+@_spi(Stacks) @testable import QXferQUIC
+@_spi(Stacks) @testable import QXferSockets
+@_spi(Stacks) @testable import QXferTLS
 
 /// A QUIC listener validating client addresses with Retry (RFC 9000 §8.1.2): always, and once
 /// too many handshakes are pending.

@@ -2,7 +2,13 @@ import Foundation
 import NIOCore
 import Synchronization
 import Testing
-@testable import QXfer
+import QXfer
+@_spi(Stacks) @testable import QXferCore
+@_spi(Stacks) @testable import QXferDiscovery
+@_spi(Stacks) @testable import QXferIdentity
+@_spi(Stacks) @testable import QXferQUIC
+@_spi(Stacks) @testable import QXferSockets
+@_spi(Stacks) @testable import QXferTLS
 
 /// QUIC's extras on TCP+TLS: each extra stream and the datagram carrier is a child connection
 /// naming its parent by an exporter token. What differs from QUIC is tested here; what does

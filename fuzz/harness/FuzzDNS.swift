@@ -1,5 +1,5 @@
 // libFuzzer target: the multicast DNS message parser, DNSMessage(parsing:)
-// (Sources/QXfer/Discovery/DNSCodec.swift, DNSMessage.swift, DNSName.swift): every packet on
+// (Sources/QXferDiscovery/DNSCodec.swift, DNSMessage.swift, DNSName.swift): every packet on
 // the LAN reaches it, from anyone.
 //
 // Input: one UDP payload. Oracles, beyond "never traps" and "never loops" (libFuzzer's

@@ -1,5 +1,5 @@
 // libFuzzer target: the TLV and Coder framers' rules for the bytes a peer sends
-// (Sources/QXfer/API/FrameRules.swift: FrameLength; CoderFormat with JSON and binary property
+// (Sources/QXferCore/FrameRules.swift: FrameLength; CoderFormat with JSON and binary property
 // lists), driven as NetworkConnection drives them: header, length check, body, decode.
 // Tests/QXferTests/FramerTests.swift replays the corpus through a real NetworkConnection.
 //

@@ -1,0 +1,55 @@
+/// The seam between the connection API and a transport stack (TCP+TLS, QUIC, or a stack built
+/// from others, such as one racing two of them).
+///
+/// ``NetworkConnection`` and ``NetworkListener`` know stacks only through this protocol: a new
+/// stack is a new target whose public layer type (`TLS()`, `QUIC()`) returns a
+/// ``TransportDescription`` wrapping its own conformance; nothing in this target changes.
+@_spi(Stacks) public protocol TransportStack: Sendable {
+    /// The stack's name in messages and logs ("TCP+TLS", "QUIC").
+    var name: String { get }
+
+    /// Whether a connection carries independent streams and unreliable datagrams
+    /// (see ``TransportDescription/hasIndependentStreams``).
+    var hasIndependentStreams: Bool { get }
+
+    /// Establishes one connection to `endpoint` and completes its handshake within `timeout`.
+    ///
+    /// Throws a ``QXferError``; ``QXferError/Code/connectFailed`` means the attempt may succeed
+    /// later (the connection retries it with backoff until its connect timeout).
+    func connect<Stack>(
+        to endpoint: Endpoint, parameters: NetworkParameters<Stack>, timeout: Duration
+    ) async throws -> any ByteStreamTransport
+
+    /// Binds the listening socket(s) a listener asks for; throws a ``QXferError`` when it cannot.
+    func bind<Stack>(_ request: ListenRequest<Stack>) async throws -> any BoundTransportListener
+
+    /// One line a user understands for an error this stack's I/O raised during `what`
+    /// ("the connection"); a ``QXferError`` is returned as it is.
+    func describe(_ error: any Error, during what: String) -> QXferError
+}
+
+/// What a ``NetworkListener`` asks of a stack's ``TransportStack/bind(_:)``.
+@_spi(Stacks) public struct ListenRequest<Stack: NetworkProtocolStack>: Sendable {
+    /// The address to bind; nil binds every address (IPv6 and IPv4).
+    @_spi(Stacks) public var host: String?
+    /// The port; 0 picks a free one.
+    @_spi(Stacks) public var port: UInt16
+    /// The parameters accepted connections use.
+    @_spi(Stacks) public var parameters: NetworkParameters<Stack>
+    /// How long a client may take to complete its handshake before it is dropped.
+    @_spi(Stacks) public var handshakeTimeout: Duration
+    /// With this many clients still in their handshake, new ones first prove their address
+    /// (QUIC's Retry); stacks without such a round trip ignore it.
+    @_spi(Stacks) public var validateAddressesAbovePendingHandshakes: Int
+}
+
+/// A stack's bound listening socket(s), accepting once ``run(serving:)`` is called.
+@_spi(Stacks) public protocol BoundTransportListener: Sendable {
+    /// The port bound.
+    var port: UInt16 { get }
+
+    /// Accepts connections until the task is cancelled, calling `serve` for each established
+    /// (handshaken and admitted) connection in a child task of its own, with the peer's
+    /// address if known. Closes the socket(s) before returning.
+    func run(serving serve: @escaping @Sendable (any ByteStreamTransport, Endpoint?) async -> Void) async throws
+}

@@ -1,0 +1,82 @@
+import Foundation
+@_spi(Stacks) import QXferCore
+import SafeOutput
+
+/// The folder that holds a host's identity, its known hosts and its paired devices.
+///
+/// `$XDG_CONFIG_HOME/qxfer`, or `~/.config/qxfer` when that variable is unset or empty.
+/// Created with mode 0700; every file in it is written with mode 0600.
+public struct ConfigDirectory: Sendable, Hashable {
+    /// The folder's path.
+    public let path: String
+
+    /// A configuration folder at an explicit path (tests, several identities on one machine).
+    public init(path: String) { self.path = path }
+
+    /// The user's default configuration folder, from the environment.
+    public static var standard: ConfigDirectory {
+        let environment = ProcessInfo.processInfo.environment
+        if let base = environment["XDG_CONFIG_HOME"], !base.isEmpty {
+            return ConfigDirectory(path: base + "/qxfer")
+        }
+        let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
+        return ConfigDirectory(path: home + "/.config/qxfer")
+    }
+
+    /// The path of a file inside the folder.
+    public func file(_ name: String) -> String { path + "/" + name }
+
+    /// Creates the folder (and its parents) when missing, owner-only.
+    func create() throws {
+        do {
+            try FileManager.default.createDirectory(
+                atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            throw QXferError(.identity, "cannot create the configuration folder \(path): \(error.localizedDescription)")
+        }
+    }
+}
+
+/// Small file helpers with the permissions and atomicity the trust files need.
+enum SecureFile {
+    /// Writes `contents` to `path` with mode 0600: a temporary file, fsync, then rename,
+    /// so a crash never leaves a half-written identity or trust file. A symlinked file is
+    /// replaced where the link points; a device, pipe or folder at the path is refused, never
+    /// replaced.
+    static func writeAtomically(_ contents: [UInt8], to path: String) throws {
+        do {
+            try OutputFile.replaceContents(of: path, with: contents, permissions: 0o600, allowsDirectWrites: false)
+        } catch {
+            throw QXferError(.identity, error.message)
+        }
+    }
+
+    /// Reads a whole file, refusing one that others can read or write.
+    static func readPrivate(_ path: String) throws -> [UInt8] {
+        var info = stat()
+        guard stat(path, &info) == 0 else { throw posixError("cannot read \(path)") }
+        // A pipe would block the read forever, a device is no place for trust records.
+        guard info.st_mode & S_IFMT == S_IFREG else {
+            throw QXferError(.identity, "\(path) is not a regular file; qxfer keeps its configuration in regular files")
+        }
+        let mode = info.st_mode & 0o777
+        if mode & 0o077 != 0 {
+            throw QXferError(
+                .identity,
+                "\(path) is accessible by other users (mode \(String(mode, radix: 8))); run: chmod 600 \(path)")
+        }
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw posixError("cannot read \(path)")
+        }
+        return Array(data)
+    }
+
+    static func exists(_ path: String) -> Bool {
+        var info = stat()
+        return lstat(path, &info) == 0
+    }
+
+    static func posixError(_ what: String) -> QXferError {
+        QXferError(.identity, "\(what): \(String(cString: strerror(errno)))")
+    }
+}

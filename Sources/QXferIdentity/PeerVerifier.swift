@@ -1,0 +1,102 @@
+@_spi(Stacks) import QXferCore
+
+/// Decides, during the handshake, whether the peer's certificate is trusted, and remembers
+/// why, so a refusal surfaces as a precise ``QXferError`` instead of a TLS alert code.
+///
+/// Runs on the event loop inside swift-nio-ssl's custom verification callback (TLS) or the
+/// engine's GnuTLS callback (QUIC); the lock only hands the outcome to the task that awaits
+/// the handshake.
+@_spi(Stacks) public final class PeerVerifier: Sendable {
+    @_spi(Stacks) public enum Role: Sendable {
+        /// A client checking the server it reached at `hostKey` (`host:port`).
+        case client(PeerTrust, hostKey: String)
+        /// A listener checking a client.
+        case server(ClientAuthentication)
+    }
+
+    @_spi(Stacks) public struct Outcome: Sendable {
+        @_spi(Stacks) public var fingerprint: Fingerprint?
+        @_spi(Stacks) public var trust: TrustDecision = .unauthenticated
+        @_spi(Stacks) public var failure: QXferError?
+        /// A first contact to write to known hosts once the handshake has fully succeeded.
+        @_spi(Stacks) public var pendingFirstUse: (KnownHosts, String)?
+    }
+
+    @_spi(Stacks) public let role: Role
+    private let outcome = Locked(Outcome())
+
+    @_spi(Stacks) public init(_ role: Role) { self.role = role }
+
+    @_spi(Stacks) public var result: Outcome { outcome.withLock { $0 } }
+
+    /// Decides on a leaf certificate and records the outcome; true admits the peer.
+    /// The QUIC engine calls this directly from its TLS callback.
+    @_spi(Stacks) public func evaluate(certificateDER der: [UInt8]) -> Bool {
+        let fingerprint = Fingerprint(certificateDER: der)
+        outcome.withLock { $0.fingerprint = fingerprint }
+        switch decide(fingerprint) {
+        case .success(let trust):
+            outcome.withLock { $0.trust = trust }
+            return true
+        case .failure(let error):
+            record(failure: error)
+            return false
+        }
+    }
+
+    @_spi(Stacks) public func record(failure: QXferError) {
+        outcome.withLock { $0.failure = failure }
+    }
+
+    private func decide(_ presented: Fingerprint) -> Result<TrustDecision, QXferError> {
+        switch role {
+        case .client(let trust, let hostKey):
+            if let name = trust.pairedDevices[presented] { return .success(.paired(name: name)) }
+            switch trust.kind {
+            case .anyCertificate:
+                return .success(.unauthenticated)
+            case .pairedDevice(let name, let fingerprint):
+                if presented == fingerprint { return .success(.paired(name: name)) }
+                return .failure(QXferError(
+                    .fingerprintMismatch,
+                    "REFUSED: \(hostKey) presented fingerprint \(presented), but it is paired as '\(name)' with "
+                        + "\(fingerprint); someone may be intercepting the connection. If '\(name)' really has a new "
+                        + "identity, run 'qxfer unpair \(name)' and pair again"))
+            case .pinned(let pins):
+                if pins.contains(presented) { return .success(.pinned) }
+                let expected = pins.map(\.description).sorted().joined(separator: " or ")
+                return .failure(QXferError(
+                    .fingerprintMismatch,
+                    "REFUSED: \(hostKey) presented fingerprint \(presented), but \(expected) was pinned; "
+                        + "someone may be intercepting the connection, or the receiver has a new identity"))
+            case .knownHosts(let file, let trustOnFirstUse):
+                let entry: KnownHosts.Entry?
+                do { entry = try file.lookup(hostKey) } catch { return .failure(error as! QXferError) }
+                if let entry {
+                    if entry.fingerprint == presented { return .success(.knownHost) }
+                    return .failure(QXferError(
+                        .fingerprintMismatch,
+                        "REFUSED: \(hostKey) presented fingerprint \(presented), but \(file.path) line \(entry.line) "
+                            + "has \(entry.fingerprint); someone may be intercepting the connection. If the receiver "
+                            + "really has a new identity, delete that line or pass --fingerprint \(presented)"))
+                }
+                guard trustOnFirstUse else {
+                    return .failure(QXferError(
+                        .untrustedPeer,
+                        "\(hostKey) (fingerprint \(presented)) is not in \(file.path) and trust on first use is off"))
+                }
+                outcome.withLock { $0.pendingFirstUse = (file, hostKey) }
+                return .success(.firstUse(recordedIn: file.path))
+            }
+        case .server(let authentication):
+            switch authentication.kind {
+            case .none, .optional:
+                return .success(.unauthenticated)
+            case .required(let allowed, let listName):
+                if allowed.contains(presented) { return .success(.allowListed) }
+                return .failure(QXferError(
+                    .untrustedPeer, "refused a client with fingerprint \(presented): it is not \(listName)"))
+            }
+        }
+    }
+}

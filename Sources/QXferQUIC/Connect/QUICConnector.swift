@@ -1,0 +1,151 @@
+import Logging
+import NIOCore
+import NIOPosix
+import QUICEngine
+@_spi(Stacks) import QXferCore
+@_spi(Stacks) import QXferIdentity
+@_spi(Stacks) import QXferSockets
+
+/// Connecting on QUIC: the address race (RFC 8305), one handshake per address.
+enum QUICConnector {
+    static let logger = Logger(label: "qxfer.quic")
+
+    /// Connects to `endpoint`: resolves it, races its addresses (RFC 8305: IPv6 first,
+    /// alternating families, a new attempt every 250 ms until one completes its handshake).
+    static func connect<Stack>(
+        to endpoint: Endpoint, quic: QUIC, parameters: NetworkParameters<Stack>, timeout: Duration
+    ) async throws -> QUICStreamTransport {
+        let identity = try quic.identity ?? HostIdentity.loadOrCreate()
+        let addresses = try await resolve(endpoint)
+        let hostKey = KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))
+        let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? quic.peerTrust
+
+        let winner: (QUICStreamTransport, PeerVerifier) = try await withThrowingTaskGroup(of: (QUICStreamTransport, PeerVerifier)?.self) { group in
+            var lastError: (any Error)?
+            var next = 0
+            var running = 0
+            func startNext() {
+                guard next < addresses.count else { return }
+                let address = addresses[next]
+                next += 1
+                running += 1
+                logger.info("QUIC handshake with \(endpoint) at \(address)")
+                group.addTask {
+                    let verifier = PeerVerifier(.client(trust, hostKey: hostKey))
+                    return (try await attempt(address, quic: quic, identity: identity, parameters: parameters, verifier: verifier, timeout: timeout), verifier)
+                }
+                group.addTask {  // the stagger timer: nil result means "start the next one"
+                    try? await Task.sleep(for: .milliseconds(250))
+                    return nil
+                }
+            }
+            startNext()
+            while let result = await group.nextResult() {
+                switch result {
+                case .success(let won?):
+                    group.cancelAll()
+                    // Losers that completed anyway are closed by their own tasks' cancellation.
+                    return won
+                case .success(nil):
+                    startNext()
+                case .failure(let error):
+                    running -= 1
+                    lastError = error
+                    if let qxfer = error as? QXferError, qxfer.code != .connectFailed { group.cancelAll(); throw qxfer }
+                    startNext()
+                }
+                if running == 0 && next >= addresses.count {
+                    group.cancelAll()
+                    throw lastError ?? QXferError(.connectFailed, "cannot connect to \(endpoint)")
+                }
+            }
+            throw lastError ?? QXferError(.connectFailed, "cannot connect to \(endpoint)")
+        }
+        let (transport, verifier) = winner
+        logger.info("QUIC handshake with \(endpoint) done: ALPN \(transport.peer.applicationProtocol), peer \(transport.peer.fingerprint?.description ?? "-") trusted as \(transport.peer.trust)")
+        if let (file, key) = verifier.result.pendingFirstUse, let fingerprint = transport.peer.fingerprint {
+            do {
+                try file.add(key, fingerprint)
+            } catch {
+                transport.close()
+                throw error
+            }
+        }
+        return transport
+    }
+
+    private static func attempt<Stack>(
+        _ remote: SocketAddress, quic: QUIC, identity: HostIdentity, parameters: NetworkParameters<Stack>,
+        verifier: PeerVerifier, timeout: Duration
+    ) async throws -> QUICStreamTransport {
+        var configuration = QUICStackConfiguration.make(quic, identity: identity, parameters: parameters, verifier: verifier, isServer: false)
+        configuration.handshakeTimeout = min(timeout, .seconds(10))
+        let trafficClass = parameters.serviceClass.trafficClass
+        let channel: any Channel
+        do {
+            channel = try await QUICSockets.openClientSocket(
+                on: MultiThreadedEventLoopGroup.singleton, host: QUICSockets.wildcardHost(ipv6: remote.protocol == .inet6), trafficClass: trafficClass)
+        } catch {
+            throw QXferError(.connectFailed, "cannot open a UDP socket: \(ChannelErrors.reason(error))", underlying: error)
+        }
+        let setup = channel.eventLoop.submit { () throws -> (NIOLoopBound<QUICConnectionDriver>, EventLoopFuture<String>) in
+            let handler = try channel.pipeline.syncOperations.handler(type: QUICSocketHandler.self)
+            guard let local = handler.localAddress, let remoteAddress = QUICSocketAddress(remote) else {
+                throw QXferError(.connectFailed, "cannot use the address \(remote)")
+            }
+            let engine = try QUICConnection(clientWith: configuration, path: QUICPath(local: local, remote: remoteAddress), now: QUICConnectionDriver.now)
+            let driver = QUICConnectionDriver(engine: engine, eventLoop: channel.eventLoop, verifier: verifier, acceptedProtocols: quic.applicationProtocols)
+            driver.trafficClass = trafficClass
+            handler.attach(client: driver)
+            driver.process()
+            return (NIOLoopBound(driver, eventLoop: channel.eventLoop), driver.handshake.futureResult)
+        }
+        let driver: NIOLoopBound<QUICConnectionDriver>
+        let alpn: String
+        do {
+            let (bound, handshake) = try await setup.get()
+            driver = bound
+            alpn = try await withTaskCancellationHandler {
+                try await handshake.get()
+            } onCancel: {
+                channel.eventLoop.execute { bound.value.close() }
+            }
+        } catch {
+            channel.close(promise: nil)
+            if let failure = verifier.result.failure { throw failure }
+            if Task.isCancelled { throw CancellationError() }
+            if let reason = noRoute(to: remote) {
+                let address = remote.endpoint?.description ?? "\(remote)"
+                throw QXferError(.connectFailed, "cannot reach \(address): \(reason)", underlying: error)
+            }
+            throw (error as? QXferError) ?? QUICErrors.describe(error)
+        }
+        if Task.isCancelled {
+            channel.eventLoop.execute { driver.value.close() }
+            throw CancellationError()
+        }
+        let stream = try await channel.eventLoop.submit { () throws -> QUICStreamID in
+            guard let id = try driver.value.openStream() else {
+                throw QXferError(.handshakeFailed, "the peer allows no streams")
+            }
+            return id
+        }.get()
+        let outcome = verifier.result
+        let peer = PeerIdentity(fingerprint: outcome.fingerprint, trust: outcome.trust, applicationProtocol: alpn)
+        return QUICStreamTransport(driver: driver, stream: channel.eventLoop.makeSucceededFuture(stream), peer: peer)
+    }
+
+    /// Why the kernel has no route to `remote` ("Network is unreachable"), or nil if it has one:
+    /// a failed send closes the socket, and the reason is worth more than "socket closed".
+    static func noRoute(to remote: SocketAddress) -> String? {
+        let descriptor = socket(Int32(remote.protocol.rawValue), Int32(SOCK_DGRAM.rawValue), 0)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        let failed = remote.withSockAddr { Glibc.connect(descriptor, $0, socklen_t($1)) } != 0
+        return failed && [ENETUNREACH, EHOSTUNREACH, EADDRNOTAVAIL].contains(errno) ? String(cString: strerror(errno)) : nil
+    }
+}
+
+#if canImport(Glibc)
+import Glibc
+#endif

@@ -1,0 +1,56 @@
+import NIOCore
+import NIOPosix
+
+/// Opening and tuning the UDP sockets QUIC runs on, each with its ``QUICSocketHandler``:
+/// the only place that sets a QUIC socket's options.
+enum QUICSockets {
+    /// The address a client socket binds to reach a peer of that family: any, any port.
+    static func wildcardHost(ipv6: Bool) -> String { ipv6 ? "::" : "0.0.0.0" }
+
+    /// Socket options for a QUIC UDP socket: big buffers, GRO, vectored reads, DSCP.
+    static func tune(_ channel: any Channel, trafficClass: Int32) throws {
+        guard let options = channel.syncOptions else { return }
+        try options.setOption(.socketOption(.so_rcvbuf), value: 4 << 20)
+        try options.setOption(.socketOption(.so_sndbuf), value: 4 << 20)
+        try options.setOption(.writeBufferWaterMark, value: .init(low: 256 << 10, high: 1 << 20))
+        try? options.setOption(.datagramReceiveOffload, value: true)
+        try? options.setOption(.datagramReceiveSegmentSize, value: true)
+        // Vectored reads (recvmmsg) of up to 8 GRO batches; NIO splits one buffer evenly
+        // between the messages, so each needs room for a whole 64 KiB batch.
+        try options.setOption(.datagramVectorReadMessageCount, value: 8)
+        try options.setOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: 8 * 65536))
+        if trafficClass != 0 {
+            try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IP), name: IP_TOS), value: SocketOptionValue(trafficClass))
+            try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IPV6), name: IPV6_TCLASS), value: SocketOptionValue(trafficClass))
+        }
+    }
+
+    /// A client's UDP socket bound to `host` (any port) on `group`, with its QUIC handler.
+    static func openClientSocket(on group: any EventLoopGroup, host: String, trafficClass: Int32) async throws -> any Channel {
+        try await bindClientSocket(on: group, host: host, port: 0, trafficClass: trafficClass).get()
+    }
+
+    /// A client's UDP socket bound to `host` and `port`, with its QUIC handler.
+    static func bindClientSocket(on group: any EventLoopGroup, host: String, port: Int, trafficClass: Int32) -> EventLoopFuture<any Channel> {
+        clientBootstrap(on: group, trafficClass: trafficClass).bind(host: host, port: port)
+    }
+
+    /// A client's UDP socket bound to `address` (a socket that died, taken again), with its QUIC handler.
+    static func bindClientSocket(on group: any EventLoopGroup, to address: SocketAddress, trafficClass: Int32) -> EventLoopFuture<any Channel> {
+        clientBootstrap(on: group, trafficClass: trafficClass).bind(to: address)
+    }
+
+    private static func clientBootstrap(on group: any EventLoopGroup, trafficClass: Int32) -> DatagramBootstrap {
+        DatagramBootstrap(group: group)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try tune(channel, trafficClass: trafficClass)
+                    try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: nil))
+                }
+            }
+    }
+}
+
+#if canImport(Glibc)
+import Glibc
+#endif

@@ -1,0 +1,44 @@
+@_spi(Stacks) import QXferCore
+@_spi(Stacks) import QXferIdentity
+
+/// The UDP layer's options (under ``QUIC``).
+public struct UDP: Sendable, Hashable {
+    /// Options of the IP layer below.
+    public var ip: IP
+
+    public init() { self.ip = IP() }
+    public init(@NetworkStackBuilder _ content: () -> IP) { self.ip = content() }
+}
+
+/// QUIC (RFC 9000) over UDP, with TLS 1.3 inside: qxfer's second transport.
+///
+/// Runs any program written for ``TLS`` unchanged: the connection's byte stream is the
+/// client's first bidirectional QUIC stream. Trust works exactly as on TLS: the client pins
+/// the server's fingerprint (explicitly or through known hosts), the server may require a
+/// client certificate from an allow-list. ALPN `qxfer/1` is required on both sides.
+public struct QUIC: ByteStreamProtocol, Hashable {
+    /// Options of the UDP layer below.
+    public var udp: UDP
+    /// Application protocols offered (client) or accepted (server); one must match.
+    public var applicationProtocols: [String]
+    /// The identity presented to the peer; nil loads or creates the host identity.
+    public var identity: HostIdentity?
+    /// How a client decides whether to trust the server.
+    public var peerTrust: PeerTrust = .knownHosts()
+    /// What a server asks of clients.
+    public var clientAuthentication: ClientAuthentication = .optional
+
+    public init(alpn: [String] = ["qxfer/1"]) {
+        self.udp = UDP()
+        self.applicationProtocols = alpn
+    }
+
+    public init(alpn: [String] = ["qxfer/1"], @NetworkStackBuilder _ content: () -> UDP) {
+        self.udp = content()
+        self.applicationProtocols = alpn
+    }
+
+    public var transport: TransportDescription { TransportDescription(QUICTransportStack(quic: self)) }
+}
+
+extension QUIC: SecureTransport {}
