@@ -62,8 +62,11 @@ let package = Package(
         // temporary file and a rename, devices, pipes and sockets directly. Glibc only.
         .target(
             name: "SafeOutput",
+            dependencies: ["CFileSystemLinux"],
             swiftSettings: strictSwift6
         ),
+        // Linux file-system calls the Glibc module lacks (renameat2), for SafeOutput.
+        .target(name: "CFileSystemLinux"),
 
         // The userspace link emulator (delay, rate, queue, loss between two TUN devices).
         .executableTarget(
@@ -77,6 +80,12 @@ let package = Package(
         .target(
             name: "CXXHash",
             linkerSettings: [.linkedLibrary("xxhash")]
+        ),
+        // XXH3 behind Swift types, so no application target imports the C module.
+        .target(
+            name: "FastHash",
+            dependencies: ["CXXHash"],
+            swiftSettings: strictSwift6
         ),
 
         // The layers of the library, each a target so that a forbidden import fails the build
@@ -181,7 +190,7 @@ let package = Package(
         // File transfer (qxfer/1 send/recv), written only against the public API.
         .target(
             name: "QXferTransfer",
-            dependencies: ["QXfer", "CXXHash", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["QXfer", "FastHash", "SafeOutput", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strictSwift6
         ),
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmarks side by side in one go: file transfer (bench/transfer.sh), 1 KiB cold start
-# (bench/small.sh) and streaming (bench/stream.sh), then the tables (bench/report.py) in
-# bench/results/report-DATE.md and the plots beside it.
+# (bench/small.sh), many small files (bench/small-files.sh: 2000 files over the emulated 50 ms
+# path, 10 000 over loopback, medians of 3) and streaming (bench/stream.sh), then the tables
+# (bench/report.py) in bench/results/report-DATE.md and the plots beside it.
 #
 #     bench/run.sh quick     # make bench: 256 MiB x 1 run, 30 s cap, 3 small runs, 10 s streams with 1 % loss
 #     bench/run.sh full      # make bench-full: 1 GiB x 3 runs, every tool, 60 s cap, 9 small runs, 2 x 20 s streams at 0 and 1 % loss
@@ -55,6 +56,10 @@ echo "== 1 KiB over 50 ms RTT ($small_runs runs)" >&2
 small_out=$(RUNS=$small_runs bench/small.sh)
 echo "$small_out"
 
+echo "== many small files (3 runs)" >&2
+small_files_out=$(RUNS=3 bench/small-files.sh)
+echo "$small_files_out"
+
 echo "== streaming (${stream_args[*]}, $stream_repeats times)" >&2
 for _ in $(seq "$stream_repeats"); do
     bench/stream.sh "${stream_args[@]}" --results "$stream_results" >&2
@@ -73,11 +78,15 @@ done
     echo
     echo "$small_out" | sed -n '/^| /p;/^Process start/p'
     echo
+    echo "## Many small files: \`RUNS=3 bench/small-files.sh\`"
+    echo
+    echo "$small_files_out" | sed -n '/^| /p'
+    echo
     echo "## Streaming: \`bench/stream.sh ${stream_args[*]}\` ($stream_repeats times)"
     echo
     python3 bench/report.py stream "$stream_results"
     echo
-    echo "Results: $transfer_csv, $(echo "$small_out" | sed -n 's/^CSV: //p'), $stream_results"
+    echo "Results: $transfer_csv, $(echo "$small_out" | sed -n 's/^CSV: //p'), $(echo "$small_files_out" | sed -n 's/^CSV: //p'), $stream_results"
 } >"$report"
 # Debian's python3-matplotlib lives in /usr/bin/python3's path; another python3 may come first.
 plotter=python3

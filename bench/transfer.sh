@@ -85,22 +85,8 @@ split -n 4 -d "$WORK/src/file.bin" "$WORK/parts/part"
 SUM=$(xxhsum -H2 "$WORK/src/file.bin" 2>/dev/null | cut -d' ' -f1)
 
 # ssh: a host key and a client key of our own, sshd on port 2222 in namespace b.
-ssh-keygen -q -t ed25519 -N '' -f "$WORK/host_key"
-ssh-keygen -q -t ed25519 -N '' -f "$WORK/client_key"
-cat >"$WORK/sshd_config" <<EOF
-Port 2222
-HostKey $WORK/host_key
-AuthorizedKeysFile $WORK/client_key.pub
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-StrictModes no
-UsePAM no
-PidFile $WORK/sshd.pid
-Subsystem sftp internal-sftp
-EOF
-# AES-128-GCM: the fastest cipher OpenSSH has on these CPUs (AES-NI), as DESIGN.md's scp figure.
-SSH_OPTS=(-i "$WORK/client_key" -c aes128-gcm@openssh.com -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o Port=2222)
-mkdir -p /run/sshd
+. bench/sshd.sh
+bench_sshd_setup "$WORK"
 
 CSV=bench/results/transfer-$(date +%Y%m%d-%H%M%S).csv
 echo "condition,tool,run,bytes,seconds,mb_per_s,sender_cpu_s,receiver_cpu_s,sender_rss_kib,receiver_rss_kib,complete,load1,link_drops" >"$CSV"

@@ -25,6 +25,13 @@ let sampleMessages: [Message] = [
     .failed(EntryFailure(entry: 5, code: .digestMismatch, message: "bad")),
     .complete(Complete(succeeded: 10, failed: 1)),
     .error(Refusal(code: .protocolViolation, message: "")),
+    .offer(Offer(algorithm: .xxh3_128, entries: [], flags: .batches)),
+    .batch([
+        .fileData(FileData(entry: 0, offset: 0, bytes: pattern(100))),
+        .fileDone(FileDone(entry: 0, size: 100, algorithm: .xxh3_128, digest: Array(repeating: 1, count: 16))),
+        .fileDone(FileDone(entry: 1, size: 0, algorithm: .xxh3_128, digest: Array(repeating: 2, count: 16))),
+    ]),
+    .batch([.verified(entry: 3), .failed(EntryFailure(entry: 4, code: .io, message: "disk"))]),
 ]
 
 @Suite struct CodecTests {
@@ -71,14 +78,23 @@ let sampleMessages: [Message] = [
     }
 
     /// Every strict prefix of a body is rejected (FileData excepted: a shorter payload is a
-    /// valid, different message, so it is cut only inside its header); every strict prefix of
-    /// a frame just asks for more bytes.
+    /// valid, different message, so it is cut only inside its header; and a Batch cut between
+    /// two of its frames is a valid, shorter Batch); every strict prefix of a frame just asks
+    /// for more bytes.
     @Test(arguments: sampleMessages.indices)
     func truncatedAtEveryPosition(_ index: Int) throws {
         let message = sampleMessages[index]
         let body = MessageCodec.encodeBody(message)
         let cuts: Range<Int> = if case .fileData = message { 0..<13 } else { 0..<body.count }
-        for cut in cuts {
+        var frameEnds: Set<Int> = []
+        if case .batch(let inner) = message {
+            var end = 0
+            for frame in inner.map(MessageCodec.encodeFrame) {
+                end += frame.count
+                frameEnds.insert(end)
+            }
+        }
+        for cut in cuts where !frameEnds.contains(cut) {
             #expect(throws: TransferError.self) { try MessageCodec.decode(type: message.type.rawValue, body: Array(body[..<cut])) }
         }
         let frame = MessageCodec.encodeFrame(message)

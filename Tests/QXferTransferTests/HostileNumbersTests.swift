@@ -87,13 +87,13 @@ struct HostileNumbersTests {
     /// Offers `entries`; once accepted lets `attack` talk, then collects the receiver's replies up
     /// to Complete or Error. Returns the receiver's result and its replies, Accept first.
     static func accepted(
-        _ kind: StackKind, _ entries: [OfferEntry], dst: String, receiver: TransferReceiver? = nil,
+        _ kind: StackKind, _ entries: [OfferEntry], dst: String, receiver: TransferReceiver? = nil, flags: Offer.Flags = [],
         _ attack: @escaping @Sendable (any TransferPeer, Accept) async throws -> (any TransferPeer)?
     ) async throws -> (server: Result<TransferSummary, any Error>, replies: [Message]) {
         let (server, client) = try await withConnectedPair(kind, receive: { peer in
             try await peer.runReceiver(receiver ?? TransferReceiver(directory: dst))
         }, send: { peer in
-            try await peer.send(.offer(Offer(algorithm: .xxh3_128, entries: entries)))
+            try await peer.send(.offer(Offer(algorithm: .xxh3_128, entries: entries, flags: flags)))
             guard case .accept(let accept)? = try await peer.receiveMessage() else { return [Message]() }
             // The data stream stays open until the replies are in: dropping it would reset it,
             // and a reset stream loses its unread data.

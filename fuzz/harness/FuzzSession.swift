@@ -1,6 +1,7 @@
 // libFuzzer target: what each side of qxfer/1 computes from decoded messages, past the codec —
 // the receiver's offer checks and plan (Receiver/OfferPlanner.swift), its ReceivingSession fed
-// FileData, FileDone, stream ends and failures, and its Complete; the sender's SenderLedger fed
+// FileData, FileDone (alone or in Batches, with the offer's batches flag or without), stream ends,
+// failures and its committer's outcomes, and its Complete; the sender's SenderLedger fed
 // hostile Accept, Verified, Failed and Complete. The input is not wire bytes but a script: each
 // byte picks the next step and its values, and numbers come from a table of extremes (0, 1,
 // 2^32, 2^63, 2^64 - 1, …) or from the state (the next expected offset, the right digest), so
@@ -110,8 +111,9 @@ func fuzzReceiver(_ script: inout Script) {
     let algorithm: DigestAlgorithm = script.byte() & 1 == 0 ? .xxh3_128 : .sha256
     let overwrite = script.byte() & 1 == 1
     let usesStreams = script.byte() & 1 == 1
+    let batches = script.byte() & 1 == 1
     // The offer travels through the codec, as on the wire: only what decodes reaches the planner.
-    let sent = Offer(algorithm: algorithm, entries: makeEntries(&script))
+    let sent = Offer(algorithm: algorithm, entries: makeEntries(&script), flags: batches ? .batches : [])
     guard case .offer(let offer) = try? MessageCodec.decode(type: MessageType.offer.rawValue, body: MessageCodec.encodeBody(.offer(sent))) else { return }
     let directory: TargetDirectory
     do { directory = try TargetDirectory(path: root) } catch { preconditionFailure("\(error)") }
@@ -166,18 +168,19 @@ func fuzzReceiver(_ script: inout Script) {
         let b = script.byte() % 4
         return b == 0 ? .control : .data(Int(b))
     }
-    func verify(_ reply: Message?) {
-        switch reply {
-        case .verified(let e)?:
-            precondition(e < count && offer.entries[Int(e)].kind == .file, "Verified for entry \(e)")
-        case .failed(let failure)?:
-            precondition(failure.entry < count, "Failed for entry \(failure.entry)")
-        case nil: break
-        case let other?: preconditionFailure("the session replied \(other)")
+    func verify(_ replies: [Message]) {
+        for reply in replies {
+            switch reply {
+            case .verified(let e):
+                precondition(e < count && offer.entries[Int(e)].kind == .file, "Verified for entry \(e)")
+            case .failed(let failure):
+                precondition(failure.entry < count, "Failed for entry \(failure.entry)")
+            default: preconditionFailure("the session replied \(reply)")
+            }
         }
     }
     while !session.isFinished && !script.isEmpty {
-        let event: InboundFunnel.Event
+        var event: InboundFunnel.Event
         switch script.byte() % 8 {
         case 0, 1, 2:
             let e = entry(&script)
@@ -206,8 +209,17 @@ func fuzzReceiver(_ script: inout Script) {
                 .error(Refusal(code: .io, message: "gone")), .offer(offer),
             ]))
         }
+        // Batched (with or without the flag), sometimes with a message that may not be inside.
+        if case .message(let message) = event, script.byte() % 4 == 0 {
+            event = .message(.batch(script.byte() % 3 == 0 ? [message, .verified(entry: 0)] : [message]))
+        }
         do {
-            verify(try session.handle(event, from: source(&script), usesStreams: usesStreams))
+            let from = source(&script)
+            verify(try session.handle(event, from: from, usesStreams: usesStreams))
+            // The committer, run here in line: its outcomes come back as an event.
+            while let files = session.takeCommitGroup() {
+                verify(try session.handle(.committed(FileCommitter.commit(files)), from: .committer, usesStreams: usesStreams))
+            }
         } catch is CancellationError {
             session.abandonOpenFiles()
             return
@@ -227,7 +239,7 @@ func fuzzReceiver(_ script: inout Script) {
     }
     do {
         let replies = try session.finishTree()
-        for reply in replies.dropLast() { verify(reply) }
+        verify(Array(replies.dropLast()))
         guard case .complete(let complete)? = replies.last else { preconditionFailure("no Complete at the end") }
         precondition(UInt64(complete.succeeded) + UInt64(complete.failed) == UInt64(count),
                      "Complete(\(complete.succeeded), \(complete.failed)) for \(count) entries")

@@ -1,4 +1,6 @@
-internal import CXXHash
+#if canImport(FastHash)  // fuzz/run.sh compiles FastHash's source into its one module
+internal import FastHash
+#endif
 
 /// A streaming hash: feed bytes in any pieces, read the digest at any point without ending
 /// the stream (the digest of everything fed so far).
@@ -35,35 +37,22 @@ extension DigestAlgorithm {
     }
 }
 
-/// XXH3-128 over Debian's libxxhash. ``digest()`` returns the canonical (big-endian) form:
-/// its hex is what `xxhsum -H2` prints.
+/// XXH3-128 (FastHash's ``XXH3Stream``, libxxhash). ``digest()`` returns the canonical
+/// (big-endian) form: its hex is what `xxhsum -H2` prints.
 public final class XXH3Hasher: StreamingHasher {
-    private let state: OpaquePointer
+    private let stream = XXH3Stream()
 
-    public init() {
-        guard let state = XXH3_createState() else { fatalError("XXH3_createState: out of memory") }
-        self.state = state
-        XXH3_128bits_reset(state)
-    }
-
-    deinit { XXH3_freeState(state) }
+    public init() {}
 
     public var algorithm: DigestAlgorithm { .xxh3_128 }
 
-    public func update(_ bytes: UnsafeRawBufferPointer) {
-        guard let base = bytes.baseAddress, !bytes.isEmpty else { return }
-        _ = XXH3_128bits_update(state, base, bytes.count)
-    }
+    public func update(_ bytes: UnsafeRawBufferPointer) { stream.update(bytes) }
 
-    public func digest() -> [UInt8] {
-        var canonical = XXH128_canonical_t()
-        XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(state))
-        return withUnsafeBytes(of: &canonical.digest) { Array($0) }
-    }
+    public func digest() -> [UInt8] { stream.digest() }
 
     /// The 64-bit XXH3 of a byte string, for short derived names.
     static func hash64(_ bytes: [UInt8]) -> UInt64 {
-        bytes.withUnsafeBytes { XXH3_64bits($0.baseAddress, $0.count) }
+        bytes.withUnsafeBytes { XXH3.hash64($0) }
     }
 }
 

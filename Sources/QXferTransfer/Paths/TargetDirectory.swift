@@ -4,8 +4,9 @@ import Glibc
 import Musl
 #endif
 
-/// An open file descriptor, closed when the last reference goes away.
-public final class Descriptor {
+/// An open file descriptor, closed when the last reference goes away (immutable, so it may be
+/// handed between threads).
+public final class Descriptor: Sendable {
     /// The raw descriptor.
     public let fd: Int32
     private let owned: Bool
@@ -45,7 +46,24 @@ public final class TargetDirectory {
         try openDirectory(path.parentComponents, create: create, shown: path.description)
     }
 
+    /// Folders this instance opened lately, by their components: many files share few folders,
+    /// and each walk costs an `openat` per component (over 100 µs each on a busy machine). A
+    /// folder is kept once opened through the same checked walk, so using it again is what
+    /// holding a file's parent open already is; bounded, each entry holding a descriptor.
+    private var openedDirectories: [[String]: Descriptor] = [:]
+    private static let openedDirectoryLimit = 64
+
     func openDirectory(_ components: ArraySlice<String>, create: Bool, shown: String) throws(TransferError) -> Descriptor {
+        guard !components.isEmpty else { return root }
+        let key = Array(components)
+        if let known = openedDirectories[key] { return known }
+        let opened = try walk(components, create: create, shown: shown)
+        if openedDirectories.count >= Self.openedDirectoryLimit { openedDirectories.removeAll() }
+        openedDirectories[key] = opened
+        return opened
+    }
+
+    private func walk(_ components: ArraySlice<String>, create: Bool, shown: String) throws(TransferError) -> Descriptor {
         var current = root
         for component in components {
             var fd = openat(current.fd, component, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)

@@ -16,6 +16,13 @@ struct ReceivingSession {
     private var entriesWithStream: Set<UInt32> = []
     /// Directories and symlinks, done after the files.
     private var treeEntries: [Int] = []
+    /// Verified files waiting for the committer (``takeCommitGroup()``), and the files it is
+    /// committing now, with what their Verified reports.
+    private var readyToCommit: [(entry: UInt32, writer: FileWriter)] = []
+    private var committing: [UInt32: (size: UInt64, digest: String)] = [:]
+    /// Whether the offer set the `batches` flag: Batch messages, several entries per data
+    /// stream one after another, verdicts in batches (docs/PROTOCOL.md §3.6).
+    let usesBatches: Bool
 
     private(set) var summary: TransferSummary
     private(set) var bytesToReceive: UInt64 = 0
@@ -33,13 +40,28 @@ struct ReceivingSession {
         self.paths = paths
         self.store = store
         self.progress = progress
+        self.usesBatches = offer.flags.contains(.batches)
         self.summary = TransferSummary(succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: offer.algorithm, digests: [])
     }
 
     private var unfinished: String { pending.count == 1 ? "1 file" : "\(pending.count) files" }
 
     /// Whether every file has been answered.
-    var isFinished: Bool { pending.isEmpty }
+    var isFinished: Bool { pending.isEmpty && readyToCommit.isEmpty && committing.isEmpty }
+
+    /// The most files in one commit group: their verdicts fit one Batch (≤ 16 MiB) even when
+    /// each is a Failed with a long message.
+    static let maximumCommitGroup = 4096
+
+    /// Hands over the verified files waiting to be committed (nil when there are none): the
+    /// caller runs ``FileCommitter/commit(_:)`` on them and brings the outcomes back as a
+    /// ``InboundFunnel/Event/committed(_:)`` event.
+    mutating func takeCommitGroup() -> CommitGroup? {
+        guard !readyToCommit.isEmpty else { return nil }
+        let taken = readyToCommit.prefix(Self.maximumCommitGroup)
+        readyToCommit.removeFirst(taken.count)
+        return CommitGroup(files: Array(taken))
+    }
 
     /// Bytes the receiver held already from earlier attempts (resume).
     var resumedBytes: UInt64 { summary.resumedBytes }
@@ -75,9 +97,12 @@ struct ReceivingSession {
         }
     }
 
-    /// Handles what a reader saw; returns the message to send on the control stream, if any.
-    mutating func handle(_ event: InboundFunnel.Event, from source: InboundFunnel.Source, usesStreams: Bool) throws -> Message? {
+    /// Handles what a reader saw (or the committer did); returns the messages to send on the
+    /// control stream, in order.
+    mutating func handle(_ event: InboundFunnel.Event, from source: InboundFunnel.Source, usesStreams: Bool) throws -> [Message] {
         switch event {
+        case .committed(let outcomes):
+            return try committed(outcomes)
         case .failed(let error):
             // Our own verdicts (a message that does not decode, a timeout, a take-over) as they
             // are; anything else is the network: a data stream reset or a connection lost
@@ -91,16 +116,28 @@ struct ReceivingSession {
             if let entry = streamEntries.removeValue(forKey: source), pending[entry] != nil {
                 throw TransferError(.protocolViolation, "the data stream of '\(paths[Int(entry)])' ended before its FileDone")
             }
-            return nil
+            return []
         case .message(let message):
             switch message {
             case .fileData(let data):
                 try bind(data.entry, to: source, usesStreams: usesStreams)
                 try receive(data)
-                return nil
+                return []
             case .fileDone(let done):
                 try bind(done.entry, to: source, usesStreams: usesStreams)
+                // With batches the stream may carry the next entry now; without, never.
+                if usesBatches { streamEntries[source] = nil }
                 return try finish(done)
+            case .batch(let messages):
+                guard usesBatches else { throw TransferError(.malformed, "a Batch, but the offer did not set the batches flag") }
+                var replies: [Message] = []
+                for inner in messages {
+                    switch inner {
+                    case .fileData, .fileDone: replies += try handle(.message(inner), from: source, usesStreams: usesStreams)
+                    default: throw TransferError(.protocolViolation, "the sender sent \(inner.type) inside a Batch")
+                    }
+                }
+                return replies
             case .error(let refusal):
                 throw AlreadyCommunicated(error: TransferError(refusal.code, "the sender: \(refusal.message)"))
             default:
@@ -132,9 +169,11 @@ struct ReceivingSession {
         }
         if writer == nil {
             writer = try open(target, resume, startingAt: data.offset)
+            // Recorded before the first write, which may refuse the data: the partial is then
+            // removed with the others when the transfer stops (§6, "Leftovers").
+            pending[data.entry] = .receive(target, resume, writer)
         }
         try writer!.write(data.bytes, at: data.offset)
-        pending[data.entry] = .receive(target, resume, writer)
         progress.add(transferred: data.bytes.count)
         summary.transferredBytes = summary.transferredBytes.saturatingAdd(UInt64(data.bytes.count))
     }
@@ -157,7 +196,7 @@ struct ReceivingSession {
         return writer
     }
 
-    private mutating func finish(_ done: FileDone) throws -> Message {
+    private mutating func finish(_ done: FileDone) throws -> [Message] {
         guard done.algorithm == offer.algorithm else {
             throw TransferError(.protocolViolation, "FileDone with \(done.algorithm.name), the offer said \(offer.algorithm.name)")
         }
@@ -175,21 +214,41 @@ struct ReceivingSession {
                 let writer = try writer ?? open(target, resume, startingAt: done.size == resume.offset ? resume.offset : 0)
                 // A size other than the offered one fails this file alone (its partial is
                 // discarded): the other files go on.
-                try writer.finish(size: done.size, digest: done.digest)
-                outcome = .success(())
+                try writer.verify(size: done.size, digest: done.digest)
+                // Verified when the committer has made it durable under its final name.
+                readyToCommit.append((done.entry, writer))
+                committing[done.entry] = (done.size, hexString(done.digest))
+                return []
             } catch let error as TransferError where [.digestMismatch, .exists, .io].contains(error.code) {
                 outcome = .failure(error)
             }
         }
+        return [verdict(done.entry, size: done.size, digest: hexString(done.digest), outcome)]
+    }
+
+    /// Records what the committer did with a group; returns their verdicts.
+    private mutating func committed(_ outcomes: [CommitOutcome]) throws(TransferError) -> [Message] {
+        var replies: [Message] = []
+        for outcome in outcomes {
+            guard let (size, digest) = committing.removeValue(forKey: outcome.entry) else {
+                throw TransferError(.internal, "a commit of entry \(outcome.entry), which was not handed over")
+            }
+            replies.append(verdict(outcome.entry, size: size, digest: digest, outcome.error.map { .failure($0) } ?? .success(())))
+        }
+        return replies
+    }
+
+    private mutating func verdict(_ entry: UInt32, size: UInt64, digest: String, _ outcome: Result<Void, TransferError>) -> Message {
+        let shown = paths[Int(entry)].description
         switch outcome {
         case .success:
             summary.succeeded += 1
-            summary.digests.append((shown, hexString(done.digest)))
-            progress.report(.verified(path: shown, size: done.size, digest: hexString(done.digest)))
-            return .verified(entry: done.entry)
+            summary.digests.append((shown, digest))
+            progress.report(.verified(path: shown, size: size, digest: digest))
+            return .verified(entry: entry)
         case .failure(let error):
-            fail(done.entry, error)
-            return .failed(EntryFailure(entry: done.entry, code: error.code, message: error.message))
+            fail(entry, error)
+            return .failed(EntryFailure(entry: entry, code: error.code, message: error.message))
         }
     }
 
@@ -230,9 +289,12 @@ struct ReceivingSession {
     }
 
     /// Keeps what was written of unfinished files, checkpointed, for a later resume.
+    /// Files handed to the committer are its own: wait for it before calling this.
     mutating func abandonOpenFiles() {
         for case .receive(_, _, let writer?) in pending.values { writer.abandon() }
+        for (_, writer) in readyToCommit { writer.abandon() }
         pending.removeAll()
+        readyToCommit.removeAll()
         try? store.syncDirectories()  // what was already verified stays, durably
     }
 }

@@ -144,15 +144,23 @@ public struct TransferReceiver: Sendable {
                     }
                 }
             }
+            // Verified files are committed (fsync, rename) beside this loop, one group at a time,
+            // while it goes on reading; their outcomes come back through the funnel.
+            var commit: Task<[CommitOutcome], Never>?
             do {
                 while !session.isFinished {
                     guard let delivery = await inbound.next() else { break }
                     defer { delivery.handled.resume() }
                     watchdog.busy()
-                    if let reply = try session.handle(delivery.event, from: delivery.source, usesStreams: usesStreams) {
-                        try await connection.send(reply)
+                    if case .committed = delivery.event { commit = nil }
+                    try await send(session.handle(delivery.event, from: delivery.source, usesStreams: usesStreams), on: connection, batching: session.usesBatches)
+                    if commit == nil, let files = session.takeCommitGroup() {
+                        let task = Task { await FileCommitter.commitInBackground(files) }
+                        commit = task
+                        group.addTask { await funnel.post(committed: await task.value) }
                     }
-                    watchdog.idle(allowance: session.hashingAllowance)
+                    // Time spent committing is the receiver's, not the sender's silence.
+                    if commit == nil { watchdog.idle(allowance: session.hashingAllowance) }
                 }
                 watchdog.stop()
                 for reply in try session.finishTree() {
@@ -163,6 +171,8 @@ public struct TransferReceiver: Sendable {
                 return session.summary
             } catch {
                 // Partials checkpointed and closed first: a newer transfer may be waiting for them.
+                // The files being committed are the committer's until it is done with them.
+                _ = await commit?.value
                 session.abandonOpenFiles()
                 registry.release(registration)
                 if let error = error as? TransferError {
@@ -175,6 +185,21 @@ public struct TransferReceiver: Sendable {
                 if superseded.withLock({ $0 }) { throw TransferSuperseded(message: "\(error)") }
                 throw error
             }
+        }
+    }
+
+    /// Sends the verdicts of one step: in Batches when the offer allows them, else one by one.
+    private func send<Stack: TLVStack>(_ replies: [Message], on connection: NetworkConnection<Stack>, batching: Bool) async throws {
+        guard batching, replies.count > 1 else {
+            for reply in replies { try await connection.send(reply) }
+            return
+        }
+        // A Batch of at most a commit group's verdicts stays far below the 16 MiB frame limit.
+        var start = 0
+        while start < replies.count {
+            let end = min(start + ReceivingSession.maximumCommitGroup, replies.count)
+            try await connection.send(.batch(Array(replies[start..<end])))
+            start = end
         }
     }
 

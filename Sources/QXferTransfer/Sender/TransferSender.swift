@@ -6,14 +6,17 @@ import QXfer
 /// each file from its resume offset with a digest computed while reading, and collects the
 /// receiver's verdicts.
 ///
-/// On QUIC every file travels on its own stream, several in parallel; on TCP+TLS, which has
-/// one ordered byte stream, the same messages follow each other on the connection.
+/// Nothing waits for one file before the next: small files (at most ``batchedFileLimit``
+/// bytes) travel together in Batch messages, each larger file in messages of its own.
+/// On QUIC the batches go on up to ``parallelFiles`` long-lived streams and every large file
+/// on a stream of its own, several in parallel; on TCP+TLS, which has one ordered byte stream,
+/// the same messages follow each other on the connection.
 public struct TransferSender: Sendable {
     /// What to send.
     public var tree: SourceTree
     /// The end-to-end digest.
     public var algorithm: DigestAlgorithm
-    /// Files sent at the same time over QUIC (each on its own stream).
+    /// Streams used at the same time over QUIC (Batches of small files, or one larger file each).
     public var parallelFiles: Int
     /// Counters and events for a progress display.
     public let progress: TransferProgress
@@ -32,8 +35,17 @@ public struct TransferSender: Sendable {
         try await connection.endingOnError { try await exchange(over: connection) }
     }
 
+    /// Files up to this size go in Batches (docs/PROTOCOL.md §3.6); larger ones alone.
+    static let batchedFileLimit: UInt64 = 256 << 10
+    /// A Batch is sent once it holds this much file data, or ``batchFileCount`` files. Small:
+    /// the receiver takes a Batch only once all of it has arrived, and over a path still in
+    /// slow start (with 8 streams sharing it on QUIC) a 1 MiB Batch arrived only after most of
+    /// a 9 MB tree had, so the receiver's work waited for the network instead of overlapping it.
+    static let batchBytes = 64 << 10
+    static let batchFileCount = 256
+
     private func exchange<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
-        let offer = Offer(algorithm: algorithm, entries: tree.entries)
+        let offer = Offer(algorithm: algorithm, entries: tree.entries, flags: .batches)
         progress.report(.offered(entries: offer.entries.count, bytes: tree.totalSize, sizeUnknown: tree.entries.contains { $0.flags.contains(.sizeUnknown) }))
         try await connection.send(.offer(offer))
 
@@ -44,14 +56,14 @@ public struct TransferSender: Sendable {
         for failure in ledger.failures { progress.report(.failed(path: failure.path, error: failure.error)) }
 
         let digests = Locked<[UInt32: String]>([:])
-        let fileJobs = jobs
+        let units = Self.units(of: jobs)
         let usesStreams = connection.parameters.stack.transport.hasIndependentStreams
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
                 if usesStreams {
-                    try await sendInParallel(fileJobs, over: connection, digests: digests)
+                    try await sendInParallel(units, over: connection, digests: digests)
                 } else {
-                    for job in fileJobs { try await send(job, on: connection, digests: digests) }
+                    for unit in units { try await send(unit, on: connection, digests: digests) }
                 }
             }
             // The verdicts come back on the control stream while data still flows.
@@ -63,14 +75,10 @@ public struct TransferSender: Sendable {
                     throw QXferError(.connectionClosed, "the receiver closed the connection before reporting the result")
                 }
                 switch message {
-                case .verified(let entry):
-                    let (path, size) = try ledger.verified(entry)
-                    let digest = digests.withLock { $0[entry] } ?? ""
-                    summary.digests.append((path, digest))
-                    progress.report(.verified(path: path, size: size, digest: digest))
-                case .failed(let failure):
-                    let (path, error) = try ledger.failed(failure)
-                    progress.report(.failed(path: path, error: error))
+                case .verified, .failed:
+                    try record(message, in: &ledger, summary: &summary, digests: digests)
+                case .batch(let verdicts):
+                    for verdict in verdicts { try record(verdict, in: &ledger, summary: &summary, digests: digests) }
                 case .complete(let complete):
                     summary.succeeded = try ledger.complete(complete)
                     try await group.waitForAll()
@@ -94,6 +102,22 @@ public struct TransferSender: Sendable {
         }
     }
 
+    /// Records one Verified or Failed (alone or from a Batch); anything else is out of place.
+    private func record(_ verdict: Message, in ledger: inout SenderLedger, summary: inout TransferSummary, digests: Locked<[UInt32: String]>) throws {
+        switch verdict {
+        case .verified(let entry):
+            let (path, size) = try ledger.verified(entry)
+            let digest = digests.withLock { $0[entry] } ?? ""
+            summary.digests.append((path, digest))
+            progress.report(.verified(path: path, size: size, digest: digest))
+        case .failed(let failure):
+            let (path, error) = try ledger.failed(failure)
+            progress.report(.failed(path: path, error: error))
+        default:
+            throw TransferError(.protocolViolation, "the receiver sent \(verdict.type) among the verdicts")
+        }
+    }
+
     /// Reads Accept (or Decline).
     private func receiveAnswers<Stack: TLVStack>(from connection: NetworkConnection<Stack>) async throws -> [EntryAnswer] {
         guard let message = try await connection.receiveMessage() else {
@@ -104,6 +128,9 @@ public struct TransferSender: Sendable {
             return accept.answers  // checked by SenderLedger
         case .decline(let refusal):
             throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver declined: \(refusal.message)"))
+        case .error(let refusal) where refusal.code == .unsupported && refusal.message.contains("offer flags"):
+            // docs/PROTOCOL.md §3.6, version rule: a receiver from before Batch refuses the flag.
+            throw AlreadyCommunicated(error: TransferError(.unsupported, "the receiver runs an older qxfer that does not take batched transfers (it said: \(refusal.message)); update it"))
         case .error(let refusal):
             throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver: \(refusal.message)"))
         default:
@@ -111,24 +138,100 @@ public struct TransferSender: Sendable {
         }
     }
 
-    /// QUIC: one stream per file, up to ``parallelFiles`` at once.
-    private func sendInParallel<Stack: TLVStack>(_ jobs: [FileJob], over connection: NetworkConnection<Stack>, digests: Locked<[UInt32: String]>) async throws {
+    /// What is sent as one piece: a Batch of small files, or one file alone.
+    private enum SendUnit: Sendable {
+        case batch([FileJob])
+        case single(FileJob)
+    }
+
+    /// Groups the small files, in offer order, into Batches of at most ``batchBytes`` bytes
+    /// or ``batchFileCount`` files; every other file is a unit of its own.
+    private static func units(of jobs: [FileJob]) -> [SendUnit] {
+        var units: [SendUnit] = []
+        var batch: [FileJob] = []
+        var batchSize: UInt64 = 0
+        for job in jobs {
+            guard job.isSmall else {
+                units.append(.single(job))
+                continue
+            }
+            let size = job.answer.disposition == .present ? 0 : job.entry.size
+            if !batch.isEmpty, batch.count == batchFileCount || batchSize + size > UInt64(batchBytes) {
+                units.append(.batch(batch))
+                (batch, batchSize) = ([], 0)
+            }
+            batch.append(job)
+            batchSize += size  // each at most batchedFileLimit, and the sum at most batchBytes
+        }
+        if !batch.isEmpty { units.append(.batch(batch)) }
+        return units
+    }
+
+    /// QUIC: up to ``parallelFiles`` senders side by side, each taking the next unit as soon as
+    /// it is done with one: Batches on a stream the sender keeps for them, every large file on a
+    /// stream of its own.
+    private func sendInParallel<Stack: TLVStack>(_ units: [SendUnit], over connection: NetworkConnection<Stack>, digests: Locked<[UInt32: String]>) async throws {
+        let next = Locked(0)
         try await withThrowingTaskGroup(of: Void.self) { group in
-            var running = 0
-            for job in jobs {
-                if running == parallelFiles {
-                    try await group.next()
-                    running -= 1
-                }
+            for _ in 0..<min(parallelFiles, units.count) {
                 group.addTask {
-                    let stream = try await connection.openStream()
-                    try await send(job, on: stream, digests: digests)
-                    try await stream.finish()
+                    var lane: NetworkConnection<Stack>?
+                    while true {
+                        let index = next.withLock { value in
+                            defer { value += 1 }
+                            return value
+                        }
+                        guard index < units.count else { break }
+                        switch units[index] {
+                        case .batch:
+                            if lane == nil { lane = try await connection.openStream() }
+                            try await send(units[index], on: lane!, digests: digests)
+                        case .single:
+                            let stream = try await connection.openStream()
+                            try await send(units[index], on: stream, digests: digests)
+                            try await stream.finish()
+                        }
+                    }
+                    try await lane?.finish()
                 }
-                running += 1
             }
             try await group.waitForAll()
         }
+    }
+
+    private func send<Stack: TLVStack>(_ unit: SendUnit, on stream: NetworkConnection<Stack>, digests: Locked<[UInt32: String]>) async throws {
+        switch unit {
+        case .single(let job): try await send(job, on: stream, digests: digests)
+        case .batch(let jobs): try await sendBatch(jobs, on: stream, digests: digests)
+        }
+    }
+
+    /// Sends small files whole (or, when `present`, only their digest) in one Batch: FileData
+    /// and FileDone of each file, one after another.
+    private func sendBatch<Stack: TLVStack>(_ jobs: [FileJob], on stream: NetworkConnection<Stack>, digests: Locked<[UInt32: String]>) async throws {
+        var batch = BatchBody()
+        for job in jobs {
+            let path = job.entry.path.joined(separator: "/")
+            let file = try job.open()
+            let hasher = algorithm.makeHasher()
+            let size = job.entry.size
+            if job.answer.disposition == .present {
+                let hashed = try FileStore.hash(file, upTo: size, into: hasher, shown: path)
+                guard hashed == size else { throw TransferError(.io, "'\(path)' changed size while being sent") }
+            } else {
+                progress.report(.started(path: path, size: size, offset: 0))
+                if size > 0 {
+                    let count = try batch.appendFileData(entry: job.index, from: file, size: Int(size))  // size <= batchedFileLimit
+                    guard count == size else { throw TransferError(.io, "'\(path)' shrank while being sent") }
+                    batch.withLastPayload { hasher.update($0) }
+                    progress.add(transferred: count)
+                }
+            }
+            let digest = hasher.digest()
+            digests.withLock { $0[job.index] = hexString(digest) }
+            batch.append(.fileDone(FileDone(entry: job.index, size: size, algorithm: algorithm, digest: digest)))
+        }
+        try await stream.send(batch)
     }
 
     /// Sends one file's FileData from the agreed offset and its FileDone, recording the digest
@@ -182,6 +285,13 @@ private struct FileJob: Sendable {
     var entry: OfferEntry
     var source: SourceTree.Source
     var answer: EntryAnswer
+
+    /// Whether it goes in a Batch: a file of known size up to the limit, sent whole or only
+    /// compared (resumed files are larger than 1 MiB: they have a journal).
+    var isSmall: Bool {
+        guard entry.kind == .file, !entry.flags.contains(.sizeUnknown), entry.size <= TransferSender.batchedFileLimit, case .file = source else { return false }
+        return answer.disposition == .present || (answer.disposition == .send && answer.offset == 0)
+    }
 
     /// The same job from byte 0 (the receiver's resume prefix does not match our file).
     var restarted: FileJob {

@@ -8,6 +8,8 @@ final class InboundFunnel: Sendable {
     enum Source: Hashable, Sendable {
         case control
         case data(Int)
+        /// Not a stream: the committer's outcomes.
+        case committer
     }
 
     /// What a reader saw.
@@ -15,6 +17,8 @@ final class InboundFunnel: Sendable {
         case message(Message)
         case ended
         case failed(any Error)
+        /// The committer finished a group of verified files (see ``FileCommitter``).
+        case committed([CommitOutcome])
     }
 
     typealias Delivery = (source: Source, event: Event, handled: CheckedContinuation<Void, Never>)
@@ -47,6 +51,11 @@ final class InboundFunnel: Sendable {
     /// over), as if the control stream had failed; returns once it was handled.
     func interrupt(with error: any Error) async {
         await deliver(.control, .failed(error))
+    }
+
+    /// Hands the consumer the committer's outcomes; returns once they were handled.
+    func post(committed outcomes: [CommitOutcome]) async {
+        await deliver(.committer, .committed(outcomes))
     }
 
     private func deliver(_ source: Source, _ event: Event) async {

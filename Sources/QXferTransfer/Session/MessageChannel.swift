@@ -16,6 +16,11 @@ extension NetworkConnection where Stack: TLVStack {
         try await send(body.bytes, type: MessageType.fileData.rawValue)
     }
 
+    /// Sends one Batch built by ``BatchBody``.
+    func send(_ batch: BatchBody) async throws {
+        try await send(batch.bytes, type: MessageType.batch.rawValue)
+    }
+
     /// The next message, or nil when the peer finished the stream between messages. A frame
     /// longer than the limit is `limit-exceeded`, which the caller reports to the peer in an
     /// Error before closing (docs/PROTOCOL.md §2).
@@ -66,6 +71,58 @@ struct FileDataBody {
     /// The file bytes in the body.
     func withPayload<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
         bytes.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[FileDataBody.headerSize...])) }
+    }
+}
+
+/// A Batch body (docs/PROTOCOL.md §3.6) assembled in one buffer: whole frames one after
+/// another, a small file's bytes read straight into its FileData frame.
+struct BatchBody {
+    private(set) var bytes = Data(capacity: 1 << 20 + 64 << 10)
+    /// Where the payload of the last FileData appended lies in ``bytes``.
+    private var lastPayload: Range<Int> = 0..<0
+
+    /// Appends a whole frame.
+    mutating func append(_ message: Message) {
+        bytes.append(contentsOf: MessageCodec.encodeFrame(message))
+    }
+
+    /// Appends a FileData frame of `entry` at offset 0 holding the first `size` bytes of `file`
+    /// (1 … ``ProtocolLimits/maximumChunkSize``); returns how many were read (fewer when the
+    /// file shrank: then the caller stops, nothing of this batch having been sent).
+    mutating func appendFileData(entry: UInt32, from file: Descriptor, size: Int) throws(TransferError) -> Int {
+        precondition(size > 0 && size <= ProtocolLimits.maximumChunkSize, "a FileData of \(size) bytes")
+        let start = bytes.count
+        let header = MessageCodec.headerSize + FileDataBody.headerSize
+        bytes.count = start + header + size
+        var done = 0
+        var err: Int32 = 0
+        bytes.withUnsafeMutableBytes { raw in
+            raw.storeBytes(of: MessageType.fileData.rawValue.bigEndian, toByteOffset: start, as: UInt32.self)
+            raw.storeBytes(of: entry.bigEndian, toByteOffset: start + MessageCodec.headerSize, as: UInt32.self)
+            raw.storeBytes(of: UInt64(0).bigEndian, toByteOffset: start + MessageCodec.headerSize + 4, as: UInt64.self)
+            while done < size {
+                let n = pread(file.fd, raw.baseAddress! + start + header + done, size - done, off_t(done))
+                if n < 0 {
+                    err = errno
+                    if err == EINTR { continue }
+                    return
+                }
+                if n == 0 { return }
+                done += n
+            }
+        }
+        guard err == 0 || err == EINTR else { throw TransferError.posix("cannot read", "a file being sent", errno: err) }
+        bytes.count = start + header + done
+        bytes.withUnsafeMutableBytes { raw in
+            raw.storeBytes(of: UInt32(FileDataBody.headerSize + done).bigEndian, toByteOffset: start + 4, as: UInt32.self)
+        }
+        lastPayload = (start + header)..<(start + header + done)
+        return done
+    }
+
+    /// The file bytes of the last FileData appended.
+    func withLastPayload<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
+        bytes.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[lastPayload])) }
     }
 }
 

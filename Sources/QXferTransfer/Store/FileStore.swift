@@ -1,4 +1,6 @@
-internal import CXXHash
+#if canImport(SafeOutput)  // fuzz/run.sh compiles renameAt's source into its one module
+internal import SafeOutput
+#endif
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -45,7 +47,8 @@ public struct ResumePoint {
 /// `dir/.NAME.qxfer-journal` (for names too long to take the affixes, `NAME` is replaced by
 /// `qxfer-` and 16 hex digits of its XXH3-64). The final name appears only after the digest
 /// matches, the data is fsynced, and never replaces an existing entry unless `overwrite`.
-/// Not thread-safe: use one instance from one task.
+/// Not thread-safe: use one instance from one task — except that verified writers may be
+/// committed (``FileWriter/commit()``) on other threads (see ``FileCommitter``).
 public final class FileStore {
     /// The directory files go into.
     public let directory: TargetDirectory
@@ -60,8 +63,9 @@ public final class FileStore {
         self.checkpointInterval = max(1, checkpointInterval)
     }
 
-    /// Directories that received a file whose rename is not yet durable, by (device, inode).
-    private var unsyncedDirectories: [DirectoryKey: Descriptor] = [:]
+    /// Directories that received a file whose rename is not yet durable, by (device, inode);
+    /// locked because commits run on the committer's threads.
+    private let unsyncedDirectories = Locked<[DirectoryKey: Descriptor]>([:])
     private struct DirectoryKey: Hashable {
         var device: UInt64
         var inode: UInt64
@@ -71,14 +75,17 @@ public final class FileStore {
     fileprivate func renamed(in directory: Descriptor) {
         var info = stat()
         guard fstat(directory.fd, &info) == 0 else { return }
-        unsyncedDirectories[DirectoryKey(device: UInt64(info.st_dev), inode: UInt64(info.st_ino))] = directory
+        unsyncedDirectories.withLock { $0[DirectoryKey(device: UInt64(info.st_dev), inode: UInt64(info.st_ino))] = directory }
     }
 
     /// Makes every rename done so far durable: one fsync per directory that received files,
     /// however many it received (fsyncing the directory after each file cost ~5 ms a file).
     public func syncDirectories() throws(TransferError) {
-        defer { unsyncedDirectories.removeAll() }
-        for directory in unsyncedDirectories.values where fsync(directory.fd) != 0 {
+        let directories = unsyncedDirectories.withLock { pending in
+            defer { pending.removeAll() }
+            return Array(pending.values)
+        }
+        for directory in directories where fsync(directory.fd) != 0 {
             throw TransferError.posix("cannot sync the folders received into", self.directory.path, errno: errno)
         }
     }
@@ -115,7 +122,8 @@ public final class FileStore {
     /// describes another version of the file (size, mtime, algorithm), or when the partial does
     /// not hash to what the journal recorded.
     public func resumeOffset(for target: FileTarget) throws(TransferError) -> ResumePoint {
-        guard target.size != nil else { return .start(target.algorithm) }
+        // A file too small for a journal has none to resume from: no lookup for each of many.
+        guard let size = target.size, keepsJournal(size: size) else { return .start(target.algorithm) }
         let names = FileStore.tempNames(for: target.path.name)
         let parent: Descriptor
         do {
@@ -153,13 +161,15 @@ public final class FileStore {
         guard let startOffset = off_t(exactly: start.offset) else {
             throw TransferError(.limitExceeded, "'\(target.path)' resumes at \(start.offset) bytes, beyond what a file can hold")
         }
-        switch try directory.state(of: target.path) {
+        // The parent is walked once (creating what is missing, as writing needs it anyway) and
+        // the name looked at from there: a few system calls fewer for each of many small files.
+        let parent = try directory.openParent(of: target.path, create: true)
+        switch try directory.kind(of: target.path.name, in: parent) {
         case .absent: break
         case .regularFile where overwrite: break
         case .regularFile: throw TransferError(.exists, "'\(target.path)' already exists; not overwriting it")
         default: throw TransferError(.exists, "'\(target.path)' exists and is not a regular file")
         }
-        let parent = try directory.openParent(of: target.path, create: true)
         let names = FileStore.tempNames(for: target.path.name)
         // Never O_TRUNC before holding the lock: the partial may be another transfer's.
         let flags = start.offset == 0 ? (O_RDWR | O_CREAT) : O_RDWR
@@ -177,7 +187,7 @@ public final class FileStore {
         // re-sending a smaller one whole after an interruption costs less than creating,
         // syncing and removing a journal for each of many small files (~2 ms each).
         var journalFile: Descriptor?
-        if let size = target.size, size > min(1 << 20, checkpointInterval) || start.offset > 0 {
+        if let size = target.size, keepsJournal(size: size) || start.offset > 0 {
             let journal = try directory.openFile(names.journal, in: parent, flags: O_RDWR | O_CREAT, mode: 0o600, shown: target.path.description)
             if start.offset == 0 {
                 // Replaces any journal of an older attempt (it must not vouch for the new data)
@@ -191,6 +201,10 @@ public final class FileStore {
         }
         return FileWriter(store: self, target: target, parent: parent, names: names, file: file, journal: journalFile, start: start)
     }
+
+    /// Whether a file of `size` bytes is written with a journal: longer than 1 MiB (or one
+    /// checkpoint interval, if shorter).
+    func keepsJournal(size: UInt64) -> Bool { size > min(1 << 20, checkpointInterval) }
 
     /// Removes the partial and journal of a target, if any.
     public func discardPartial(for target: FileTarget) {
@@ -235,6 +249,8 @@ public final class FileWriter {
     /// Nil for a file no longer than a checkpoint interval (see ``FileStore/openWriter(for:resumingAt:)``).
     private let journal: Descriptor?
     private let hasher: any StreamingHasher
+    /// Whether ``verify(size:digest:)`` succeeded: the next step is ``commit()``.
+    private var verified = false
 
     init(store: FileStore, target: FileTarget, parent: Descriptor, names: (partial: String, journal: String), file: Descriptor, journal: Descriptor?, start: ResumePoint) {
         self.store = store
@@ -296,35 +312,61 @@ public final class FileWriter {
         checkpointedOffset = offset
     }
 
-    /// Verifies the size and digest the sender announced against what was written; on a match
-    /// applies mode and mtime, fsyncs the file, renames it to its final name (never replacing
-    /// an existing entry unless the store allows overwriting) and removes the journal. The
-    /// rename is atomic at once and durable after ``FileStore/syncDirectories()``. On a mismatch removes the partial and journal, leaves any existing
-    /// target untouched and throws ``TransferError/Code/digestMismatch``.
+    /// Verifies the size and digest the sender announced against what was written, then
+    /// commits the file (``verify(size:digest:)`` then ``commit()``).
     public func finish(size: UInt64, digest: [UInt8]) throws(TransferError) {
-        guard let file else { throw TransferError(.internal, "finish after the file was closed") }
-        self.file = nil
+        try verify(size: size, digest: digest)
+        try commit()
+    }
+
+    /// Verifies the size and digest the sender announced against what was written and, on a
+    /// match, applies mode and mtime; the file is then ready for ``commit()`` (its partial
+    /// stays open and locked). On a mismatch removes the partial and journal, leaves any
+    /// existing target untouched and throws ``TransferError/Code/digestMismatch``.
+    public func verify(size: UInt64, digest: [UInt8]) throws(TransferError) {
+        guard let file, !verified else { throw TransferError(.internal, "verify after the file was closed") }
         let shown = target.path.description
         // A size other than the one offered or received is, like a wrong digest, a file that
         // did not arrive as announced: it fails alone (docs/PROTOCOL.md §6).
         if let offered = target.size, offered != size {
-            discard()
+            close(discarding: true)
             throw TransferError(.digestMismatch, "'\(shown)' was offered with \(offered) bytes but finished with \(size); nothing written")
         }
         guard size == offset else {
-            discard()
+            close(discarding: true)
             throw TransferError(.digestMismatch, "'\(shown)' finished at \(size) bytes but \(offset) were received; nothing written")
         }
         guard digest == hasher.digest() else {
-            discard()
+            close(discarding: true)
             throw TransferError(.digestMismatch, "'\(shown)': \(target.algorithm.name) mismatch (sent \(hexString(digest)), received \(hexString(hasher.digest()))); nothing written")
         }
-        try store.directory.applyAttributes(file, mode: target.mode, modificationTime: target.modificationTime, shown: shown)
-        guard fsync(file.fd) == 0 else { throw TransferError.posix("cannot sync", "'\(shown)'", errno: errno) }
-        let flags: UInt32 = store.overwrite ? 0 : 1  // RENAME_NOREPLACE
-        if cxxhash_renameat2(parent.fd, names.partial, parent.fd, target.path.name, flags) != 0 {
+        do {
+            try store.directory.applyAttributes(file, mode: target.mode, modificationTime: target.modificationTime, shown: shown)
+        } catch {
+            close(discarding: true)
+            throw error
+        }
+        verified = true
+    }
+
+    /// Makes a verified file durable and gives it its final name: fsync, then rename (never
+    /// replacing an existing entry unless the store allows overwriting), then removes the
+    /// journal. The rename is atomic at once and durable after ``FileStore/syncDirectories()``.
+    /// Touches only this writer and the store's locked set of directories, so writers of
+    /// different files may be committed on different threads.
+    public func commit() throws(TransferError) {
+        guard let file, verified else { throw TransferError(.internal, "commit of a file not verified") }
+        defer { self.file = nil }
+        let shown = target.path.description
+        guard fsync(file.fd) == 0 else {
             let err = errno
+            close(discarding: true)
+            throw TransferError.posix("cannot sync", "'\(shown)'", errno: err)
+        }
+        let err = renameAt(parent.fd, names.partial, to: parent.fd, target.path.name, replacing: store.overwrite)
+        if err != 0 {
             if err == EEXIST { throw TransferError(.exists, "'\(shown)' appeared while receiving; not overwriting it (data kept in \(names.partial))") }
+            close(discarding: true)
             throw TransferError.posix("cannot rename into place", "'\(shown)'", errno: err)
         }
         store.renamed(in: parent)
@@ -345,7 +387,10 @@ public final class FileWriter {
         file = nil
     }
 
-    private func discard() {
+    /// Closes the partial, removing it and the journal when `discarding`.
+    private func close(discarding: Bool) {
+        file = nil
+        guard discarding else { return }
         unlinkat(parent.fd, names.partial, 0)
         unlinkat(parent.fd, names.journal, 0)
     }

@@ -19,7 +19,7 @@ public enum MessageCodec {
         switch message {
         case .offer(let offer):
             w.u8(offer.algorithm.rawValue)
-            w.u8(0)  // offer flags, reserved
+            w.u8(offer.flags.rawValue)
             w.u32(UInt32(truncatingIfNeeded: offer.entries.count))
             for entry in offer.entries {
                 w.u8(entry.kind.rawValue)
@@ -62,6 +62,8 @@ public enum MessageCodec {
         case .complete(let complete):
             w.u32(complete.succeeded)
             w.u32(complete.failed)
+        case .batch(let messages):
+            for message in messages { w.bytes(encodeFrame(message)) }
         }
         return w.buffer
     }
@@ -134,6 +136,8 @@ public enum MessageCodec {
             message = .failed(EntryFailure(entry: entry, code: code, message: try r.string16(limit: ProtocolLimits.maximumMessageTextLength, what: "message")))
         case .complete:
             message = .complete(Complete(succeeded: try r.u32(), failed: try r.u32()))
+        case .batch:
+            message = .batch(try decodeBatch(&r))
         }
         guard r.remaining == 0 else {
             throw TransferError(.malformed, "\(r.remaining) trailing bytes after \(messageType) message")
@@ -165,10 +169,30 @@ public enum MessageCodec {
         return count
     }
 
+    /// The frames of a Batch body: at least one, each complete, none a Batch itself. The list
+    /// is bounded by the body's length (an inner frame is at least a header) before it grows.
+    static func decodeBatch(_ r: inout ByteReader) throws(TransferError) -> [Message] {
+        guard r.remaining > 0 else { throw TransferError(.malformed, "empty Batch") }
+        var messages: [Message] = []
+        messages.reserveCapacity(min(r.remaining / headerSize, 4096))
+        while r.remaining > 0 {
+            let type = try r.u32()
+            let length = Int(try r.u32())
+            guard length <= r.remaining else {
+                throw TransferError(.malformed, "a frame in a Batch claims \(length) bytes, \(r.remaining) are left")
+            }
+            guard type != MessageType.batch.rawValue else {
+                throw TransferError(.protocolViolation, "a Batch inside a Batch")
+            }
+            messages.append(try decode(type: type, body: try r.bytes(length)))
+        }
+        return messages
+    }
+
     static func decodeOffer(_ r: inout ByteReader) throws(TransferError) -> Offer {
         let algorithm = try decodeAlgorithm(try r.u8())
-        let offerFlags = try r.u8()
-        guard offerFlags == 0 else { throw TransferError(.unsupported, "unknown offer flags \(offerFlags)") }
+        let offerFlags = Offer.Flags(rawValue: try r.u8())
+        guard Offer.Flags.known.isSuperset(of: offerFlags) else { throw TransferError(.unsupported, "unknown offer flags \(offerFlags.rawValue)") }
         let count = try decodeCount(&r, minimumItemSize: minimumEntrySize, what: "entries")
         var entries: [OfferEntry] = []
         entries.reserveCapacity(count)
@@ -211,7 +235,7 @@ public enum MessageCodec {
             }
             entries.append(OfferEntry(kind: kind, flags: flags, path: path, size: size, mode: mode, modificationTime: mtime, linkTarget: target))
         }
-        return Offer(algorithm: algorithm, entries: entries)
+        return Offer(algorithm: algorithm, entries: entries, flags: offerFlags)
     }
 
     static func decodeAccept(_ r: inout ByteReader) throws(TransferError) -> Accept {

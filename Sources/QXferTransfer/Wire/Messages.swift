@@ -78,14 +78,29 @@ public struct OfferEntry: Sendable, Hashable {
 
 /// Sender → receiver, first message on the control stream: what the sender wants to send.
 public struct Offer: Sendable, Hashable {
+    /// Offer flags (one byte on the wire): what the sender may do beyond the base protocol.
+    public struct Flags: OptionSet, Sendable, Hashable {
+        public let rawValue: UInt8
+        public init(rawValue: UInt8) { self.rawValue = rawValue }
+        /// The sender may send ``Message/batch(_:)`` messages and several entries, one after
+        /// another, on one QUIC data stream; the receiver may answer verdicts in batches
+        /// (docs/PROTOCOL.md §3.6). A receiver that does not know it refuses the offer.
+        public static let batches = Flags(rawValue: 1)
+        /// All flags this implementation understands; others are ``TransferError/Code/unsupported``.
+        public static let known: Flags = [.batches]
+    }
+
     /// The digest the sender computes for every file.
     public var algorithm: DigestAlgorithm
     /// The entries, in an order where every directory comes before what it contains.
     public var entries: [OfferEntry]
+    /// What the sender may do beyond the base protocol.
+    public var flags: Flags
 
-    public init(algorithm: DigestAlgorithm, entries: [OfferEntry]) {
+    public init(algorithm: DigestAlgorithm, entries: [OfferEntry], flags: Flags = []) {
         self.algorithm = algorithm
         self.entries = entries
+        self.flags = flags
     }
 }
 
@@ -207,6 +222,9 @@ public enum Message: Sendable, Hashable {
     case failed(EntryFailure)
     case complete(Complete)
     case error(Refusal)
+    /// Several FileData/FileDone (sender) or Verified/Failed (receiver) in one frame, handled
+    /// in order as if each had come alone; only when the offer set ``Offer/Flags/batches``.
+    indirect case batch([Message])
 
     /// The message's type on the wire.
     public var type: MessageType {
@@ -220,6 +238,7 @@ public enum Message: Sendable, Hashable {
         case .failed: .failed
         case .complete: .complete
         case .error: .error
+        case .batch: .batch
         }
     }
 }
@@ -235,4 +254,5 @@ public enum MessageType: UInt32, Sendable, Hashable, CaseIterable {
     case failed = 7
     case complete = 8
     case error = 9
+    case batch = 10
 }

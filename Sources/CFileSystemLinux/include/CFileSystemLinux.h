@@ -1,0 +1,15 @@
+// Linux file-system calls Swift's Glibc module does not show (renameat2 is variadic syscall(2)
+// underneath, which Swift cannot call): used only through SafeOutput's Swift wrapper.
+#ifndef CFILESYSTEMLINUX_H
+#define CFILESYSTEMLINUX_H
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+#include <unistd.h>
+#include <sys/syscall.h>
+
+/// renameat2(2); flags 1 is RENAME_NOREPLACE. Returns 0 or -1 with errno set.
+static inline int cfslinux_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags) {
+    return (int)syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags);
+}
+#endif

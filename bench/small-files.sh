@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Many small files side by side in one run (issue 21): `qxfer send` of a folder tree over QUIC and
+# over TCP+TLS against rsync over ssh and scp -r, interleaved, medians of RUNS (default 3):
+#
+#   wan       2000 files of 1-8 KiB in 40 folders over the emulated path (25 ms each way,
+#             500 Mbit/s, 50 ms queue: bench/netns, qxfer-linkemu between two namespaces)
+#   loopback  10 000 files of 4 KiB in 100 folders, both ends in one namespace over lo
+#
+#     bench/small-files.sh                         # both conditions, 3 runs
+#     RUNS=5 CONDITIONS=wan QXFER=path/to/qxfer bench/small-files.sh
+#     TOOLS="qxfer-quic rsync" bench/small-files.sh
+#     QXFER_BASELINE=path/to/older/qxfer bench/small-files.sh   # adds baseline-quic, baseline-tls
+#
+# Each run is the wall time of the sending process (start to exit, handshake included); the
+# receiver (qxfer recv, or the sshd session) runs before and after. A run still going after CAP
+# seconds (default 30) is stopped and counted with the files that had arrived (scp pays a round
+# trip or more per file: about 5 files/s over the 50 ms path, 7 minutes for 2000 files). qxfer's receiver fsyncs every
+# file and folder before it reports Complete; rsync and scp sync nothing (the comparison is as a
+# user meets it). The target is removed before each run and every received tree is compared with
+# the source. Each run receives into an empty folder and nothing received is deleted before the
+# end: ext4 makes creating files slow for a minute or more after many deletions (its inode
+# allocator skips recently freed inodes; perf showed 65 % of qxfer's receiver in
+# ext4_create -> recently_deleted), which would charge one contender's leftovers to the next.
+# Prints a table with the median time, files per second and the ratio to rsync's time
+# and files per second in the same run; the CSV goes to bench/results/small-files-DATE.csv.
+# The issue's targets: wan, both stacks <= 0.5x rsync's time; loopback, >= 3x rsync's files/s.
+# Env: QXFER (a built qxfer; qxfer-linkemu from beside it), else a release build in SCRATCH
+# (default .build-bench); QXFER_BASELINE, another qxfer (e.g. before a change) run in the same
+# run as baseline-quic and baseline-tls against a receiver of its own. Runs as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-3}
+CONDITIONS=${CONDITIONS:-wan loopback}
+TOOLS=${TOOLS:-qxfer-quic qxfer-tls ${QXFER_BASELINE:+baseline-quic baseline-tls} rsync scp}
+CAP=${CAP:-30}
+SCRATCH=${SCRATCH:-.build-bench}
+PREFIX=qsf$$
+[ "$(id -u)" = 0 ] || { echo "bench/small-files.sh: run as root (namespaces, sshd)" >&2; exit 1; }
+for tool in scp rsync xxhsum python3; do
+    command -v "$tool" >/dev/null || { echo "bench/small-files.sh: $tool missing (make bench-deps)" >&2; exit 1; }
+done
+[ -x /usr/sbin/sshd ] || { echo "bench/small-files.sh: sshd missing (make bench-deps)" >&2; exit 1; }
+
+if [ -z "${QXFER:-}" ]; then
+    echo "building qxfer and qxfer-linkemu (release, --scratch-path $SCRATCH)" >&2
+    swift build -c release --scratch-path "$SCRATCH" --product qxfer >&2
+    swift build -c release --scratch-path "$SCRATCH" --product qxfer-linkemu >&2
+    QXFER="$(swift build -c release --scratch-path "$SCRATCH" --show-bin-path)/qxfer"
+fi
+export LINKEMU_BIN=${LINKEMU_BIN:-$(dirname "$QXFER")/qxfer-linkemu}
+
+WORK=$(mktemp -d /tmp/qxfer-small-files.XXXXXX)
+RECV_PIDS=()
+stop_receivers() {
+    local pid
+    for pid in "${RECV_PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
+    for pid in "${RECV_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    RECV_PIDS=()
+}
+cleanup() {
+    stop_receivers
+    [ ! -s "$WORK/sshd.pid" ] || kill "$(cat "$WORK/sshd.pid")" 2>/dev/null || true
+    LE_QUIET=1 bench/netns/linkemu-down.sh --prefix "$PREFIX" >/dev/null 2>&1 || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# make_tree DIR FILES FOLDERS MIN MAX: FILES files of MIN..MAX bytes (random sizes and bytes,
+# fixed seed) spread over FOLDERS folders.
+make_tree() {
+    python3 - "$@" <<'EOF'
+import os, random, sys
+root, files, folders, low, high = sys.argv[1], *map(int, sys.argv[2:])
+rng = random.Random(21)
+for i in range(files):
+    folder = os.path.join(root, f"dir{i % folders:03d}")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"file{i:05d}.bin"), "wb") as f:
+        f.write(rng.randbytes(rng.randint(low, high)))
+EOF
+}
+# One digest of a tree: every file's relative path and bytes, in name order.
+tree_sum() { (cd "$1" && find . -type f -print0 | sort -z | while IFS= read -r -d '' f; do echo "$f"; cat "$f"; done) | xxhsum -H2 - | cut -d' ' -f1; }
+
+# ssh: keys of our own, sshd on port 2222 in the receiver's namespace.
+. bench/sshd.sh
+bench_sshd_setup "$WORK"
+mkdir -p bench/results
+FP=$("$QXFER" id --config-dir "$WORK/cfg-recv")
+[ -z "${QXFER_BASELINE:-}" ] || "$QXFER_BASELINE" id --config-dir "$WORK/cfg-recv" >/dev/null  # same identity
+"$QXFER" id --config-dir "$WORK/cfg-send" >/dev/null
+CSV=bench/results/small-files-$(date +%Y%m%d-%H%M%S).csv
+echo "condition,tool,run,files,bytes,seconds,load1,complete,arrived" >"$CSV"
+
+for condition in $CONDITIONS; do
+    LE_QUIET=1 bench/netns/linkemu-down.sh --prefix "$PREFIX" >/dev/null 2>&1 || true
+    rm -rf "$WORK/tree"
+    case $condition in
+        wan)
+            make_tree "$WORK/tree" 2000 40 1024 8192
+            LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net 10.99.78 -- --delay 25ms --rate 500mbit --queue 50ms >/dev/null
+            RECV_NS=${PREFIX}b; HOST=10.99.78.2 ;;
+        loopback)
+            make_tree "$WORK/tree" 10000 100 4096 4096
+            LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net 10.99.78 --no-emu >/dev/null
+            RECV_NS=${PREFIX}a; HOST=127.0.0.1 ;;
+        *) echo "bench/small-files.sh: unknown condition '$condition' (wan, loopback)" >&2; exit 2 ;;
+    esac
+    SEND_NS=${PREFIX}a
+    files=$(find "$WORK/tree" -type f | wc -l)
+    bytes=$(find "$WORK/tree" -type f -printf '%s\n' | awk '{ s += $1 } END { print s }')
+    sum=$(tree_sum "$WORK/tree")
+    echo "== $condition: $files files, $bytes bytes, $RUNS runs (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+    ip netns exec "$RECV_NS" /usr/sbin/sshd -f "$WORK/sshd_config" -E "$WORK/sshd.log"
+    mkdir -p "$WORK/dst"
+    ip netns exec "$RECV_NS" "$QXFER" recv --config-dir "$WORK/cfg-recv" --dir "$WORK/dst" --yes --port 7447 --no-advertise >/dev/null 2>"$WORK/recv.err" &
+    RECV_PIDS+=($!)
+    if [ -n "${QXFER_BASELINE:-}" ]; then
+        ip netns exec "$RECV_NS" "$QXFER_BASELINE" recv --config-dir "$WORK/cfg-recv" --dir "$WORK/dst" --yes --port 7448 --no-advertise >/dev/null 2>"$WORK/recv-baseline.err" &
+        RECV_PIDS+=($!)
+    fi
+    sleep 0.5
+    for run in $(seq 1 "$RUNS"); do
+        for tool in $TOOLS; do
+            sync  # each run starts without the previous one's dirty pages
+            case $tool in
+                qxfer-quic|qxfer-tls) command=("$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/tree" "$HOST:7447" --stack "${tool#qxfer-}" --fingerprint "$FP") ;;
+                baseline-quic|baseline-tls) command=("$QXFER_BASELINE" send --config-dir "$WORK/cfg-send" "$WORK/tree" "$HOST:7448" --stack "${tool#baseline-}" --fingerprint "$FP") ;;
+                rsync) command=(rsync -a -e "ssh ${SSH_OPTS[*]}" "$WORK/tree" "root@$HOST:$WORK/dst/") ;;
+                scp) command=(scp -q -r "${SSH_OPTS[@]}" "$WORK/tree" "root@$HOST:$WORK/dst/") ;;
+                *) echo "bench/small-files.sh: unknown tool '$tool'" >&2; exit 2 ;;
+            esac
+            start=$(date +%s%N)
+            status=0
+            ip netns exec "$SEND_NS" timeout -s INT "$CAP" "${command[@]}" >/dev/null 2>"$WORK/send.err" || status=$?
+            seconds=$(awk -v s="$start" -v e="$(date +%s%N)" 'BEGIN { printf "%.4f", (e - s) / 1e9 }')
+            complete=1
+            if [ "$status" = 124 ]; then
+                complete=0
+                sleep 0.5  # the receiving side's last writes
+            else
+                [ "$status" = 0 ] || { cat "$WORK/send.err" "$WORK/recv.err" >&2; exit 1; }
+                [ "$(tree_sum "$WORK/dst/tree")" = "$sum" ] || { echo "bench: $tool delivered a different tree" >&2; exit 1; }
+            fi
+            arrived=$(find "$WORK/dst/tree" -type f ! -name '.*' 2>/dev/null | wc -l)
+            echo "$condition,$tool,$run,$files,$bytes,$seconds,$(cut -d' ' -f1 /proc/loadavg),$complete,$arrived" | tee -a "$CSV" >&2
+            mkdir -p "$WORK/kept"
+            mv "$WORK/dst/tree" "$WORK/kept/$condition-$tool-$run" 2>/dev/null || true  # removed at the end
+        done
+    done
+    stop_receivers
+    kill "$(cat "$WORK/sshd.pid")" 2>/dev/null || true; rm -f "$WORK/sshd.pid"
+done
+
+echo
+echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); medians of $RUNS; $(date -u +%Y-%m-%dT%H:%MZ)"
+echo
+python3 - "$CSV" <<'EOF'
+import csv, statistics, sys
+runs = {}
+for row in csv.DictReader(open(sys.argv[1])):
+    # files/s: of a stopped run, the files that had arrived by then.
+    rate = int(row["arrived"]) / float(row["seconds"])
+    runs.setdefault((row["condition"], int(row["files"]), int(row["bytes"])), {}).setdefault(row["tool"], []).append(
+        (float(row["seconds"]), rate, row["complete"] == "1"))
+print("| condition | files | tool | median s | files/s | time vs rsync | files/s vs rsync |")
+print("|---|---|---|---|---|---|---|")
+for (condition, files, size), tools in runs.items():
+    rsync = tools.get("rsync")
+    for tool, results in tools.items():
+        seconds = statistics.median(r[0] for r in results)
+        rate = statistics.median(r[1] for r in results)
+        stopped = "" if all(r[2] for r in results) else " (stopped at CAP)"
+        shown = f"> {seconds:.1f}" if stopped else f"{seconds:.3f}"
+        vs = f"{seconds / statistics.median(r[0] for r in rsync):.2f}x" if rsync else "-"
+        fs = f"{rate / statistics.median(r[1] for r in rsync):.2f}x" if rsync else "-"
+        print(f"| {condition} | {files} ({size / 1e6:.1f} MB) | {tool}{stopped} | {shown} | {rate:.0f} | {vs} | {fs} |")
+EOF
+echo
+echo "CSV: $CSV"
