@@ -85,7 +85,7 @@ send() {
     ip netns exec "$A" "$QXFER" send --config-dir "$SEND_CFG" "$WORK/five.bin" "$ADDR:$PORT" --fingerprint "$RECV_FP" --json \
         >"$WORK/$1.out" 2>"$WORK/$1.err" </dev/null || RC=$?
     SECONDS_TAKEN=$(since "$started")
-    STACK=$(grep '"event":"summary"' "$WORK/$1.out" | tail -1 | jq -r '.stack // empty')
+    STACK=$( (grep '"event":"summary"' "$WORK/$1.out" || true) | tail -1 | jq -r '.stack // empty')
 }
 memory_line() { grep -F "$ADDR:$PORT " "$SEND_CFG/stacks" 2>/dev/null || true; }
 
