@@ -5,7 +5,8 @@
 #   sudo Tests/e2e/race.sh        (root: namespaces; QXFER=path picks the binary)
 #
 #  1. UDP dropped: the default `qxfer send` of 5 MiB goes over TCP+TLS, well inside the 10 s
-#     QUIC handshake timeout it used to wait for; the host is remembered (`stacks`, 0600).
+#     QUIC handshake timeout it used to wait for; the host is remembered (`stacks`, 0600); a
+#     realtime `stream send` falls back too, saying that its datagrams degrade there.
 #  2. both open, the memory fresh: TCP+TLS starts at once and wins; expired: QUIC again, and
 #     the entry is gone.
 #  3. TCP dropped: QUIC. Both open: QUIC.
@@ -26,9 +27,11 @@ NS=qxr$$
 A=${NS}a B=${NS}b
 ADDR=10.98.10.2
 PORT=7447
+STREAM_PORT=7448
 RECV_PID=
+SRECV_PID=
 cleanup() {
-    [ -n "$RECV_PID" ] && { kill -9 "$RECV_PID" 2>/dev/null || true; wait "$RECV_PID" 2>/dev/null || true; }
+    for pid in $RECV_PID $SRECV_PID; do kill -9 "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
     ip netns exec "$B" nft delete table inet qxrace 2>/dev/null || true
     ip netns del "$A" 2>/dev/null || true
     ip netns del "$B" 2>/dev/null || true
@@ -49,14 +52,16 @@ ip link set "${NS}va" netns "$A"; ip link set "${NS}vb" netns "$B"
 ip -n "$A" addr add 10.98.10.1/24 dev "${NS}va"; ip -n "$B" addr add "$ADDR/24" dev "${NS}vb"
 for n in a b; do ip -n "${NS}$n" link set lo up; ip -n "${NS}$n" link set "${NS}v$n" up; done
 
-# drop PROTOCOLS...: the receiver's namespace silently drops those packets to $PORT (no ICMP,
+# drop PROTOCOLS...: the receiver's namespace silently drops those packets to both ports (no ICMP,
 # no RST: as a firewall does); `drop` alone opens both again.
 drop() {
     ip netns exec "$B" nft delete table inet qxrace 2>/dev/null || true
     [ "$#" -gt 0 ] || return 0
     ip netns exec "$B" nft add table inet qxrace
     ip netns exec "$B" nft add chain inet qxrace input '{ type filter hook input priority 0; policy accept; }'
-    for protocol in "$@"; do ip netns exec "$B" nft add rule inet qxrace input "$protocol" dport "$PORT" drop; done
+    for protocol in "$@"; do
+        ip netns exec "$B" nft add rule inet qxrace input "$protocol" dport "{ $PORT, $STREAM_PORT }" drop
+    done
 }
 
 RECV_CFG=$WORK/cfg-recv SEND_CFG=$WORK/cfg-send
@@ -102,6 +107,16 @@ ok "UDP dropped: 5 MiB over TCP+TLS in $SECONDS_TAKEN s"
 memory_line | grep -q ' TCP+TLS ' || fail "the winner was not remembered: $(cat "$SEND_CFG/stacks" 2>/dev/null)"
 [ "$(stat -c %a "$SEND_CFG/stacks")" = 600 ] || fail "the stacks file is not 0600"
 ok "remembered: $(memory_line)"
+
+# 1b. UDP dropped, a realtime stream: over TCP+TLS, saying that its datagrams degrade there.
+ip netns exec "$B" "$QXFER" stream recv --config-dir "$RECV_CFG" --port "$STREAM_PORT" >"$WORK/srecv.out" 2>"$WORK/srecv.err" </dev/null &
+SRECV_PID=$!
+sleep 1
+ip netns exec "$A" "$QXFER" stream send --config-dir "$SEND_CFG" "$ADDR:$STREAM_PORT" --fingerprint "$RECV_FP" --duration 1 \
+    >"$WORK/ssend.out" 2>"$WORK/ssend.err" </dev/null || fail "stream send with UDP dropped: $(cat "$WORK/ssend.err")"
+grep -q "the stream goes over TCP+TLS" "$WORK/ssend.err" || fail "stream send: no note that it fell back: $(cat "$WORK/ssend.err")"
+ok "UDP dropped, realtime stream: $(grep -o 'UDP did not get through.*' "$WORK/ssend.err" | head -1)"
+kill -9 "$SRECV_PID" 2>/dev/null || true; wait "$SRECV_PID" 2>/dev/null || true; SRECV_PID=
 
 # 2. The memory: TCP+TLS first while fresh, even with UDP open; QUIC again once expired.
 drop
