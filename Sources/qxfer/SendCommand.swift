@@ -53,6 +53,13 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             --to NAME picks it by the name 'qxfer recv' advertises; a single path and no \
             --to sends to the one receiver that answers (several: they are listed).
 
+            --stack auto (the default) starts QUIC at once and TCP+TLS 250 ms later or as \
+            soon as QUIC fails, and sends over whichever completes its handshake first; the \
+            summary (and --json) names it. A host where TCP+TLS won (UDP blocked) is \
+            remembered for an hour ('stacks' in the configuration folder) and gets TCP+TLS \
+            first. Where nothing listens (TCP refused, no QUIC answer) it says so within \
+            about a second.
+
             The first connection to a host trusts and records its fingerprint (like ssh); a \
             changed fingerprint is refused. --fingerprint pins one explicitly. A fingerprint \
             advertised on the network is only a hint: the same rules apply.
