@@ -34,13 +34,26 @@ struct RaceStack: TransportStack {
     func bind<Stack>(_ request: ListenRequest<Stack>) async throws -> any BoundTransportListener {
         var bound: [(any BoundTransportListener, any TransportStack)] = []
         var request = request
-        for stack in candidates {
-            // The first stack picks the port (0: a free one); the others take the same number.
-            let listener = try await stack.bind(request)
-            request.port = listener.port
-            bound.append((listener, stack))
+        do {
+            for stack in candidates {
+                // The first stack picks the port (0: a free one); the others take the same number.
+                let listener = try await stack.bind(request)
+                request.port = listener.port
+                bound.append((listener, stack))
+            }
+        } catch {
+            // Half a listener would leave senders on the other stack waiting for their timeout.
+            for (listener, _) in bound { await Self.close(listener) }
+            throw error
         }
         return RaceListener(listeners: bound)
+    }
+
+    /// Closes a bound listener that will not serve: `run` in a cancelled task closes its sockets.
+    private static func close(_ listener: any BoundTransportListener) async {
+        let task = Task { try? await listener.run { transport, _ in transport.close() } }
+        task.cancel()
+        await task.value
     }
 
     /// The connection asks the winner (``RacedTransport``) to word its errors; what reaches here
