@@ -99,7 +99,7 @@ struct RaceTests {
         }
     }
 
-    @Test("Nothing listening: 'nothing listens on host:port, neither TCP nor UDP' within a few seconds, not the 10 s timeout")
+    @Test("Nothing listening: 'nothing listens on host:port, neither TCP nor UDP' well before the 10 s timeout")
     func nothingListensFailsFast() async throws {
         let port: UInt16 = 1  // tcpmux: nothing listens there on a test machine
         let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) { Self.race() }
@@ -121,7 +121,9 @@ struct RaceTests {
         #expect(error.code == .connectFailed)
         #expect(error.message.contains("nothing listens on 127.0.0.1:1, neither TCP nor UDP"), "\(error.message)")
         #expect(error.underlying is NothingListens)
-        #expect(elapsed < .seconds(3), "\(elapsed)")
+        // About a second alone; the bound is generous for a loaded machine running every suite at
+        // once, and still well short of the 10 s connect timeout it replaces.
+        #expect(elapsed < .seconds(6), "\(elapsed)")
     }
 
     @Test("The per-host memory: a remembered TCP+TLS starts first while fresh; expired, QUIC again; a TCP+TLS win is recorded")
