@@ -32,6 +32,7 @@ test: deps
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/transfer.sh
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/faults.sh
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/pairing.sh
+	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/race.sh
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/hostile.sh
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/terminal.sh
 	# AddressSanitizer over the library, transfer and CLI tests (its own build folder; leak

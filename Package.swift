@@ -180,10 +180,25 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
 
+        // A stack built from others: `FirstOf { QUIC(); TLS() }` races them (RFC 8305's staggered
+        // attempts) and connects with whichever completes its handshake first. Knows the stacks
+        // it races only through the TransportStack seam.
+        .target(
+            name: "QXferRace",
+            dependencies: [
+                "QXferCore",
+                "QXferIdentity",
+                "SafeOutput",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+
         // The library as a program imports it: one `import QXfer` for all of the above.
         .target(
             name: "QXfer",
-            dependencies: ["QXferCore", "QXferIdentity", "QXferTLS", "QXferQUIC", "QXferDiscovery"],
+            dependencies: ["QXferCore", "QXferIdentity", "QXferTLS", "QXferQUIC", "QXferRace", "QXferDiscovery"],
             swiftSettings: strictSwift6
         ),
 

@@ -17,7 +17,7 @@
 # emulated paths each run records the packets the emulator's queue dropped, both directions
 # (column link_drops; random losses are not counted).
 #
-# Contenders (TOOLS, default all): qxfer-quic, qxfer-tls, scp, rsync (-e ssh, whole file; the
+# Contenders (TOOLS, default all): qxfer-quic, qxfer-tls (qxfer-auto: the default race, on request), scp, rsync (-e ssh, whole file; the
 # target is removed before each run), iperf3-cubic and iperf3-bbr (`iperf3 -n BYTES -C CC`, memory
 # to memory, no encryption), ngtcp2-cubic and ngtcp2-bbr (gtlsclient fetches the file over HTTP/3
 # from gtlsserver --cc CC into a directory), and, to choose how qxfer/1 uses TCP+TLS, four files
@@ -220,7 +220,7 @@ wait_listen() {
 run_tool() {  # condition tool run
     TOOL=$2
     case $2 in
-        qxfer-quic|qxfer-tls)
+        qxfer-quic|qxfer-tls|qxfer-auto)
             start_qxfer_recv
             timed "$WORK/send.time" "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/src/file.bin" "$HOST:7447" --stack "${2#qxfer-}" --fingerprint "$FP"
             stop_qxfer_recv

@@ -4,7 +4,7 @@
 Reads the manifest (`swift package dump-package`, no build) and every source file's imports:
   - no dependency cycle between targets;
   - the library's layers depend only downwards: QXferCore (no sockets, no C, no stack) ←
-    QXferIdentity ← QXferSockets ← the stacks (QXferTLS, QXferQUIC) and QXferDiscovery ← QXfer;
+    QXferIdentity ← QXferSockets ← the stacks (QXferTLS, QXferQUIC, QXferRace) and QXferDiscovery ← QXfer;
     a stack never depends on another stack;
   - QUICEngine is sans-IO: no NIO, nothing of the library above it;
   - applications (transfer, streaming, pairing, the CLI, samples, bench) reach no C module and
@@ -30,6 +30,8 @@ LAYERS = {
     "QXferIdentity": 1,
     "QXferSockets": 2,
     "QXferTLS": 3, "QXferQUIC": 3, "QXferDiscovery": 3,
+    # A stack built from others knows them only through the seam, so it sits beside them.
+    "QXferRace": 3,
     "QXfer": 4,
 }
 # Swift wrappers that keep a C module (or Glibc work) away from the applications.

@@ -9,6 +9,7 @@ packages=(
   pkg-config
   gnutls-bin openssl                                         # interop peers in the tests
   iproute2 iputils-ping iperf3 jq bc procps time             # namespaces, the link emulator's self-test, bench
+  nftables                                                   # Tests/e2e/race.sh drops UDP or TCP between namespaces
   tmux                                                       # Tests/e2e/terminal.sh drives qxfer in a real terminal
   ffmpeg                                                     # qxfer stream: the tests check that ffmpeg reads its IVF output
   python3-zeroconf                                           # an independent mDNS/DNS-SD peer for the discovery tests

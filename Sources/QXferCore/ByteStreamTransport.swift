@@ -28,10 +28,15 @@ import NIOCore
     func exportKeyingMaterial(label: String, context: [UInt8], length: Int) async throws -> [UInt8]
     /// Whether the peer has closed the connection or finished sending, seen without reading.
     var hasEnded: Bool { get async }
+    /// The stack that carries this transport when it is not the one the connection declared
+    /// (a stack racing several answers with the winner); nil means the declared stack.
+    var carryingStack: (any TransportStack)? { get }
 }
 
 extension ByteStreamTransport {
     @_spi(Stacks) public var hasEnded: Bool { get async { false } }
+
+    @_spi(Stacks) public var carryingStack: (any TransportStack)? { nil }
 
     @_spi(Stacks) public func exportKeyingMaterial(label: String, context: [UInt8], length: Int) async throws -> [UInt8] {
         throw QXferError(.unsupported, "this transport offers no TLS exporter")

@@ -24,6 +24,9 @@ public struct ConnectionMetrics: Sendable, Hashable, CustomStringConvertible {
     public var bytesSent: Int?
     /// Payload bytes received.
     public var bytesReceived: Int?
+    /// The stack carrying the connection ("QUIC", "TCP+TLS"): for a stack racing several,
+    /// the one that won.
+    public var stack: String?
 
     public init() {}
 
@@ -34,7 +37,7 @@ public struct ConnectionMetrics: Sendable, Hashable, CustomStringConvertible {
             return String(format: "%.2fms", Double(s) * 1000 + Double(attos) / 1e15)
         }
         func n(_ v: Int?) -> String { v.map(String.init) ?? "-" }
-        return "srtt=\(ms(smoothedRTT)) rttvar=\(ms(rttVariance)) cwnd=\(n(congestionWindow)) "
+        return (stack.map { "stack=\($0) " } ?? "") + "srtt=\(ms(smoothedRTT)) rttvar=\(ms(rttVariance)) cwnd=\(n(congestionWindow)) "
             + "inflight=\(n(bytesInFlight)) rate=\(n(deliveryRate))B/s lost=\(n(packetsLost)) "
             + "retrans=\(n(packetsRetransmitted))"
     }

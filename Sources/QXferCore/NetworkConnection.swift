@@ -77,13 +77,34 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
         return nil
     }
 
-    /// What the path is doing now (RTT, congestion window, delivery rate, losses).
-    /// Empty until the connection is ready.
+    /// What the path is doing now (RTT, congestion window, delivery rate, losses) and which
+    /// stack carries it. Empty until the connection is ready.
     public var metrics: ConnectionMetrics {
         get async {
             guard case .ready(let transport) = machine.withLock({ $0.phase }) else { return ConnectionMetrics() }
-            return await transport.metrics()
+            var metrics = await transport.metrics()
+            metrics.stack = carrier(of: transport).name
+            return metrics
         }
+    }
+
+    /// The name of the stack carrying the connection ("QUIC", "TCP+TLS"): the declared one, or
+    /// for a stack that races several (`FirstOf { QUIC(); TLS() }`) the one whose handshake
+    /// completed first. Nil until the connection is ready.
+    public var stackName: String? {
+        currentTransport().map { carrier(of: $0).name }
+    }
+
+    /// Whether the stack carrying this connection offers independent streams and unreliable
+    /// datagrams (see ``TransportDescription/hasIndependentStreams``). Starts the connection if
+    /// needed: for a stack racing several, only the winner knows.
+    public var hasIndependentStreams: Bool {
+        get async throws { carrier(of: try await transport()).hasIndependentStreams }
+    }
+
+    /// The stack behind `transport`: a race's winner, or the declared stack.
+    private func carrier(of transport: any ByteStreamTransport) -> any TransportStack {
+        transport.carryingStack ?? parameters.stack.transport.stack
     }
 
     /// Whether the peer has gone (closed the connection or finished sending), seen without
@@ -275,7 +296,8 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
             cancel()
             return QXferError(.cancelled, "the connection was cancelled")
         }
-        let described = parameters.stack.transport.stack.describe(error, during: "the connection")
+        let stack = currentTransport().map(carrier(of:)) ?? parameters.stack.transport.stack
+        let described = stack.describe(error, during: "the connection")
         finish(.failed(described), error: described)
         return machine.withLock { machine in
             if case .finished(let reason) = machine.phase { return reason }

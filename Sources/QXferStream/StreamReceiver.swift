@@ -53,7 +53,7 @@ public enum StreamReceiver {
             return opened
         }
         options.onHello(hello)
-        let hasExtras = transportHasQUICExtras(connection)
+        let hasExtras = try await transportHasQUICExtras(connection)
         let carriage = Carriage.choose(mode: hello.mode, hasQUICExtras: hasExtras)
         let deadline = UInt64(hello.deadlineMilliseconds) * 1_000_000
         let core = Locked(ReceiverCore(hello: hello, carriage: carriage))

@@ -55,8 +55,9 @@ enum Carriage: Sendable, Equatable {
 /// datagrams. TCP+TLS answers the same calls with child connections, whose datagrams are
 /// reliable and ordered: realtime repair and per-frame streams would gain nothing there, so
 /// frames stay on the ordered stream, where the sender drops expired ones itself.
-func transportHasQUICExtras<Stack: ByteStreamProtocol>(_ connection: NetworkConnection<Stack>) -> Bool {
-    connection.parameters.stack.transport.hasIndependentStreams
+/// Starts the connection if needed: a stack racing several knows only once connected.
+func transportHasQUICExtras<Stack: ByteStreamProtocol>(_ connection: NetworkConnection<Stack>) async throws -> Bool {
+    try await connection.hasIndependentStreams
 }
 
 /// What the sender is asked to do.
@@ -111,7 +112,7 @@ public enum StreamSender {
         var source = source
         // The first frame is read before connecting: a bad input fails before anything is sent.
         var firstFrame = try source.next()
-        let hasExtras = transportHasQUICExtras(connection)
+        let hasExtras = try await transportHasQUICExtras(connection)
         let carriage = Carriage.choose(mode: options.mode, hasQUICExtras: hasExtras)
         let frameRate = options.frameRate ?? source.frameRate
         let deadlineNanoseconds = UInt64(options.deadline.components.seconds) * 1_000_000_000

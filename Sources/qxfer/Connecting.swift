@@ -21,7 +21,9 @@ func startFailingFast<Stack>(_ connection: NetworkConnection<Stack>, grace: Dura
             for await state in connection.states {
                 guard case .waiting(let error) = state else { continue }
                 Logger(label: "qxfer.connect").info("attempt failed, retrying: \(error.message)")
-                if definitive.contains(where: error.message.hasSuffix), ContinuousClock.now - started >= grace {
+                // A race (`--stack auto`) says "nothing listens" once every stack refused or stayed silent.
+                let refused = definitive.contains(where: error.message.hasSuffix) || error.underlying is NothingListens
+                if refused, ContinuousClock.now - started >= grace {
                     connection.cancel()
                     throw error
                 }

@@ -13,7 +13,7 @@ struct PairCommand: AsyncParsableCommand {
         abstract: "Pair with another machine once, with a six-digit code; from then on each trusts the other.",
         usage: """
             qxfer pair [--port <port>] [--code <code>] [--name <name>]     (the machine that waits)
-              qxfer pair <host>[:<port>] [--code <code>] [--stack quic|tls]  (the other one)
+              qxfer pair <host>[:<port>] [--code <code>] [--stack auto|quic|tls]  (the other one)
             """,
         discussion: """
             The waiting machine prints a fresh code and waits for one attempt; on the other, \
@@ -47,8 +47,8 @@ struct PairCommand: AsyncParsableCommand {
     @Option(help: ArgumentHelp("The name the other machine will know this one by (default: the host name).", valueName: "name"))
     var name: String?
 
-    @Option(help: "Transport, when connecting: quic or tls (TCP+TLS). The waiting side listens on both.")
-    var stack: StackChoice = .quic
+    @Option(help: StackChoice.help)
+    var stack: StackChoice = .auto
 
     @Option(help: ArgumentHelp("How long to wait for an attempt, in seconds.", valueName: "seconds"))
     var timeout: Int = 300
@@ -88,7 +88,7 @@ struct PairCommand: AsyncParsableCommand {
         _ = try store.devices()  // a damaged list stops us before the other side stores anything
         let device = try await stack.run(
             Initiating(endpoint: endpoint, code: code, name: deviceName, identity: identity, store: store),
-            identity: identity, trust: .anyCertificate)
+            identity: identity, trust: .anyCertificate, config: global.config)
         report(device, store: store)
     }
 

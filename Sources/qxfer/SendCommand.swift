@@ -35,7 +35,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         commandName: "send",
         abstract: "Send files and folders to a host running 'qxfer recv'.",
         usage: """
-            qxfer send <path>... <host>[:<port>] [--stack quic|tls] [--fingerprint <sha256>]
+            qxfer send <path>... <host>[:<port>] [--stack auto|quic|tls] [--fingerprint <sha256>]
               qxfer send <path>... --to <name>
               qxfer send <path>
             """,
@@ -52,6 +52,13 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             Without a host, the receiver is found on the local network (multicast DNS): \
             --to NAME picks it by the name 'qxfer recv' advertises; a single path and no \
             --to sends to the one receiver that answers (several: they are listed).
+
+            --stack auto (the default) starts QUIC at once and TCP+TLS 250 ms later or as \
+            soon as QUIC fails, and sends over whichever completes its handshake first; the \
+            summary (and --json) names it. A host where TCP+TLS won (UDP blocked) is \
+            remembered for an hour ('stacks' in the configuration folder) and gets TCP+TLS \
+            first. Where nothing listens (TCP refused, no QUIC answer) it says so within \
+            about a second.
 
             The first connection to a host trusts and records its fingerprint (like ssh); a \
             changed fingerprint is refused. --fingerprint pins one explicitly. A fingerprint \
@@ -73,8 +80,8 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
     @Option(help: ArgumentHelp("Send to the receiver advertised on the local network under this name.", valueName: "name"))
     var to: String?
 
-    @Option(help: "Transport: quic (parallel streams over UDP) or tls (TCP+TLS).")
-    var stack: StackChoice = .quic
+    @Option(help: StackChoice.help)
+    var stack: StackChoice = .auto
 
     @Option(help: ArgumentHelp("Require the receiver's certificate to have this SHA-256 fingerprint (as 'qxfer id' prints it).", valueName: "sha256"))
     var fingerprint: String?
@@ -155,7 +162,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
 
         try await stack.run(
             Sending(command: self, tree: tree, endpoint: endpoint, trust: receiverTrust, reporter: reporter),
-            identity: identity, trust: receiverTrust.trust, tcp: transferTCP)
+            identity: identity, trust: receiverTrust.trust, tcp: transferTCP, config: global.config)
     }
 
     /// The transfer, over whichever stack `--stack` chose.
@@ -213,6 +220,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
     ) async throws -> TransferSummary {
         let connection = NetworkConnection(to: endpoint, using: parameters)
         try await startFailingFast(connection)
+        reporter.connected(over: connection.stackName)
         trust.connected(to: connection.peer)
         if announce, let notice = firstContactNotice(endpoint, connection.peer) { reporter.warn(notice) }
         let progress = clock.progress { event in

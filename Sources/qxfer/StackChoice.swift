@@ -1,16 +1,31 @@
 import ArgumentParser
 import QXfer
 
-/// Which transport carries a connection this tool makes (`--stack quic|tls`).
+/// Which transport carries a connection this tool makes (`--stack auto|quic|tls`).
 enum StackChoice: String, ExpressibleByArgument, CaseIterable {
+    /// QUIC and TCP+TLS raced (`FirstOf { QUIC(); TLS() }`): QUIC at once, TCP+TLS 250 ms
+    /// later or as soon as QUIC fails; the winner per host is remembered in the configuration
+    /// folder (`stacks`), so a network that drops UDP starts with TCP+TLS next time.
+    case auto
     case quic, tls
 
+    /// The `--stack` help line every connecting command shares.
+    static let help = ArgumentHelp(
+        "Transport: auto (QUIC, falling back to TCP+TLS where UDP does not get through), quic or tls (TCP+TLS).",
+        valueName: "auto|quic|tls")
+
     /// Runs `body` over the chosen stack, presenting `identity` and trusting the peer as `trust`
-    /// says; `tcp` configures TCP under TLS. The one place the CLI turns the choice into a stack.
-    func run<Body: OverChosenStack>(_ body: Body, identity: HostIdentity, trust: PeerTrust, tcp: TCP = TCP()) async throws -> Body.Result {
+    /// says; `tcp` configures TCP under TLS; `config` holds the race's per-host memory. The one
+    /// place the CLI turns the choice into a stack.
+    func run<Body: OverChosenStack>(
+        _ body: Body, identity: HostIdentity, trust: PeerTrust, tcp: TCP = TCP(), config: ConfigDirectory
+    ) async throws -> Body.Result {
+        let quic = QUIC().identity(identity).peerTrust(trust)
+        let tls = TLS { tcp }.identity(identity).peerTrust(trust)
         switch self {
-        case .quic: try await body.run(over: QUIC().identity(identity).peerTrust(trust))
-        case .tls: try await body.run(over: TLS { tcp }.identity(identity).peerTrust(trust))
+        case .auto: return try await body.run(over: FirstOf { quic; tls }.remembering(StackMemory(in: config)))
+        case .quic: return try await body.run(over: quic)
+        case .tls: return try await body.run(over: tls)
         }
     }
 }

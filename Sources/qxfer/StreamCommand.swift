@@ -31,7 +31,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
     static let configuration = CommandConfiguration(
         commandName: "send",
         abstract: "Send live frames to a host running 'qxfer stream recv'.",
-        usage: "qxfer stream send <host>[:<port>] [--stack quic|tls] [--mode realtime|stream-per-frame|reliable] [--input <file>|-]",
+        usage: "qxfer stream send <host>[:<port>] [--stack auto|quic|tls] [--mode realtime|stream-per-frame|reliable] [--input <file>|-]",
         discussion: """
             Without --input, a synthetic source sends frames sized like encoded video (a \
             keyframe every --keyframe-interval frames, six times larger than those between) \
@@ -42,7 +42,8 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             stream-per-frame (a QUIC stream per frame, reset past its deadline), realtime \
             (QUIC datagrams, late frames dropped, losses repaired by --repair). Over --stack \
             tls there is one ordered stream: every mode frames its frames on it, and the \
-            report says so.
+            report says so. The default, --stack auto, races QUIC against TCP+TLS and says \
+            so when TCP+TLS won (UDP blocked).
 
             While sending, a line a second on standard error shows the time, the bytes sent, \
             the rate and the RTT (a 'progress' event with --json); at the end the receiver's \
@@ -55,8 +56,8 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
     @Argument(help: ArgumentHelp("The receiving host.", valueName: "host[:port]"))
     var destination: String
 
-    @Option(help: "Transport: quic or tls (TCP+TLS).")
-    var stack: StackChoice = .quic
+    @Option(help: StackChoice.help)
+    var stack: StackChoice = .auto
 
     @Option(help: "How frames travel: realtime, stream-per-frame or reliable.")
     var mode: StreamMode = .realtime
@@ -120,7 +121,8 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
         let receiverTrust = try ReceiverTrust(
             fingerprint: fingerprint, endpoint: endpoint, discoveredName: nil, identity: identity, config: global.config)
         let summary = try await stack.run(
-            Streaming(command: self, endpoint: endpoint, trust: receiverTrust), identity: identity, trust: receiverTrust.trust)
+            Streaming(command: self, endpoint: endpoint, trust: receiverTrust), identity: identity, trust: receiverTrust.trust,
+            config: global.config)
         guard let totals = summary.receiverTotals else {
             throw StreamError(.malformed, "the receiver's totals could not be read")
         }
@@ -189,7 +191,12 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
         let endpoint = StreamEndpoint.parse(destination, defaultPort: defaultStreamPort)!
         let refusal = Refusal()
         // Cancelled, and awaited, when this function returns.
-        async let _ = Self.watch(connection, endpoint: endpoint, json: json, refusal: refusal)
+        // Only a race can end on TCP+TLS unasked; --stack tls said so itself.
+        let fallbackNote = stack == .auto && mode != .reliable
+            ? "UDP did not get through to \(endpoint): the stream goes over TCP+TLS, where \(mode.rawValue) frames share one "
+                + "ordered stream (datagrams and per-frame streams degrade; the sender drops frames past their deadline)"
+            : nil
+        async let _ = Self.watch(connection, endpoint: endpoint, json: json, refusal: refusal, fallbackNote: fallbackNote)
         do {
             let summary = try await StreamSender.run(over: connection, source: source, options: options)
             trust.connected(to: connection.peer)
@@ -206,7 +213,9 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
 
     /// Fails a refused connection at once, prints the first-contact notice once connected, then
     /// reports progress until cancelled.
-    private static func watch<Stack>(_ connection: NetworkConnection<Stack>, endpoint: Endpoint, json: Bool, refusal: Refusal) async {
+    private static func watch<Stack>(
+        _ connection: NetworkConnection<Stack>, endpoint: Endpoint, json: Bool, refusal: Refusal, fallbackNote: String?
+    ) async {
         // The sender connects only once its input has given a first frame.
         while connection.currentState == nil {
             try? await Task.sleep(for: .milliseconds(20))
@@ -219,6 +228,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             return
         }
         if let notice = firstContactNotice(endpoint, connection.peer) { Console.warn(notice) }
+        if let fallbackNote, await (try? connection.hasIndependentStreams) == false { Console.warn(fallbackNote) }
         await reportProgress(of: connection, json: json)
     }
 
@@ -238,10 +248,12 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             if json {
                 var fields: [String: Any] = ["t": (seconds * 1000).rounded() / 1000, "bytes_sent": sent, "bitrate_bps": wholeNumber(rate)]
                 if let rtt { fields["rtt_ms"] = (rtt * 1000).rounded() / 1000 }
+                if let stack = metrics.stack { fields["stack"] = stack }
                 Console.emit("progress", fields)
             } else {
                 let line = String(format: "sending: %6.1fs  %@ sent  %7.2f Mbit/s", seconds, formatBytes(UInt64(max(0, sent))), rate / 1e6)
                     + (rtt.map { String(format: "  RTT %.1f ms", $0) } ?? "")
+                    + (metrics.stack.map { "  \($0)" } ?? "")
                 FileHandle.standardError.write(Data("qxfer: \(line)\n".utf8))
             }
         }

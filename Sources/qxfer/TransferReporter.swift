@@ -16,6 +16,8 @@ final class TransferReporter: Sendable {
     /// Names of paired peers, shown beside their fingerprints.
     let pairedNames: [Fingerprint: String]
     private let logger = Logger(label: "qxfer.transfer")
+    /// The stack that carries the sender's connection ("QUIC", "TCP+TLS"), once connected.
+    private let carrier = Mutex<String?>(nil)
 
     init(json: Bool, role: Role, pairedNames: [Fingerprint: String] = [:]) {
         self.style = json ? .json : (isatty(STDERR_FILENO) == 1 ? .bar : .lines)
@@ -27,6 +29,12 @@ final class TransferReporter: Sendable {
 
     func warn(_ line: String) {
         Console.warn(line)
+    }
+
+    /// The sender's connection is ready over `stack`: progress and the summary name it.
+    func connected(over stack: String?) {
+        carrier.withLock { $0 = stack }
+        logger.info("connected over \(stack ?? "?")")
     }
 
     /// One library event: a line (or an event) where a person or a script needs one, a log line at -v.
@@ -173,6 +181,7 @@ final class TransferReporter: Sendable {
         case .json:
             var object: [String: Any] = ["bytes": done, "total": total, "rate_bytes_per_s": wholeNumber(rate), "seconds": seconds]
             if let srtt = metrics.smoothedRTT { object["rtt_ms"] = srtt.seconds * 1000 }
+            if let stack = metrics.stack { object["stack"] = stack }
             emit("progress", object)
         case .lines:
             var line = "\(formatBytes(done)) of \(formatBytes(total)), \(formatRate(rate))"
@@ -207,11 +216,13 @@ final class TransferReporter: Sendable {
                 "rate_bytes_per_s": wholeNumber(rate), "algorithm": summary.algorithm.name, "reconnects": reconnects,
             ]
             if let checksum { object["digest"] = checksum }
+            if let stack = carrier.withLock({ $0 }) { object["stack"] = stack }
             emit("summary", object)
             return
         }
         let verb = role == .sender ? "sent" : "received"
         var line = "\(verb) \(formatBytes(bytes)) in \(String(format: "%.2f", seconds)) s (\(formatRate(rate)))"
+        if let stack = carrier.withLock({ $0 }) { line += " over \(stack)" }
         if summary.resumedBytes > 0 { line += ", \(formatBytes(summary.resumedBytes)) resumed" }
         line += "; \(count(summary.digests.count, "file", "files")) verified with \(summary.algorithm.name)"
         if let checksum { line += " \(checksum)" }

@@ -144,7 +144,7 @@ struct CLITests {
         #expect(help.contains("values: xxh3-128, sha256; default: xxh3-128"), "\(run.stdout)")
         #expect(!help.contains("default: 1)"))
         #expect(help.contains("-vv path samples"))
-        #expect(help.contains("default: quic)"))
+        #expect(help.contains("values: auto, quic, tls; default: auto)"))
     }
 
     @Test("recv --help describes --stdout (the pipe that cannot be un-written) and --dir creation")

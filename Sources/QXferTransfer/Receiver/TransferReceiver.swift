@@ -108,7 +108,7 @@ public struct TransferReceiver: Sendable {
             present: plans.count(where: { if case .present = $0 { true } else { false } }),
             skipped: plans.count(where: { if case .skip = $0 { true } else { false } })))
 
-        let usesStreams = connection.parameters.stack.transport.hasIndependentStreams
+        let usesStreams = try await connection.hasIndependentStreams
         let funnel = InboundFunnel()
         var inbound = funnel.makeIterator()
         let superseded = Locked(false)

@@ -57,7 +57,7 @@ public struct TransferSender: Sendable {
 
         let digests = Locked<[UInt32: String]>([:])
         let units = Self.units(of: jobs)
-        let usesStreams = connection.parameters.stack.transport.hasIndependentStreams
+        let usesStreams = try await connection.hasIndependentStreams
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
                 if usesStreams {

@@ -1,0 +1,92 @@
+@_spi(Stacks) import QXferCore
+import QXferIdentity
+
+/// Several stacks in order of preference: a connection uses whichever completes its handshake
+/// first.
+///
+/// ```swift
+/// let connection = NetworkConnection(to: peer) { FirstOf { QUIC(); TLS() } }
+/// try await connection.send(Data("hello".utf8))
+/// print(connection.stackName ?? "-")   // "QUIC", or "TCP+TLS" where UDP is blocked
+/// ```
+///
+/// A program written for `QUIC()` runs unchanged with this line: the connection starts the
+/// first stack at once and the next one after ``attemptDelay`` (250 ms, RFC 8305's
+/// connection-attempt delay) or as soon as the one before it fails; the first handshake to
+/// complete wins and the others are cancelled. From then on everything the connection offers
+/// (streams, datagrams, framers, trust, states) is the winner's: ``NetworkConnection/stackName``
+/// and `metrics.stack` name it, ``NetworkConnection/hasIndependentStreams`` says whether QUIC's
+/// extras are real. While the race runs the connection is `preparing` (or `waiting` between
+/// retries), never `failed`.
+///
+/// When the stacks that answered all refused (TCP's "connection refused") and the others stay
+/// silent for about a second, the attempt ends with "nothing listens on host:port, neither TCP
+/// nor UDP": a ``QXferError/Code/connectFailed`` whose `underlying` is ``NothingListens``, which
+/// the connection retries until its connect timeout like any refusal.
+///
+/// A listener with this stack listens on every stack, on the same port number.
+public struct FirstOf: SecureTransport {
+    /// The stacks, most preferred first.
+    public var stacks: [any SecureTransport]
+    /// How long the race waits for a stack before starting the next one.
+    public var attemptDelay: Duration = .milliseconds(250)
+    /// Where the winner for each host is remembered; nil remembers nothing.
+    public var memory: StackMemory?
+
+    /// The stacks in order of preference, as `FirstOf { QUIC(); TLS() }`.
+    public init(@FirstOfBuilder _ stacks: () -> [any SecureTransport]) {
+        self.stacks = stacks()
+    }
+
+    /// Remembers per host which stack won when it was not the first, so the next connection to
+    /// that host starts with it at once, until the memory's entry expires (see ``StackMemory``).
+    public func remembering(_ memory: StackMemory?) -> FirstOf {
+        var copy = self
+        copy.memory = memory
+        return copy
+    }
+
+    /// Sets how long the race waits for a stack before starting the next one.
+    public func attemptDelay(_ delay: Duration) -> FirstOf {
+        var copy = self
+        copy.attemptDelay = delay
+        return copy
+    }
+
+    public var transport: TransportDescription {
+        TransportDescription(RaceStack(candidates: stacks.map(\.transport.stack), attemptDelay: attemptDelay, memory: memory))
+    }
+
+    /// The first stack's identity; setting it sets every stack's.
+    public var identity: HostIdentity? {
+        get { stacks.first?.identity }
+        set { stacks = stacks.map { var stack = $0; stack.identity = newValue; return stack } }
+    }
+
+    /// The first stack's trust; setting it sets every stack's.
+    public var peerTrust: PeerTrust {
+        get { stacks.first?.peerTrust ?? .knownHosts() }
+        set { stacks = stacks.map { var stack = $0; stack.peerTrust = newValue; return stack } }
+    }
+
+    /// The first stack's client authentication; setting it sets every stack's.
+    public var clientAuthentication: ClientAuthentication {
+        get { stacks.first?.clientAuthentication ?? .optional }
+        set { stacks = stacks.map { var stack = $0; stack.clientAuthentication = newValue; return stack } }
+    }
+}
+
+/// Collects the stacks of a ``FirstOf`` declaration, most preferred first.
+@resultBuilder
+public enum FirstOfBuilder {
+    public static func buildBlock(_ stacks: any SecureTransport...) -> [any SecureTransport] { stacks }
+}
+
+/// Why a race ended with "nothing listens": every stack that answered refused, the others were
+/// silent. The `underlying` error of that ``QXferError``.
+public struct NothingListens: Error, Sendable {
+    /// Where nothing listens.
+    public let endpoint: Endpoint
+    /// The stacks tried, by name.
+    public let stacks: [String]
+}

@@ -1,0 +1,232 @@
+import Foundation
+import Logging
+@_spi(Stacks) import QXferCore
+
+/// The stack behind ``FirstOf``: races its candidates' `connect` (RFC 8305's staggered
+/// attempts, applied to stacks) and binds them all on one port number.
+struct RaceStack: TransportStack {
+    let candidates: [any TransportStack]
+    let attemptDelay: Duration
+    let memory: StackMemory?
+    /// Once every stack that answered refused, how long the silent ones still get: from the
+    /// race's start, and at least `refusalGraceAfterAnswer` after the refusal. A peer that
+    /// answered TCP at once would answer a QUIC handshake within this too if anything listened.
+    static let refusalGrace = Duration.seconds(1)
+    static let refusalGraceAfterAnswer = Duration.milliseconds(250)
+    private static var logger: Logger { Logger(label: "qxfer.race") }
+
+    var name: String { candidates.map(\.name).joined(separator: " or ") }
+    /// True only if every candidate has them: before the race, the winner is unknown.
+    var hasIndependentStreams: Bool { !candidates.isEmpty && candidates.allSatisfy(\.hasIndependentStreams) }
+
+    func connect<Stack>(to endpoint: Endpoint, parameters: NetworkParameters<Stack>, timeout: Duration) async throws -> any ByteStreamTransport {
+        guard !candidates.isEmpty else { throw QXferError(.invalidUse, "FirstOf needs at least one stack") }
+        let order = memory?.ordered(candidates, for: endpoint) ?? candidates
+        let race = Race(order: order, endpoint: endpoint, attemptDelay: attemptDelay)
+        let (winner, stack) = try await race.run(timeout: timeout) { stack, remaining in
+            try await stack.connect(to: endpoint, parameters: parameters, timeout: remaining)
+        }
+        Self.logger.info("\(stack.name) won the race to \(endpoint)")
+        memory?.record(winner: stack.name, preferred: candidates[0].name, for: endpoint)
+        return RacedTransport(winner, stack: stack)
+    }
+
+    func bind<Stack>(_ request: ListenRequest<Stack>) async throws -> any BoundTransportListener {
+        var bound: [(any BoundTransportListener, any TransportStack)] = []
+        var request = request
+        do {
+            for stack in candidates {
+                // The first stack picks the port (0: a free one); the others take the same number.
+                let listener = try await stack.bind(request)
+                request.port = listener.port
+                bound.append((listener, stack))
+            }
+        } catch {
+            // Half a listener would leave senders on the other stack waiting for their timeout.
+            for (listener, _) in bound { await Self.close(listener) }
+            throw error
+        }
+        return RaceListener(listeners: bound)
+    }
+
+    /// Closes a bound listener that will not serve: `run` in a cancelled task closes its sockets.
+    private static func close(_ listener: any BoundTransportListener) async {
+        let task = Task { try? await listener.run { transport, _ in transport.close() } }
+        task.cancel()
+        await task.value
+    }
+
+    /// The connection asks the winner (``RacedTransport``) to word its errors; what reaches here
+    /// came before any stack won, and attempts throw their own stack's words already.
+    func describe(_ error: any Error, during what: String) -> QXferError {
+        candidates.first?.describe(error, during: what) ?? QXferError(.connectionClosed, "\(what) was lost: \(error)")
+    }
+}
+
+/// Every candidate's listener, side by side; each accepted connection knows which stack took it.
+struct RaceListener: BoundTransportListener {
+    let listeners: [(any BoundTransportListener, any TransportStack)]
+
+    var port: UInt16 { listeners.first?.0.port ?? 0 }
+
+    func run(serving serve: @escaping @Sendable (any ByteStreamTransport, Endpoint?) async -> Void) async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for (listener, stack) in listeners {
+                group.addTask {
+                    try await listener.run { transport, remote in
+                        await serve(RacedTransport(transport, stack: stack), remote)
+                    }
+                }
+            }
+            // One stack's listener failing ends the others: a half-listening receiver would
+            // leave senders on that stack waiting for their timeout.
+            defer { group.cancelAll() }
+            try await group.next()
+        }
+    }
+}
+
+/// One race: attempts started in order, staggered, the first established wins.
+///
+/// Attempts run in tasks of their own, not in a task group: a loser whose connect does not
+/// notice cancellation at once (a TCP SYN into a network that drops it) must not hold the
+/// winner back; it closes what it established itself, once it ends.
+struct Race: Sendable {
+    let order: [any TransportStack]
+    let endpoint: Endpoint
+    let attemptDelay: Duration
+
+    private enum Event: Sendable {
+        case connected(Int, any ByteStreamTransport)
+        case failed(Int, QXferError)
+        /// The attempt delay ran out with attempt `n` not yet started.
+        case delayOver(Int)
+        case refusalGraceOver
+    }
+
+    /// Runs `attempt` for each stack in order until one returns a transport within `timeout`.
+    func run(
+        timeout: Duration, _ attempt: @escaping @Sendable (any TransportStack, Duration) async throws -> any ByteStreamTransport
+    ) async throws -> (any ByteStreamTransport, any TransportStack) {
+        let clock = ContinuousClock()
+        let start = clock.now
+        let deadline = start + timeout
+        let (events, continuation) = AsyncStream.makeStream(of: Event.self)
+        let tasks = Locked<[Task<Void, Never>]>([])
+        func spawn(_ body: @escaping @Sendable () async -> Event?) {
+            let task = Task {
+                guard let event = await body() else { return }
+                if case .terminated = continuation.yield(event), case .connected(_, let late) = event { late.close() }
+            }
+            tasks.withLock { $0.append(task) }
+        }
+        @Sendable func end() {
+            continuation.finish()
+            for task in tasks.withLock({ $0 }) { task.cancel() }
+        }
+
+        var started = 0
+        var running = 0
+        var failures: [(name: String, error: QXferError)] = []
+        var graceArmed = false
+        func startNext() {
+            guard started < order.count else { return }
+            let index = started
+            let stack = order[index]
+            started += 1
+            running += 1
+            spawn {
+                do {
+                    return .connected(index, try await attempt(stack, deadline - clock.now))
+                } catch {
+                    return .failed(index, (error as? QXferError) ?? stack.describe(error, during: "the connection"))
+                }
+            }
+            if started < order.count {
+                let next = started
+                spawn {
+                    try? await Task.sleep(for: attemptDelay)
+                    return Task.isCancelled ? nil : .delayOver(next)
+                }
+            }
+        }
+
+        var iterator = events.makeAsyncIterator()
+        func decide() async throws -> (any ByteStreamTransport, any TransportStack) {
+            startNext()
+            while let event = await iterator.next() {
+                switch event {
+                case .connected(let index, let transport):
+                    return (transport, order[index])
+                case .delayOver(let next):
+                    if next == started { startNext() }
+                case .failed(let index, let error):
+                    running -= 1
+                    failures.append((order[index].name, error))
+                    // The peer answered with something other than "no" (trust, protocol, a
+                    // handshake failure): another stack reaches the same peer; its answer stands.
+                    if error.code != .connectFailed { throw error }
+                    startNext()
+                    if running == 0 { throw combined(failures) }
+                    if !graceArmed, failures.allSatisfy({ Self.isRefusal($0.error) }) {
+                        graceArmed = true
+                        let wait = max(start + RaceStack.refusalGrace, clock.now + RaceStack.refusalGraceAfterAnswer) - clock.now
+                        spawn {
+                            try? await Task.sleep(for: wait)
+                            return Task.isCancelled ? nil : .refusalGraceOver
+                        }
+                    }
+                case .refusalGraceOver:
+                    if failures.allSatisfy({ Self.isRefusal($0.error) }) { throw nothingListens(failures) }
+                }
+            }
+            throw QXferError(.cancelled, "the connection was cancelled")
+        }
+        let outcome: Result<(any ByteStreamTransport, any TransportStack), any Error>
+        do {
+            outcome = .success(try await withTaskCancellationHandler(operation: decide, onCancel: end))
+        } catch {
+            outcome = .failure(error)
+        }
+        end()
+        // Established after the winner but before the end: closed, never leaked.
+        while let event = await iterator.next() {
+            if case .connected(_, let late) = event { late.close() }
+        }
+        return try outcome.get()
+    }
+
+    /// A refused TCP connection: the host is there and nothing listens on the port.
+    static func isRefusal(_ error: QXferError) -> Bool {
+        error.code == .connectFailed && error.message.hasSuffix(String(cString: strerror(ECONNREFUSED)))
+    }
+
+    /// "nothing listens on host:7447, neither TCP nor UDP".
+    private func nothingListens(_ failures: [(name: String, error: QXferError)]) -> QXferError {
+        let carriers = order.map { Self.carrier(of: $0.name) }.sorted()  // "neither TCP nor UDP", whichever went first
+        let neither = carriers.count == 2 ? "neither \(carriers[0]) nor \(carriers[1])" : "not on " + carriers.joined(separator: ", ")
+        let silent = order.map(\.name).filter { name in !failures.contains { $0.name == name } }
+        let detail = silent.isEmpty ? "every stack refused" : failures.map(\.name).joined(separator: " and ") + " refused, no "
+            + silent.joined(separator: " or ") + " answer"
+        return QXferError(
+            .connectFailed, "nothing listens on \(endpoint), \(neither) (\(detail))",
+            underlying: NothingListens(endpoint: endpoint, stacks: order.map(\.name)))
+    }
+
+    /// Every attempt failed in a way that may pass: each stack's reason, in order.
+    private func combined(_ failures: [(name: String, error: QXferError)]) -> QXferError {
+        if failures.count == 1 { return failures[0].error }
+        if failures.allSatisfy({ Self.isRefusal($0.error) }) { return nothingListens(failures) }
+        let reasons = failures.map { "\($0.name): \($0.error.message)" }.joined(separator: "; ")
+        return QXferError(.connectFailed, "cannot reach \(endpoint) over any stack (\(reasons))", underlying: failures.last?.error)
+    }
+
+    /// What a user calls the layer under a stack: TCP under TLS, UDP under QUIC.
+    static func carrier(of stack: String) -> String {
+        switch stack {
+        case "TCP+TLS": "TCP"
+        case "QUIC": "UDP"
+        default: stack
+        }
+    }
+}

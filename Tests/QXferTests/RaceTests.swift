@@ -1,0 +1,181 @@
+import Foundation
+import Testing
+import QXfer
+@_spi(Stacks) @testable import QXferCore
+
+/// `FirstOf { QUIC(); TLS() }` on loopback: which stack wins when one is missing, what the
+/// connection then says and does, failing fast where nothing listens, and the per-host memory.
+/// Deadlines here are generous bounds that tell "fails fast" from the 10 s timeouts, not speeds.
+@Suite("Racing QUIC against TCP+TLS")
+struct RaceTests {
+    static let echo: @Sendable (NetworkConnection<FirstOf>) async throws -> Void = { try await echoUntilFinished($0) }
+
+    /// The client's race, pinned to the test server.
+    static func race(memory: StackMemory? = nil) -> FirstOf {
+        FirstOf { QUIC(); TLS() }.identity(Identities.client).peerFingerprint(Identities.server.fingerprint).remembering(memory)
+    }
+
+    static func serverRace() -> FirstOf { FirstOf { QUIC(); TLS() }.identity(Identities.server) }
+
+    /// Connects with `stack`, echoes a few bytes, returns the connection (ready).
+    static func connectAndEcho(to port: UInt16, _ stack: FirstOf) async throws -> NetworkConnection<FirstOf> {
+        let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) { stack }
+        try await connection.send(Data("ping".utf8))
+        #expect(try await connection.receive(exactly: 4).content == Data("ping".utf8))
+        return connection
+    }
+
+    @Test("Both stacks listening: QUIC wins, and the connection says so and offers QUIC's streams")
+    func quicWinsWhenBothListen() async throws {
+        try await withListener(NetworkListener(on: 0, host: "127.0.0.1") { Self.serverRace() }, handler: Self.echo) { port in
+            let connection = try await Self.connectAndEcho(to: port, Self.race())
+            #expect(connection.stackName == "QUIC")
+            #expect(await connection.metrics.stack == "QUIC")
+            #expect(try await connection.hasIndependentStreams)
+            // Extra streams are the winner's too.
+            let stream = try await connection.openStream()
+            #expect(stream.stackName == "QUIC")
+            connection.cancel()
+        }
+    }
+
+    @Test("A FirstOf listener takes clients of either stack on one port and knows which")
+    func listenerListensOnBoth() async throws {
+        let seen = Locked<[String]>([])
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { Self.serverRace() }
+        try await withListener(listener, handler: { connection in
+            seen.withLock { $0.append(connection.stackName ?? "-") }
+            try await echoUntilFinished(connection)
+        }) { port in
+            for stack in [FirstOf { TLS() }, FirstOf { QUIC() }] {
+                let client = stack.identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
+                let connection = try await Self.connectAndEcho(to: port, client)
+                connection.cancel()
+            }
+        }
+        #expect(seen.withLock { $0 }.sorted() == ["QUIC", "TCP+TLS"])
+    }
+
+    @Test("Only TCP+TLS listening: TCP+TLS wins after the attempt delay, never through a failed state")
+    func tlsWinsWhereNoQUICAnswers() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { FirstOf { TLS() }.identity(Identities.server) }
+        try await withListener(listener, handler: Self.echo) { port in
+            let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) { Self.race() }
+            let states = Task {
+                var seen: [ConnectionState] = []
+                for await state in connection.states {
+                    seen.append(state)
+                    if case .ready = state { break }
+                    if state.isFinal { break }
+                }
+                return seen
+            }
+            try await connection.send(Data("ping".utf8))
+            #expect(try await connection.receive(exactly: 4).content == Data("ping".utf8))
+            #expect(connection.stackName == "TCP+TLS")
+            #expect(await connection.metrics.stack == "TCP+TLS")
+            #expect(try await connection.hasIndependentStreams == false)
+            let seen = await states.value
+            #expect(!seen.contains { if case .failed = $0 { true } else { false } }, "\(seen)")
+            #expect(seen.last?.description == "ready", "\(seen)")
+            connection.cancel()
+        }
+    }
+
+    @Test("Only QUIC listening: QUIC wins; TCP's refusal does not end the race")
+    func quicWinsWhereTCPIsRefused() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { FirstOf { QUIC() }.identity(Identities.server) }
+        try await withListener(listener, handler: Self.echo) { port in
+            // TCP+TLS remembered first: refused at once, QUIC starts then rather than 250 ms later.
+            let scratch = TemporaryDirectory()
+            let memory = StackMemory(path: scratch.file("stacks"))
+            try "127.0.0.1:\(port) TCP+TLS \(Int(Date().timeIntervalSince1970) + 600)\n".write(
+                toFile: memory.path, atomically: true, encoding: .utf8)
+            let connection = try await Self.connectAndEcho(to: port, Self.race(memory: memory))
+            #expect(connection.stackName == "QUIC")
+            // The preferred stack won: the host is forgotten.
+            #expect(memory.entry(for: .hostPort(host: "127.0.0.1", port: port)) == nil)
+            connection.cancel()
+        }
+    }
+
+    @Test("Nothing listening: 'nothing listens on host:port, neither TCP nor UDP' well before the 10 s timeout")
+    func nothingListensFailsFast() async throws {
+        let port: UInt16 = 1  // tcpmux: nothing listens there on a test machine
+        let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) { Self.race() }
+        let clock = ContinuousClock()
+        let started = clock.now
+        let watcher = Task { () -> QXferError? in
+            for await state in connection.states {
+                if case .waiting(let error) = state { return error }
+                if state.isFinal { return nil }
+            }
+            return nil
+        }
+        let start = Task { try await connection.start() }
+        let error = try #require(await watcher.value)
+        let elapsed = clock.now - started
+        connection.cancel()
+        start.cancel()
+        _ = await start.result
+        #expect(error.code == .connectFailed)
+        #expect(error.message.contains("nothing listens on 127.0.0.1:1, neither TCP nor UDP"), "\(error.message)")
+        #expect(error.underlying is NothingListens)
+        // About a second alone; the bound is generous for a loaded machine running every suite at
+        // once, and still well short of the 10 s connect timeout it replaces.
+        #expect(elapsed < .seconds(6), "\(elapsed)")
+    }
+
+    @Test("The per-host memory: a remembered TCP+TLS starts first while fresh; expired, QUIC again; a TCP+TLS win is recorded")
+    func memoryIsUsedAndExpires() async throws {
+        let scratch = TemporaryDirectory()
+        let memory = StackMemory(path: scratch.file("stacks"))
+        try await withListener(NetworkListener(on: 0, host: "127.0.0.1") { Self.serverRace() }, handler: Self.echo) { port in
+            let endpoint = Endpoint.hostPort(host: "127.0.0.1", port: port)
+            let now = Int(Date().timeIntervalSince1970)
+            try "127.0.0.1:\(port) TCP+TLS \(now + 600)\n".write(toFile: memory.path, atomically: true, encoding: .utf8)
+            let remembered = try await Self.connectAndEcho(to: port, Self.race(memory: memory))
+            #expect(remembered.stackName == "TCP+TLS")
+            remembered.cancel()
+
+            try "127.0.0.1:\(port) TCP+TLS \(now - 1)\n".write(toFile: memory.path, atomically: true, encoding: .utf8)
+            let expired = try await Self.connectAndEcho(to: port, Self.race(memory: memory))
+            #expect(expired.stackName == "QUIC")
+            #expect(memory.entry(for: endpoint) == nil)
+            #expect(memory.load().isEmpty)
+            expired.cancel()
+        }
+        let tlsOnly = NetworkListener(on: 0, host: "127.0.0.1") { FirstOf { TLS() }.identity(Identities.server) }
+        try await withListener(tlsOnly, handler: Self.echo) { port in
+            let connection = try await Self.connectAndEcho(to: port, Self.race(memory: memory))
+            #expect(connection.stackName == "TCP+TLS")
+            let entry = try #require(memory.entry(for: .hostPort(host: "127.0.0.1", port: port)))
+            #expect(entry.stack == "TCP+TLS")
+            #expect(entry.expiry > Int64(Date().timeIntervalSince1970) + 3000)
+            let attributes = try FileManager.default.attributesOfItem(atPath: memory.path)
+            #expect((attributes[.posixPermissions] as? Int) == 0o600)
+            connection.cancel()
+        }
+    }
+
+    @Test("A damaged or oversized memory file is ignored, never half-trusted")
+    func hostileMemoryIsRefused() throws {
+        let scratch = TemporaryDirectory()
+        let memory = StackMemory(path: scratch.file("stacks"))
+        let future = Int(Date().timeIntervalSince1970) + 600
+        let endpoint = Endpoint.hostPort(host: "example.org", port: 7447)
+        for content in [
+            "example.org:7447 TCP+TLS \(future)\ngarbage\n",
+            "example.org:7447 TCP+TLS 99999999999999999999999\n",
+            "example.org:7447 TCP+TLS -5\n",
+            "example.org:7447 TCP\u{1}TLS \(future)\n",
+            "example.org:7447 TCP+TLS \(future)\n" + String(repeating: "x", count: 70_000),
+        ] {
+            try content.write(toFile: memory.path, atomically: true, encoding: .utf8)
+            #expect(memory.load().isEmpty, "\(content.prefix(60))")
+            #expect(memory.entry(for: endpoint) == nil)
+        }
+        try "example.org:7447 TCP+TLS \(future)\n".write(toFile: memory.path, atomically: true, encoding: .utf8)
+        #expect(memory.entry(for: endpoint)?.stack == "TCP+TLS")
+    }
+}

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The default stack (`--stack auto`: QUIC raced against TCP+TLS) between two network namespaces
+# joined by veth, with nftables rules in the receiver's namespace dropping UDP or TCP:
+#
+#   sudo Tests/e2e/race.sh        (root: namespaces; QXFER=path picks the binary)
+#
+#  1. UDP dropped: the default `qxfer send` of 5 MiB goes over TCP+TLS, well inside the 10 s
+#     QUIC handshake timeout it used to wait for; the host is remembered (`stacks`, 0600); a
+#     realtime `stream send` falls back too, saying that its datagrams degrade there.
+#  2. both open, the memory fresh: TCP+TLS starts at once and wins; expired: QUIC again, and
+#     the entry is gone.
+#  3. TCP dropped: QUIC. Both open: QUIC.
+#  4. nothing listening (TCP refused, UDP port unreachable): "nothing listens on host:port,
+#     neither TCP nor UDP", exit 69, within about a second.
+#  5. both dropped: a clear error naming both stacks within the 10 s connect timeout, exit 69.
+# Everything it creates (processes, namespaces and their nftables rules, files) is removed on exit.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+QXFER=${QXFER:-$ROOT/.build/debug/qxfer}
+[ -x "$QXFER" ] || { echo "race: $QXFER not built" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "race: must run as root (network namespaces)" >&2; exit 1; }
+command -v nft >/dev/null || { echo "race: nft (nftables) is needed; run scripts/install-deps.sh" >&2; exit 1; }
+
+WORK=$(mktemp -d /tmp/qxfer-race.XXXXXX)
+NS=qxr$$
+A=${NS}a B=${NS}b
+ADDR=10.98.10.2
+PORT=7447
+STREAM_PORT=7448
+RECV_PID=
+SRECV_PID=
+cleanup() {
+    for pid in $RECV_PID $SRECV_PID; do kill -9 "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+    ip netns exec "$B" nft delete table inet qxrace 2>/dev/null || true
+    ip netns del "$A" 2>/dev/null || true
+    ip netns del "$B" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+fail() { echo "race: FAIL: $*" >&2; exit 1; }
+ok() { echo "race: ok: $*"; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+below() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+
+ip netns add "$A"; ip netns add "$B"
+ip link add "${NS}va" type veth peer name "${NS}vb"
+ip link set "${NS}va" netns "$A"; ip link set "${NS}vb" netns "$B"
+ip -n "$A" addr add 10.98.10.1/24 dev "${NS}va"; ip -n "$B" addr add "$ADDR/24" dev "${NS}vb"
+for n in a b; do ip -n "${NS}$n" link set lo up; ip -n "${NS}$n" link set "${NS}v$n" up; done
+
+# drop PROTOCOLS...: the receiver's namespace silently drops those packets to both ports (no ICMP,
+# no RST: as a firewall does); `drop` alone opens both again.
+drop() {
+    ip netns exec "$B" nft delete table inet qxrace 2>/dev/null || true
+    [ "$#" -gt 0 ] || return 0
+    ip netns exec "$B" nft add table inet qxrace
+    ip netns exec "$B" nft add chain inet qxrace input '{ type filter hook input priority 0; policy accept; }'
+    for protocol in "$@"; do
+        ip netns exec "$B" nft add rule inet qxrace input "$protocol" dport "{ $PORT, $STREAM_PORT }" drop
+    done
+}
+
+RECV_CFG=$WORK/cfg-recv SEND_CFG=$WORK/cfg-send
+RECV_FP=$("$QXFER" id --config-dir "$RECV_CFG")
+mkdir -p "$WORK/in"
+head -c $((5 << 20)) /dev/urandom >"$WORK/five.bin"
+
+recv_start() {
+    ip netns exec "$B" "$QXFER" recv --config-dir "$RECV_CFG" --no-advertise --dir "$WORK/in" --yes --overwrite --port "$PORT" \
+        >"$WORK/recv.out" 2>"$WORK/recv.err" </dev/null &
+    RECV_PID=$!
+    for _ in $(seq 1 100); do
+        grep -q 'on port' "$WORK/recv.out" 2>/dev/null && return 0
+        kill -0 "$RECV_PID" 2>/dev/null || fail "recv exited: $(cat "$WORK/recv.err")"
+        sleep 0.1
+    done
+    fail "recv did not start"
+}
+recv_stop() { kill -9 "$RECV_PID" 2>/dev/null || true; wait "$RECV_PID" 2>/dev/null || true; RECV_PID=; }
+
+# send NAME: the default `qxfer send` (no --stack) of the 5 MiB file; sets RC, SECONDS_TAKEN, STACK.
+send() {
+    local started
+    started=$(now)
+    RC=0
+    ip netns exec "$A" "$QXFER" send --config-dir "$SEND_CFG" "$WORK/five.bin" "$ADDR:$PORT" --fingerprint "$RECV_FP" --json \
+        >"$WORK/$1.out" 2>"$WORK/$1.err" </dev/null || RC=$?
+    SECONDS_TAKEN=$(since "$started")
+    STACK=$( (grep '"event":"summary"' "$WORK/$1.out" || true) | tail -1 | jq -r '.stack // empty')
+}
+memory_line() { grep -F "$ADDR:$PORT " "$SEND_CFG/stacks" 2>/dev/null || true; }
+
+recv_start
+
+# 1. UDP dropped.
+drop udp
+send udp-dropped
+[ "$RC" = 0 ] || fail "UDP dropped: exit $RC: $(cat "$WORK/udp-dropped.err")"
+[ "$STACK" = "TCP+TLS" ] || fail "UDP dropped: carried by '$STACK', expected TCP+TLS"
+cmp -s "$WORK/five.bin" "$WORK/in/five.bin" || fail "UDP dropped: the received file differs"
+below "$SECONDS_TAKEN" 6 || fail "UDP dropped: took $SECONDS_TAKEN s (QUIC's handshake timeout is 10 s)"
+ok "UDP dropped: 5 MiB over TCP+TLS in $SECONDS_TAKEN s"
+memory_line | grep -q ' TCP+TLS ' || fail "the winner was not remembered: $(cat "$SEND_CFG/stacks" 2>/dev/null)"
+[ "$(stat -c %a "$SEND_CFG/stacks")" = 600 ] || fail "the stacks file is not 0600"
+ok "remembered: $(memory_line)"
+
+# 1b. UDP dropped, a realtime stream: over TCP+TLS, saying that its datagrams degrade there.
+ip netns exec "$B" "$QXFER" stream recv --config-dir "$RECV_CFG" --port "$STREAM_PORT" >"$WORK/srecv.out" 2>"$WORK/srecv.err" </dev/null &
+SRECV_PID=$!
+sleep 1
+ip netns exec "$A" "$QXFER" stream send --config-dir "$SEND_CFG" "$ADDR:$STREAM_PORT" --fingerprint "$RECV_FP" --duration 1 \
+    >"$WORK/ssend.out" 2>"$WORK/ssend.err" </dev/null || fail "stream send with UDP dropped: $(cat "$WORK/ssend.err")"
+grep -q "the stream goes over TCP+TLS" "$WORK/ssend.err" || fail "stream send: no note that it fell back: $(cat "$WORK/ssend.err")"
+ok "UDP dropped, realtime stream: $(grep -o 'UDP did not get through.*' "$WORK/ssend.err" | head -1)"
+kill -9 "$SRECV_PID" 2>/dev/null || true; wait "$SRECV_PID" 2>/dev/null || true; SRECV_PID=
+
+# 2. The memory: TCP+TLS first while fresh, even with UDP open; QUIC again once expired.
+drop
+send remembered
+[ "$RC" = 0 ] && [ "$STACK" = "TCP+TLS" ] || fail "remembered: exit $RC over '$STACK', expected TCP+TLS first: $(cat "$WORK/remembered.err")"
+ok "remembered host: TCP+TLS at once"
+sed -i "s/^\($ADDR:$PORT TCP+TLS\) [0-9]*$/\1 1/" "$SEND_CFG/stacks"
+send expired
+[ "$RC" = 0 ] && [ "$STACK" = "QUIC" ] || fail "expired: exit $RC over '$STACK', expected QUIC: $(cat "$WORK/expired.err")"
+[ -z "$(memory_line)" ] || fail "expired: the entry is still there: $(memory_line)"
+ok "expired memory: QUIC again, entry removed"
+printf 'garbage\x01 line\n' >"$SEND_CFG/stacks"
+send hostile-memory
+[ "$RC" = 0 ] && [ "$STACK" = "QUIC" ] || fail "a damaged stacks file: exit $RC over '$STACK': $(cat "$WORK/hostile-memory.err")"
+ok "a damaged stacks file is ignored"
+
+# 3. TCP dropped, then both open.
+drop tcp
+send tcp-dropped
+[ "$RC" = 0 ] && [ "$STACK" = "QUIC" ] || fail "TCP dropped: exit $RC over '$STACK': $(cat "$WORK/tcp-dropped.err")"
+ok "TCP dropped: QUIC in $SECONDS_TAKEN s"
+drop
+send open
+[ "$RC" = 0 ] && [ "$STACK" = "QUIC" ] || fail "both open: exit $RC over '$STACK': $(cat "$WORK/open.err")"
+ok "both open: QUIC in $SECONDS_TAKEN s"
+
+# 4. Nothing listening.
+recv_stop
+send closed
+[ "$RC" = 69 ] || fail "closed port: exit $RC, expected 69: $(cat "$WORK/closed.err")"
+grep -q "nothing listens on $ADDR:$PORT, neither TCP nor UDP" "$WORK/closed.err" || fail "closed port: $(cat "$WORK/closed.err")"
+below "$SECONDS_TAKEN" 3 || fail "closed port: the error took $SECONDS_TAKEN s"
+ok "closed port: '$(tail -1 "$WORK/closed.err")' in $SECONDS_TAKEN s"
+
+# 5. Both dropped.
+recv_start
+drop udp tcp
+send dropped
+[ "$RC" = 69 ] || fail "both dropped: exit $RC, expected 69: $(cat "$WORK/dropped.err")"
+grep -q "QUIC" "$WORK/dropped.err" && grep -q "TCP+TLS" "$WORK/dropped.err" || fail "both dropped: the error names both stacks: $(cat "$WORK/dropped.err")"
+below "$SECONDS_TAKEN" 14 || fail "both dropped: the error took $SECONDS_TAKEN s (connect timeout 10 s)"
+ok "both dropped: '$(tail -1 "$WORK/dropped.err")' in $SECONDS_TAKEN s"
+echo "race: all passed"
