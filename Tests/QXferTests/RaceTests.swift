@@ -120,10 +120,11 @@ struct RaceTests {
         _ = await start.result
         #expect(error.code == .connectFailed)
         #expect(error.message.contains("nothing listens on 127.0.0.1:1, neither TCP nor UDP"), "\(error.message)")
-        #expect(error.underlying is NothingListens)
-        // About a second alone; the bound is generous for a loaded machine running every suite at
-        // once, and still well short of the 10 s connect timeout it replaces.
-        #expect(elapsed < .seconds(6), "\(elapsed)")
+        // Only the refusal rule (TCP refused, no QUIC answer 1 s after the start) produces this
+        // error; the 10 s connect timeout ends in another. How long it takes is measured where
+        // nothing else runs, by Tests/e2e/race.sh (about 1 s; this suite, beside every other,
+        // saw 4-14 s on a loaded machine).
+        #expect(error.underlying is NothingListens, "after \(elapsed)")
     }
 
     @Test("The per-host memory: a remembered TCP+TLS starts first while fresh; expired, QUIC again; a TCP+TLS win is recorded")
