@@ -18,9 +18,15 @@ public struct Fingerprint: Hashable, Sendable, CustomStringConvertible, Codable 
         var hex = text.lowercased()
         if hex.hasPrefix("sha256:") { hex.removeFirst("sha256:".count) }
         hex.removeAll { $0 == ":" }
-        guard hex.count == 64 else { return nil }
+        guard hex.count == 64, let bytes = Self.bytes(hex: hex[...]) else { return nil }
+        self.bytes = bytes
+    }
+
+    /// The bytes a string of hex digit pairs spells; nil for an odd length or a non-hex digit.
+    @_spi(Stacks) public static func bytes(hex: Substring) -> [UInt8]? {
+        guard hex.count % 2 == 0 else { return nil }
         var bytes: [UInt8] = []
-        bytes.reserveCapacity(32)
+        bytes.reserveCapacity(hex.count / 2)
         var index = hex.startIndex
         while index < hex.endIndex {
             let next = hex.index(index, offsetBy: 2)
@@ -28,7 +34,7 @@ public struct Fingerprint: Hashable, Sendable, CustomStringConvertible, Codable 
             bytes.append(byte)
             index = next
         }
-        self.bytes = bytes
+        return bytes
     }
 
     /// A fingerprint written in source code, such as `.sha256("3f9a…")`.

@@ -27,8 +27,8 @@ final class ExporterSecrets: Sendable {
         let text = String(buffer: line)
         let fields = text.split(whereSeparator: { $0 == " " || $0 == "\n" || $0 == "\r" })
         guard fields.count == 3, fields[0] == "EXPORTER_SECRET",
-              let random = Self.bytes(hex: fields[1]), random.count == 32,
-              let secret = Self.bytes(hex: fields[2]), secret.count == 32 || secret.count == 48 else { return }
+              let random = Fingerprint.bytes(hex: fields[1]), random.count == 32,
+              let secret = Fingerprint.bytes(hex: fields[2]), secret.count == 32 || secret.count == 48 else { return }
         waiting.withLock { waiting in
             if waiting.count < Self.bound { waiting[random] = secret }
         }
@@ -37,20 +37,6 @@ final class ExporterSecrets: Sendable {
     /// The exporter secret of the connection whose ClientHello carried `random`, once.
     func take(clientRandom random: [UInt8]) -> [UInt8]? {
         waiting.withLock { $0.removeValue(forKey: random) }
-    }
-
-    private static func bytes(hex: Substring) -> [UInt8]? {
-        guard hex.count % 2 == 0 else { return nil }
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(hex.count / 2)
-        var index = hex.startIndex
-        while index < hex.endIndex {
-            let next = hex.index(index, offsetBy: 2)
-            guard let byte = UInt8(hex[index..<next], radix: 16) else { return nil }
-            bytes.append(byte)
-            index = next
-        }
-        return bytes
     }
 }
 
