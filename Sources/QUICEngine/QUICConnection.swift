@@ -704,13 +704,10 @@ public final class QUICConnection {
         return accepted
     }
 
-    /// Unacknowledged bytes a stream may hold on this path: ``QUICConfiguration/streamSendBufferLimit``,
-    /// or with ``QUICConfiguration/maxStreamSendBuffer`` the congestion window plus one
-    /// bandwidth-delay product, within those bounds.
-    private var pathSendBufferLimit: Int {
+    /// Unacknowledged bytes a stream may hold on this path: the congestion window plus one
+    /// bandwidth-delay product, between ``QUICConfiguration/streamSendBufferLimit`` and `ceiling`.
+    private func pathSendBufferLimit(_ s: ngtcp2_conn_stat, ceiling: Int) -> Int {
         let floor = configuration.streamSendBufferLimit
-        guard let ceiling = configuration.maxStreamSendBuffer, let conn else { return floor }
-        let s = Self.statistics(conn)
         let seconds = Double(s.smoothed_rtt) / 1e9
         let product = Double(s.delivery_rate_sec) * seconds
         let path = Double(s.cwnd) + (product.isFinite ? product : 0)
@@ -727,10 +724,12 @@ public final class QUICConnection {
     /// idle for want of data (docs/benchmarks.md, "QUIC under random loss"). A slow reader stops
     /// the peer's window, so what is sent plus the credit left holds the sender at the floor.
     private func sendBufferLimit(for s: StreamState) -> Int {
-        let path = pathSendBufferLimit
-        guard let ceiling = configuration.maxStreamSendBuffer, let conn, let send = s.send else { return path }
+        guard let conn, let ceiling = configuration.maxStreamSendBuffer else { return configuration.streamSendBufferLimit }
+        let statistics = Self.statistics(conn)
+        let path = pathSendBufferLimit(statistics, ceiling: ceiling)
+        guard let send = s.send else { return path }
         let sentSpan = UInt64(send.bufferedBytes - send.unsentBytes)
-        let inFlight = Self.statistics(conn).bytes_in_flight
+        let inFlight = statistics.bytes_in_flight
         let pinnedByLoss = sentSpan > inFlight ? sentSpan - inFlight : 0
         let wanted = min(UInt64(ceiling), UInt64(path) + pinnedByLoss)
         let credit = min(ngtcp2_conn_get_max_data_left(conn),
@@ -1147,8 +1146,9 @@ public final class QUICConnection {
         send.acknowledge(upTo: offset)
         // Wake the writer once a quarter of the limit is free: enough to be worth a write,
         // early enough that the bytes still unsent cover the time the writer takes to answer.
+        guard s.wantsWritable else { return }
         let limit = sendBufferLimit(for: s)
-        if s.wantsWritable && send.bufferedBytes <= limit - limit / 4 {
+        if send.bufferedBytes <= limit - limit / 4 {
             s.wantsWritable = false
             recordEvent(.streamWritable(s.id))
         }
