@@ -147,13 +147,26 @@ killed=0
 for side in receiver sender; do
     for round in $(seq 1 "$KILLS"); do
         stack=$([ $((round % 2)) = 0 ] && echo tls || echo quic)
+        # Less than a quarter left: start over, or a round could finish between two polls.
+        partial=$dst/.big.bin.qxfer-partial
+        start=$( [ -e "$partial" ] && stat -c %s "$partial" || echo 0)
+        if [ "$start" -gt $(((BIG_MIB << 20) * 3 / 4)) ]; then
+            rm -f "$partial" "$dst/.big.bin.qxfer-journal"; start=0
+        fi
         recv_start "kill-r" "${NS}b" --dir "$dst" --yes --once --port 7447
         ip netns exec "${NS}a" "$QXFER" send --config-dir "$WORK/cfg-send" "$SRC/big.bin" 10.98.7.2 --stack $stack >/dev/null 2>&1 </dev/null &
         SEND_PID=$!; PIDS+=("$SEND_PID")
-        # A random instant after the data started flowing (0.2 to 1.2 s: well inside the
-        # 2.5 s or more that 1 GiB takes here even over TLS).
-        for _ in $(seq 1 400); do [ -e "$dst/.big.bin.qxfer-partial" ] && break; sleep 0.01; done
-        sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", 0.2 + (r % 100) / 100 }')"
+        # A random instant while the data flows, chosen by progress rather than by time, so a
+        # faster machine cannot finish first: kill when the partial (which grows as data
+        # lands) has covered 10 to 90 % of what this round still had to move.
+        target=$(awk -v s="$start" -v t=$((BIG_MIB << 20)) -v r=$RANDOM 'BEGIN { printf "%d", s + (t - s) * (0.1 + (r % 81) / 100) }')
+        for _ in $(seq 1 6000); do
+            size=$( [ -e "$partial" ] && stat -c %s "$partial" 2>/dev/null || echo 0)
+            [ "$size" -ge "$target" ] && break
+            [ -e "$dst/big.bin" ] && break
+            kill -0 "$SEND_PID" 2>/dev/null || break
+            sleep 0.005
+        done
         if [ $side = receiver ]; then kill -9 "$RECV_PID" 2>/dev/null || true; else kill -9 "$SEND_PID" 2>/dev/null || true; fi
         kill -9 "$RECV_PID" "$SEND_PID" 2>/dev/null || true
         wait "$RECV_PID" "$SEND_PID" 2>/dev/null || true
