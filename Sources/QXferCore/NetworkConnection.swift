@@ -256,7 +256,7 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
             try Task.checkCancellation()
             do {
                 return try await parameters.stack.transport.stack.connect(
-                    to: endpoint, parameters: parameters, timeout: deadline - clock.now)
+                    to: endpoint, parameters: parameters, timeout: deadline - clock.now, peerAnswered: {})
             } catch let error as QXferError where error.code == .connectFailed {
                 let remaining = deadline - clock.now
                 guard remaining > .zero else { throw error }

@@ -14,10 +14,16 @@
 
     /// Establishes one connection to `endpoint` and completes its handshake within `timeout`.
     ///
+    /// Calls `peerAnswered` (at most once, from any thread) as soon as something at `endpoint`
+    /// is known to speak this stack, before the handshake completes: TCP's connection, QUIC's
+    /// first datagram back. A stack racing others gives an attempt that has answered its
+    /// handshake's time rather than counting its silence as "nothing listens".
+    ///
     /// Throws a ``QXferError``; ``QXferError/Code/connectFailed`` means the attempt may succeed
     /// later (the connection retries it with backoff until its connect timeout).
     func connect<Stack>(
-        to endpoint: Endpoint, parameters: NetworkParameters<Stack>, timeout: Duration
+        to endpoint: Endpoint, parameters: NetworkParameters<Stack>, timeout: Duration,
+        peerAnswered: @escaping @Sendable () -> Void
     ) async throws -> any ByteStreamTransport
 
     /// Binds the listening socket(s) a listener asks for; throws a ``QXferError`` when it cannot.

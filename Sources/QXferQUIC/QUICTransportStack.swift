@@ -13,8 +13,10 @@ struct QUICTransportStack: TransportStack {
     var name: String { "QUIC" }
     var hasIndependentStreams: Bool { true }
 
-    func connect<Stack>(to endpoint: Endpoint, parameters: NetworkParameters<Stack>, timeout: Duration) async throws -> any ByteStreamTransport {
-        try await QUICConnector.connect(to: endpoint, quic: quic, parameters: parameters, timeout: timeout)
+    func connect<Stack>(
+        to endpoint: Endpoint, parameters: NetworkParameters<Stack>, timeout: Duration, peerAnswered: @escaping @Sendable () -> Void
+    ) async throws -> any ByteStreamTransport {
+        try await QUICConnector.connect(to: endpoint, quic: quic, parameters: parameters, timeout: timeout, peerAnswered: peerAnswered)
     }
 
     func bind<Stack>(_ request: ListenRequest<Stack>) async throws -> any BoundTransportListener {

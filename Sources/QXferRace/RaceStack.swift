@@ -13,18 +13,24 @@ struct RaceStack: TransportStack {
     /// answered TCP at once would answer a QUIC handshake within this too if anything listened.
     static let refusalGrace = Duration.seconds(1)
     static let refusalGraceAfterAnswer = Duration.milliseconds(250)
+    /// How long an attempt whose peer has answered (QUIC's first datagram back, TCP's connection)
+    /// holds the next stack back, from its start: its handshake needs about one more round trip,
+    /// the next stack's at least as many, so starting that one would only race the preference.
+    static let answeredAttemptPatience = Duration.seconds(1)
     private static var logger: Logger { Logger(label: "qxfer.race") }
 
     var name: String { candidates.map(\.name).joined(separator: " or ") }
     /// True only if every candidate has them: before the race, the winner is unknown.
     var hasIndependentStreams: Bool { !candidates.isEmpty && candidates.allSatisfy(\.hasIndependentStreams) }
 
-    func connect<Stack>(to endpoint: Endpoint, parameters: NetworkParameters<Stack>, timeout: Duration) async throws -> any ByteStreamTransport {
+    func connect<Stack>(
+        to endpoint: Endpoint, parameters: NetworkParameters<Stack>, timeout: Duration, peerAnswered: @escaping @Sendable () -> Void
+    ) async throws -> any ByteStreamTransport {
         guard !candidates.isEmpty else { throw QXferError(.invalidUse, "FirstOf needs at least one stack") }
         let order = memory?.ordered(candidates, for: endpoint) ?? candidates
         let race = Race(order: order, endpoint: endpoint, attemptDelay: attemptDelay)
-        let (winner, stack) = try await race.run(timeout: timeout) { stack, remaining in
-            try await stack.connect(to: endpoint, parameters: parameters, timeout: remaining)
+        let (winner, stack) = try await race.run(timeout: timeout, peerAnswered: peerAnswered) { stack, remaining, answered in
+            try await stack.connect(to: endpoint, parameters: parameters, timeout: remaining, peerAnswered: answered)
         }
         Self.logger.info("\(stack.name) won the race to \(endpoint)")
         memory?.record(winner: stack.name, preferred: candidates[0].name, for: endpoint)
@@ -99,14 +105,21 @@ struct Race: Sendable {
     private enum Event: Sendable {
         case connected(Int, any ByteStreamTransport)
         case failed(Int, QXferError)
+        /// Attempt `n`'s peer answered: something there speaks its stack.
+        case answered(Int)
         /// The attempt delay ran out with attempt `n` not yet started.
         case delayOver(Int)
+        /// An answered attempt held attempt `n` back as long as it may.
+        case patienceOver(Int)
         case refusalGraceOver
     }
 
-    /// Runs `attempt` for each stack in order until one returns a transport within `timeout`.
+    /// Runs `attempt` for each stack in order until one returns a transport within `timeout`;
+    /// `attempt` gets the time left and what to call when its peer answers. `peerAnswered` is
+    /// called once, when the first attempt's peer answers.
     func run(
-        timeout: Duration, _ attempt: @escaping @Sendable (any TransportStack, Duration) async throws -> any ByteStreamTransport
+        timeout: Duration, peerAnswered: @escaping @Sendable () -> Void = {},
+        _ attempt: @escaping @Sendable (any TransportStack, Duration, @escaping @Sendable () -> Void) async throws -> any ByteStreamTransport
     ) async throws -> (any ByteStreamTransport, any TransportStack) {
         let clock = ContinuousClock()
         let start = clock.now
@@ -127,17 +140,25 @@ struct Race: Sendable {
 
         var started = 0
         var running = 0
+        var startTimes: [ContinuousClock.Instant] = []
         var failures: [(name: String, error: QXferError)] = []
+        var answered: Set<Int> = []
         var graceArmed = false
+        let reportedAnswer = Locked(false)
         func startNext() {
             guard started < order.count else { return }
             let index = started
             let stack = order[index]
             started += 1
             running += 1
+            startTimes.append(clock.now)
+            @Sendable func answer() {
+                continuation.yield(.answered(index))
+                if !reportedAnswer.withLock({ reported in defer { reported = true }; return reported }) { peerAnswered() }
+            }
             spawn {
                 do {
-                    return .connected(index, try await attempt(stack, deadline - clock.now))
+                    return .connected(index, try await attempt(stack, deadline - clock.now, answer))
                 } catch {
                     return .failed(index, (error as? QXferError) ?? stack.describe(error, during: "the connection"))
                 }
@@ -158,7 +179,21 @@ struct Race: Sendable {
                 switch event {
                 case .connected(let index, let transport):
                     return (transport, order[index])
+                case .answered(let index):
+                    answered.insert(index)
                 case .delayOver(let next):
+                    guard next == started else { break }
+                    let previous = next - 1
+                    if answered.contains(previous), !failures.contains(where: { $0.name == order[previous].name }) {
+                        let wait = startTimes[previous] + RaceStack.answeredAttemptPatience - clock.now
+                        spawn {
+                            try? await Task.sleep(for: wait)
+                            return Task.isCancelled ? nil : .patienceOver(next)
+                        }
+                    } else {
+                        startNext()
+                    }
+                case .patienceOver(let next):
                     if next == started { startNext() }
                 case .failed(let index, let error):
                     running -= 1
@@ -177,7 +212,9 @@ struct Race: Sendable {
                         }
                     }
                 case .refusalGraceOver:
-                    if failures.allSatisfy({ Self.isRefusal($0.error) }) { throw nothingListens(failures) }
+                    // A stack whose peer answered is not silent: its handshake decides.
+                    let answeredAndRunning = answered.contains { index in !failures.contains { $0.name == order[index].name } }
+                    if !answeredAndRunning, failures.allSatisfy({ Self.isRefusal($0.error) }) { throw nothingListens(failures) }
                 }
             }
             throw QXferError(.cancelled, "the connection was cancelled")

@@ -140,7 +140,8 @@ extension TLSByteStream {
 
     /// Connects to `endpoint`, racing its addresses (Happy Eyeballs), and completes the handshake.
     static func connect<Stack>(
-        to endpoint: Endpoint, tls: TLS, parameters: NetworkParameters<Stack>, timeout: Duration
+        to endpoint: Endpoint, tls: TLS, parameters: NetworkParameters<Stack>, timeout: Duration,
+        peerAnswered: @Sendable () -> Void = {}
     ) async throws -> TLSByteStream {
         let identity = try tls.identity ?? HostIdentity.loadOrCreate()
         let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? tls.peerTrust
@@ -177,6 +178,7 @@ extension TLSByteStream {
             throw QXferError(.connectFailed, "cannot connect to \(endpoint): \(ChannelErrors.reason(error))", underlying: error)
         }
         logger.info("TCP connected to \(endpoint) at \(setup.channel.remoteAddress?.description ?? "?"); TLS handshake")
+        peerAnswered()
         let stream = try await setup.finishHandshake(verifier: verifier, peerName: endpoint.description, timeout: timeout)
         logger.info("TLS 1.3 handshake with \(endpoint) done: ALPN \(stream.peer.applicationProtocol), peer \(stream.peer.fingerprint?.description ?? "-") trusted as \(stream.peer.trust)")
         // Record a first contact only now that the handshake, ALPN included, has succeeded.

@@ -14,8 +14,10 @@ struct TLSTransportStack: TransportStack {
     var name: String { "TCP+TLS" }
     var hasIndependentStreams: Bool { false }
 
-    func connect<Stack>(to endpoint: Endpoint, parameters: NetworkParameters<Stack>, timeout: Duration) async throws -> any ByteStreamTransport {
-        try await TLSByteStream.connect(to: endpoint, tls: tls, parameters: parameters, timeout: timeout)
+    func connect<Stack>(
+        to endpoint: Endpoint, parameters: NetworkParameters<Stack>, timeout: Duration, peerAnswered: @escaping @Sendable () -> Void
+    ) async throws -> any ByteStreamTransport {
+        try await TLSByteStream.connect(to: endpoint, tls: tls, parameters: parameters, timeout: timeout, peerAnswered: peerAnswered)
     }
 
     func bind<Stack>(_ request: ListenRequest<Stack>) async throws -> any BoundTransportListener {

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import QXfer
+import NIOCore
 @_spi(Stacks) @testable import QXferCore
 
 /// `FirstOf { QUIC(); TLS() }` on loopback: which stack wins when one is missing, what the
@@ -96,6 +97,28 @@ struct RaceTests {
             // The preferred stack won: the host is forgotten.
             #expect(memory.entry(for: .hostPort(host: "127.0.0.1", port: port)) == nil)
             connection.cancel()
+        }
+    }
+
+    @Test("Only QUIC listening, behind Retry on a 700 ms round trip: TCP refused at once, QUIC answered, the race waits for it")
+    func slowQUICAnswerIsNotSilence() async throws {
+        // Retry for every client: the handshake takes two round trips (1.4 s here), past the
+        // 1 s refusal grace, though the peer's first answer (the Retry) comes at 0.7 s.
+        let listener = NetworkListener(
+            on: 0, host: "127.0.0.1", using: .parameters { FirstOf { QUIC() }.identity(Identities.server) },
+            retryAbovePendingHandshakes: 0)
+        try await withListener(listener, handler: Self.echo) { port in
+            // The relay's port has no TCP listener: TCP+TLS is refused at once.
+            let relay = try await UDPRelay.start(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)))
+            relay.delay(.milliseconds(350))
+            do {
+                let connection = try await Self.connectAndEcho(to: relay.port, Self.race())
+                #expect(connection.stackName == "QUIC")
+                connection.cancel()
+            } catch {
+                Issue.record(error)
+            }
+            await relay.stop()
         }
     }
 

@@ -3,7 +3,8 @@ import NIOCore
 import NIOPosix
 
 /// A UDP middlebox for tests: forwards datagrams between one client and a server, and can
-/// change its outward port mid-flow (a NAT rebinding) or drop everything (a vanished peer).
+/// change its outward port mid-flow (a NAT rebinding), drop everything (a vanished peer) or
+/// hold every datagram a while each way (a long path).
 ///
 /// Its state is behind NIO's pthread-based lock rather than `Synchronization.Mutex`: the two
 /// directions run on different event-loop threads, and ThreadSanitizer sees a pthread mutex's
@@ -19,6 +20,7 @@ final class UDPRelay: Sendable {
         var client: SocketAddress?
         var blackhole = false
         var rebinds = 0
+        var delay = TimeAmount.zero
     }
 
     /// The port clients send to.
@@ -74,6 +76,9 @@ final class UDPRelay: Sendable {
         try? await old?.close()
     }
 
+    /// Holds every datagram `oneWay` before forwarding it, both ways (a round trip of twice that).
+    func delay(_ oneWay: TimeAmount) { state.withLockedValue { $0.delay = oneWay } }
+
     /// Drops every datagram from now on, both ways.
     func blackhole() { state.withLockedValue { $0.blackhole = true } }
 
@@ -84,16 +89,26 @@ final class UDPRelay: Sendable {
     }
 
     private func fromClient(_ envelope: AddressedEnvelope<ByteBuffer>) {
-        let (outside, server): ((any Channel)?, SocketAddress) = state.withLockedValue { state in
+        let (outside, server, delay): ((any Channel)?, SocketAddress, TimeAmount) = state.withLockedValue { state in
             state.client = envelope.remoteAddress
-            return (state.blackhole ? nil : state.outside, state.server)
+            return (state.blackhole ? nil : state.outside, state.server, state.delay)
         }
-        outside?.writeAndFlush(AddressedEnvelope(remoteAddress: server, data: envelope.data), promise: nil)
+        guard let outside else { return }
+        Self.send(AddressedEnvelope(remoteAddress: server, data: envelope.data), on: outside, after: delay)
     }
 
     private func fromServer(_ envelope: AddressedEnvelope<ByteBuffer>) {
-        guard let client = state.withLockedValue({ $0.blackhole ? nil : $0.client }) else { return }
-        inside.writeAndFlush(AddressedEnvelope(remoteAddress: client, data: envelope.data), promise: nil)
+        let target: (client: SocketAddress, delay: TimeAmount)? = state.withLockedValue { state in
+            guard !state.blackhole, let client = state.client else { return nil }
+            return (client, state.delay)
+        }
+        guard let (client, delay) = target else { return }
+        Self.send(AddressedEnvelope(remoteAddress: client, data: envelope.data), on: inside, after: delay)
+    }
+
+    private static func send(_ envelope: AddressedEnvelope<ByteBuffer>, on channel: any Channel, after delay: TimeAmount) {
+        guard delay > .zero else { return channel.writeAndFlush(envelope, promise: nil) }
+        channel.eventLoop.scheduleTask(in: delay) { channel.writeAndFlush(envelope, promise: nil) }
     }
 
     private final class Forwarder: ChannelInboundHandler, Sendable {

@@ -13,7 +13,8 @@ enum QUICConnector {
     /// Connects to `endpoint`: resolves it, races its addresses (RFC 8305: IPv6 first,
     /// alternating families, a new attempt every 250 ms until one completes its handshake).
     static func connect<Stack>(
-        to endpoint: Endpoint, quic: QUIC, parameters: NetworkParameters<Stack>, timeout: Duration
+        to endpoint: Endpoint, quic: QUIC, parameters: NetworkParameters<Stack>, timeout: Duration,
+        peerAnswered: @escaping @Sendable () -> Void = {}
     ) async throws -> QUICStreamTransport {
         let identity = try quic.identity ?? HostIdentity.loadOrCreate()
         let addresses = try await resolve(endpoint)
@@ -32,7 +33,10 @@ enum QUICConnector {
                 logger.info("QUIC handshake with \(endpoint) at \(address)")
                 group.addTask {
                     let verifier = PeerVerifier(.client(trust, hostKey: hostKey))
-                    return (try await attempt(address, quic: quic, identity: identity, parameters: parameters, verifier: verifier, timeout: timeout), verifier)
+                    let transport = try await attempt(
+                        address, quic: quic, identity: identity, parameters: parameters, verifier: verifier, timeout: timeout,
+                        peerAnswered: peerAnswered)
+                    return (transport, verifier)
                 }
                 group.addTask {  // the stagger timer: nil result means "start the next one"
                     try? await Task.sleep(for: .milliseconds(250))
@@ -76,7 +80,7 @@ enum QUICConnector {
 
     private static func attempt<Stack>(
         _ remote: SocketAddress, quic: QUIC, identity: HostIdentity, parameters: NetworkParameters<Stack>,
-        verifier: PeerVerifier, timeout: Duration
+        verifier: PeerVerifier, timeout: Duration, peerAnswered: @escaping @Sendable () -> Void
     ) async throws -> QUICStreamTransport {
         var configuration = QUICStackConfiguration.make(quic, identity: identity, parameters: parameters, verifier: verifier, isServer: false)
         configuration.handshakeTimeout = min(timeout, .seconds(10))
@@ -96,6 +100,7 @@ enum QUICConnector {
             let engine = try QUICConnection(clientWith: configuration, path: QUICPath(local: local, remote: remoteAddress), now: QUICConnectionDriver.now)
             let driver = QUICConnectionDriver(engine: engine, eventLoop: channel.eventLoop, verifier: verifier, acceptedProtocols: quic.applicationProtocols)
             driver.trafficClass = trafficClass
+            driver.peerAnswered = peerAnswered
             handler.attach(client: driver)
             driver.process()
             return (NIOLoopBound(driver, eventLoop: channel.eventLoop), driver.handshake.futureResult)

@@ -18,6 +18,10 @@ final class QUICConnectionDriver: QUICEndpointConnection {
     weak var endpoint: QUICSocketHandler?
     /// The DSCP byte its sockets carry, so a socket it migrates to is marked the same.
     var trafficClass: Int32 = 0
+    /// A client's report that the server is there: called once, for the first datagram the
+    /// engine accepts (an Initial, a Retry or a version negotiation), long before the handshake
+    /// completes on a slow path.
+    var peerAnswered: (@Sendable () -> Void)?
 
     private(set) var handshake: EventLoopPromise<String>
     /// On a server, completed when the client opens its first bidirectional stream.
@@ -64,6 +68,10 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         guard !terminated else { return }
         do {
             try engine.handle(datagram: datagram, path: path, now: Self.now)
+            if let answered = peerAnswered {
+                peerAnswered = nil
+                answered()
+            }
         } catch {
             // The engine queued a close event too; process() reports it.
         }
