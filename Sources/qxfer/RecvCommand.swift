@@ -215,6 +215,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             }
         }
         let sender = connection.peer?.fingerprint
+        let stack = connection.stackName  // read while connected: the summary comes after the close
         if let sender { try? pairedDevices.markSeen(sender) }  // "last seen" is a courtesy, not worth a failure
         if let peer = connection.peer {
             Logger(label: "qxfer.recv").info("connection from \(sender?.description ?? "a sender without a certificate") (admitted as \(peer.trust))")
@@ -224,7 +225,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             let summary = try await reporter.showProgress(of: running.progress, clock: clock, metrics: { await connection.metrics }) {
                 try await running.run(over: connection)
             }
-            reporter.finish(summary, clock: clock)
+            reporter.finish(summary, clock: clock, over: stack)
             finished.yield(.success(summary))
         } catch let superseded as TransferSuperseded {
             // The same sender reconnected: its transfer goes on in the new connection, whose

@@ -204,7 +204,10 @@ final class TransferReporter: Sendable {
 
     /// The summary of a transfer: bytes moved over every connection it took, in the time they
     /// moved; `reconnects` counts the connections lost and replaced on the way.
-    func finish(_ summary: TransferSummary, clock: TransferClock, reconnects: Int = 0) {
+    /// `stack` names what carried this transfer where one reporter serves several connections
+    /// (a receiver); a sender's comes from ``connected(over:)``.
+    func finish(_ summary: TransferSummary, clock: TransferClock, reconnects: Int = 0, over stack: String? = nil) {
+        let carrier = stack ?? self.carrier.withLock { $0 }
         let seconds = max(clock.elapsed.seconds, 0.000_001)
         let bytes = clock.bytes
         let rate = Double(bytes) / seconds
@@ -216,13 +219,13 @@ final class TransferReporter: Sendable {
                 "rate_bytes_per_s": wholeNumber(rate), "algorithm": summary.algorithm.name, "reconnects": reconnects,
             ]
             if let checksum { object["digest"] = checksum }
-            if let stack = carrier.withLock({ $0 }) { object["stack"] = stack }
+            if let carrier { object["stack"] = carrier }
             emit("summary", object)
             return
         }
         let verb = role == .sender ? "sent" : "received"
         var line = "\(verb) \(formatBytes(bytes)) in \(String(format: "%.2f", seconds)) s (\(formatRate(rate)))"
-        if let stack = carrier.withLock({ $0 }) { line += " over \(stack)" }
+        if let carrier { line += " over \(carrier)" }
         if summary.resumedBytes > 0 { line += ", \(formatBytes(summary.resumedBytes)) resumed" }
         line += "; \(count(summary.digests.count, "file", "files")) verified with \(summary.algorithm.name)"
         if let checksum { line += " \(checksum)" }

@@ -125,6 +125,8 @@ for where in loopback namespaces; do
         cmp "$SRC/big.bin" "$dst/big.bin" || fail "$where $stack: big.bin differs"
         same_tree "$TREE" "$dst/odd tree" "$where $stack"
         [ -z "$(find "$dst" -name '*.qxfer-*')" ] || fail "$where $stack: partial or journal left behind"
+        carrier=$([ $stack = quic ] && echo QUIC || echo TCP+TLS)
+        grep -q "^received .* over $carrier" "$WORK/r-$where-$stack.out" || fail "$where $stack: the receiver's summary does not say 'over $carrier': $(cat "$WORK/r-$where-$stack.out")"
         ok "$where $stack: ${BIG_MIB} MiB and the odd tree arrived identical ($(tail -1 "$WORK/s-$where-$stack.sout"))"
         rm -rf "$dst"
     done
