@@ -47,7 +47,7 @@ test: deps
 	# everything several-fold, and parallel suites then miss their own deadlines. A report fails
 	# the run (exit 66); why two suites are left out: docs/SECURITY.md, "Sanitizers".
 	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan
-	TSAN_OPTIONS=halt_on_error=0:exitcode=66 $(SWIFT) test --skip-build --sanitize=thread --scratch-path .build-tsan \
+	TSAN_OPTIONS=halt_on_error=0:exitcode=66:suppressions=$(CURDIR)/Tests/tsan-suppressions.txt $(SWIFT) test --skip-build --sanitize=thread --scratch-path .build-tsan \
 		--no-parallel --skip QUICEngineTests --skip QXferStreamTests --skip RaceTests
 
 ## Builds the libFuzzer targets (fuzz/harness: qxfer/1 codec and framing, path validation, resume
