@@ -12,18 +12,23 @@ internal import CNGTCP2
 /// Converts to and from the bytes of a `sockaddr_in` / `sockaddr_in6`, which is what
 /// ngtcp2's `ngtcp2_addr` points at.
 public struct QUICSocketAddress: Hashable, Sendable, CustomStringConvertible {
-    /// The address bytes in network order: 4 for IPv4, 16 for IPv6.
-    public let addressBytes: [UInt8]
+    /// The address bytes in network order (4 for IPv4, 16 for IPv6), kept inline: paths are
+    /// built and compared for every packet sent and every datagram read.
+    private let address: InlineBytes
     /// The UDP port.
     public let port: UInt16
     /// The IPv6 scope (interface index) for link-local addresses; 0 otherwise.
     public let scopeID: UInt32
 
+    /// The address bytes in network order: 4 for IPv4, 16 for IPv6.
+    public var addressBytes: [UInt8] { address.array }
+
     /// Whether this is an IPv6 address.
-    public var isIPv6: Bool { addressBytes.count == 16 }
+    public var isIPv6: Bool { address.count == 16 }
 
     /// Whether this is a loopback address: 127.0.0.0/8, ::1, or ::ffff:127.0.0.0/104.
     public var isLoopback: Bool {
+        let addressBytes = self.addressBytes
         if addressBytes.count == 4 { return addressBytes[0] == 127 }
         if addressBytes == [UInt8](repeating: 0, count: 15) + [1] { return true }
         return addressBytes.prefix(12) == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] && addressBytes[12] == 127
@@ -31,10 +36,15 @@ public struct QUICSocketAddress: Hashable, Sendable, CustomStringConvertible {
 
     /// Creates an address from raw bytes (4 → IPv4, 16 → IPv6); nil for any other length.
     public init?(addressBytes: [UInt8], port: UInt16, scopeID: UInt32 = 0) {
-        guard addressBytes.count == 4 || addressBytes.count == 16 else { return nil }
-        self.addressBytes = addressBytes
+        guard let address = addressBytes.withUnsafeBytes(InlineBytes.init) else { return nil }
+        self.init(address, port: port, scopeID: scopeID)
+    }
+
+    private init?(_ address: InlineBytes, port: UInt16, scopeID: UInt32 = 0) {
+        guard address.count == 4 || address.count == 16 else { return nil }
+        self.address = address
         self.port = port
-        self.scopeID = addressBytes.count == 16 ? scopeID : 0
+        self.scopeID = address.count == 16 ? scopeID : 0
     }
 
     /// Parses a numeric IPv4 (`"192.0.2.1"`) or IPv6 (`"2001:db8::1"`) address; nil if it is neither.
@@ -62,14 +72,13 @@ public struct QUICSocketAddress: Hashable, Sendable, CustomStringConvertible {
         case AF_INET:
             guard bytes.count >= MemoryLayout<sockaddr_in>.size else { return nil }
             let sin = base.loadUnaligned(as: sockaddr_in.self)
-            var a = sin.sin_addr
-            self.init(addressBytes: withUnsafeBytes(of: &a) { Array($0) }, port: UInt16(bigEndian: sin.sin_port))
+            guard let address = withUnsafeBytes(of: sin.sin_addr, InlineBytes.init) else { return nil }
+            self.init(address, port: UInt16(bigEndian: sin.sin_port))
         case AF_INET6:
             guard bytes.count >= MemoryLayout<sockaddr_in6>.size else { return nil }
             let sin6 = base.loadUnaligned(as: sockaddr_in6.self)
-            var a = sin6.sin6_addr
-            self.init(addressBytes: withUnsafeBytes(of: &a) { Array($0) },
-                      port: UInt16(bigEndian: sin6.sin6_port), scopeID: sin6.sin6_scope_id)
+            guard let address = withUnsafeBytes(of: sin6.sin6_addr, InlineBytes.init) else { return nil }
+            self.init(address, port: UInt16(bigEndian: sin6.sin6_port), scopeID: sin6.sin6_scope_id)
         default:
             return nil
         }
@@ -93,14 +102,14 @@ public struct QUICSocketAddress: Hashable, Sendable, CustomStringConvertible {
             sin6.sin6_family = sa_family_t(AF_INET6)
             sin6.sin6_port = port.bigEndian
             sin6.sin6_scope_id = scopeID
-            withUnsafeMutableBytes(of: &sin6.sin6_addr) { $0.copyBytes(from: addressBytes) }
+            withUnsafeMutableBytes(of: &sin6.sin6_addr) { target in address.withUnsafeBytes { target.copyMemory(from: $0) } }
             destination.storeBytes(of: sin6, as: sockaddr_in6.self)
             return MemoryLayout<sockaddr_in6>.size
         } else {
             var sin = sockaddr_in()
             sin.sin_family = sa_family_t(AF_INET)
             sin.sin_port = port.bigEndian
-            withUnsafeMutableBytes(of: &sin.sin_addr) { $0.copyBytes(from: addressBytes) }
+            withUnsafeMutableBytes(of: &sin.sin_addr) { target in address.withUnsafeBytes { target.copyMemory(from: $0) } }
             destination.storeBytes(of: sin, as: sockaddr_in.self)
             return MemoryLayout<sockaddr_in>.size
         }
@@ -182,36 +191,84 @@ public struct QUICECN: Hashable, Sendable {
 
 /// A QUIC connection ID (0 to 20 bytes), as carried in packet headers (ngtcp2's `ngtcp2_cid`).
 public struct QUICConnectionID: Hashable, Sendable, CustomStringConvertible {
+    /// Kept inline: the listener looks one up for every datagram it reads.
+    private let storage: InlineBytes
+
     /// The ID's bytes.
-    public let bytes: [UInt8]
+    public var bytes: [UInt8] { storage.array }
+
+    /// The ID's length in bytes.
+    public var count: Int { storage.count }
 
     /// Creates a connection ID; nil if longer than 20 bytes (`NGTCP2_MAX_CIDLEN`).
     public init?(_ bytes: [UInt8]) {
-        guard bytes.count <= Int(NGTCP2_MAX_CIDLEN) else { return nil }
-        self.bytes = bytes
+        guard let storage = bytes.withUnsafeBytes(InlineBytes.init) else { return nil }
+        self.storage = storage
     }
 
     init(_ cid: ngtcp2_cid) {
-        var cid = cid
-        let len = min(cid.datalen, Int(NGTCP2_MAX_CIDLEN))
-        self.bytes = withUnsafeBytes(of: &cid.data) { Array($0.prefix(len)) }
+        let length = min(cid.datalen, Int(NGTCP2_MAX_CIDLEN))
+        storage = withUnsafeBytes(of: cid.data) { InlineBytes(UnsafeRawBufferPointer(rebasing: $0.prefix(length))) } ?? InlineBytes()
     }
 
     init(pointer: UnsafePointer<UInt8>?, length: Int) {
         if let pointer, length > 0 {
-            bytes = Array(UnsafeBufferPointer(start: pointer, count: min(length, Int(NGTCP2_MAX_CIDLEN))))
+            storage = InlineBytes(UnsafeRawBufferPointer(start: pointer, count: min(length, Int(NGTCP2_MAX_CIDLEN)))) ?? InlineBytes()
         } else {
-            bytes = []
+            storage = InlineBytes()
         }
+    }
+
+    /// Whether the ID begins with `prefix`.
+    public func starts(with prefix: [UInt8]) -> Bool {
+        storage.withUnsafeBytes { $0.starts(with: prefix) }
     }
 
     var ngtcp2CID: ngtcp2_cid {
         var cid = ngtcp2_cid()
-        bytes.withUnsafeBufferPointer { ngtcp2_cid_init(&cid, $0.baseAddress, $0.count) }
+        storage.withUnsafeBytes { ngtcp2_cid_init(&cid, $0.baseAddress?.assumingMemoryBound(to: UInt8.self), $0.count) }
         return cid
     }
 
     public var description: String {
         bytes.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+    }
+}
+
+/// Up to 20 bytes (a connection ID, an IPv6 address) stored in the value itself, so building,
+/// hashing and comparing one allocates nothing: the engine and the listener do that for every
+/// packet, where an array each time cost an allocation, a free and a byte-by-byte hash.
+struct InlineBytes: Hashable, Sendable {
+    static let capacity = 20
+    private var words: (UInt64, UInt64, UInt32) = (0, 0, 0)
+    private(set) var count = 0
+
+    /// No bytes.
+    init() {}
+
+    /// A copy of `bytes`; nil if they are more than ``capacity``.
+    init?(_ bytes: UnsafeRawBufferPointer) {
+        guard bytes.count <= Self.capacity else { return nil }
+        count = bytes.count
+        if let base = bytes.baseAddress, !bytes.isEmpty {
+            Swift.withUnsafeMutableBytes(of: &words) { $0.baseAddress!.copyMemory(from: base, byteCount: bytes.count) }
+        }
+    }
+
+    func withUnsafeBytes<Result>(_ body: (UnsafeRawBufferPointer) throws -> Result) rethrows -> Result {
+        try Swift.withUnsafeBytes(of: words) { try body(UnsafeRawBufferPointer(rebasing: $0[..<count])) }
+    }
+
+    var array: [UInt8] { withUnsafeBytes { Array($0) } }
+
+    static func == (left: InlineBytes, right: InlineBytes) -> Bool {
+        left.count == right.count && left.words.0 == right.words.0 && left.words.1 == right.words.1 && left.words.2 == right.words.2
+    }
+
+    func hash(into hasher: inout Hasher) {
+        hasher.combine(words.0)
+        hasher.combine(words.1)
+        hasher.combine(words.2)
+        hasher.combine(count)
     }
 }

@@ -250,7 +250,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
                 dirty[ObjectIdentifier(driver)] = driver
             } else if header.isLongHeader {
                 handleUnrouted(longHeader: datagram, path: path, server: server)
-            } else if header.destinationConnectionID.bytes.starts(with: server.connectionIDPrefix),
+            } else if header.destinationConnectionID.starts(with: server.connectionIDPrefix),
                       spend(from: path.remote) {
                 sendStatelessReset(for: header.destinationConnectionID, triggeredBy: datagram.count, to: path.remote, server: server)
             }
