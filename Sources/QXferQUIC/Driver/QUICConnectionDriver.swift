@@ -362,7 +362,11 @@ final class QUICConnectionDriver: QUICEndpointConnection {
             terminate()
             return
         }
-        if timerDeadline == next { return }
+        // A timer due no later than the new deadline stays: it fires, finds nothing due (or
+        // less than it was set for) and re-arms. Rescheduling on every later deadline (the idle
+        // and acknowledgement timers move with each batch of packets) cost a cancellation and
+        // a new scheduled task per batch.
+        if let current = timerDeadline, current <= next, timer != nil { return }
         timer?.cancel()
         timerDeadline = next
         timer = eventLoop.scheduleTask(deadline: .uptimeNanoseconds(next.nanoseconds)) { [self] in

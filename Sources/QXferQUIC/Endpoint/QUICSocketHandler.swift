@@ -96,6 +96,9 @@ final class QUICSocketHandler: ChannelInboundHandler {
     private var routes: [QUICConnectionID: any QUICEndpointConnection] = [:]
     private var drivers: [ObjectIdentifier: any QUICEndpointConnection] = [:]
     private var dirty: [ObjectIdentifier: any QUICEndpointConnection] = [:]
+    /// The connection marked dirty last: a GRO batch's datagrams nearly always go to one, and
+    /// marking it once spares a dictionary update per datagram.
+    private var lastDirty: ObjectIdentifier?
     private var needsFlush = false
     /// A send buffer a connection did not fill (it had nothing to send), for the next send.
     private var unusedSendBuffer: ByteBuffer?
@@ -146,6 +149,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
         clientDriver = nil
         drivers[ObjectIdentifier(driver)] = nil
         dirty[ObjectIdentifier(driver)] = nil
+        lastDirty = nil
         routes.removeAll()
     }
 
@@ -172,6 +176,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
     func forget(_ driver: any QUICEndpointConnection) {
         drivers[ObjectIdentifier(driver)] = nil
         dirty[ObjectIdentifier(driver)] = nil
+        lastDirty = nil
         routes = routes.filter { $0.value !== driver }
         if server == nil { context?.close(promise: nil) }
     }
@@ -206,6 +211,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
     private func processReceived() {
         let batch = dirty
         dirty.removeAll(keepingCapacity: true)
+        lastDirty = nil
         for driver in batch.values { driver.process() }
         flushIfNeeded()
     }
@@ -239,16 +245,21 @@ final class QUICSocketHandler: ChannelInboundHandler {
     private func handle(_ datagram: UnsafeRawBufferPointer, path: QUICPath) {
         if let clientDriver {
             clientDriver.receive(datagram, path: path)
-            dirty[ObjectIdentifier(clientDriver)] = clientDriver
+            markDirty(clientDriver)
             return
         }
-        guard let server else { return }
-        switch QUICPacketHeader.decode(datagram: datagram, shortHeaderConnectionIDLength: server.connectionIDLength) {
+        // Only the length here: a copy of `server` (closures, arrays) per datagram cost
+        // reference counting on every packet of a transfer.
+        guard let connectionIDLength = server?.connectionIDLength else { return }
+        switch QUICPacketHeader.decode(datagram: datagram, shortHeaderConnectionIDLength: connectionIDLength) {
         case .supported(let header):
             if let driver = routes[header.destinationConnectionID] {
                 driver.receive(datagram, path: path)
-                dirty[ObjectIdentifier(driver)] = driver
-            } else if header.isLongHeader {
+                markDirty(driver)
+                return
+            }
+            guard let server else { return }
+            if header.isLongHeader {
                 handleUnrouted(longHeader: datagram, path: path, server: server)
             } else if header.destinationConnectionID.starts(with: server.connectionIDPrefix),
                       spend(from: path.remote) {
@@ -307,7 +318,15 @@ final class QUICSocketHandler: ChannelInboundHandler {
         acceptedThisSecond += 1
         driver.handshakeResult.whenComplete { [weak self] _ in self?.pendingHandshakes -= 1 }
         driver.receive(datagram, path: path)
-        dirty[ObjectIdentifier(driver)] = driver
+        markDirty(driver)
+    }
+
+    /// Has ``processReceived()`` run the connection after this batch.
+    private func markDirty(_ driver: any QUICEndpointConnection) {
+        let key = ObjectIdentifier(driver)
+        guard key != lastDirty else { return }
+        lastDirty = key
+        dirty[key] = driver
     }
 
     private func underLoad(_ server: Server, now: QUICTime) -> Bool {
