@@ -64,10 +64,10 @@ final class QUICConnectionDriver: QUICEndpointConnection {
     // MARK: Input
 
     /// Hands one received datagram to the engine; call ``process()`` after a batch.
-    func receive(_ datagram: UnsafeRawBufferPointer, path: QUICPath) {
+    func receive(_ datagram: UnsafeRawBufferPointer, path: QUICPath, now: QUICTime) {
         guard !terminated else { return }
         do {
-            try engine.handle(datagram: datagram, path: path, now: Self.now)
+            try engine.handle(datagram: datagram, path: path, now: now)
             if let answered = peerAnswered {
                 peerAnswered = nil
                 answered()

@@ -15,8 +15,8 @@ protocol QUICEndpointConnection: AnyObject {
     var endpoint: QUICSocketHandler? { get set }
     /// Completed with the negotiated ALPN when the handshake completes; failed if it does not.
     var handshakeResult: EventLoopFuture<String> { get }
-    /// Hands one received datagram to the engine; ``process()`` follows after a batch.
-    func receive(_ datagram: UnsafeRawBufferPointer, path: QUICPath)
+    /// Hands one received datagram, read at `now`, to the engine; ``process()`` follows after a batch.
+    func receive(_ datagram: UnsafeRawBufferPointer, path: QUICPath, now: QUICTime)
     /// Drains the engine's events, sends what is ready, re-arms the timer.
     func process()
     /// The socket takes writes again after backpressure.

@@ -189,11 +189,13 @@ final class QUICSocketHandler: ChannelInboundHandler {
         let path = QUICPath(local: local, remote: remote)
         let total = envelope.data.readableBytes
         let segment = max(envelope.metadata?.segmentSize ?? total, 1)
+        // One clock read per read message: its datagrams arrived together (GRO).
+        let now = QUICClock.now
         envelope.data.withUnsafeReadableBytes { all in
             var offset = 0
             while offset < all.count {
                 let length = min(segment, all.count - offset)
-                handle(UnsafeRawBufferPointer(rebasing: all[offset..<(offset + length)]), path: path)
+                handle(UnsafeRawBufferPointer(rebasing: all[offset..<(offset + length)]), path: path, now: now)
                 offset += length
             }
         }
@@ -242,9 +244,9 @@ final class QUICSocketHandler: ChannelInboundHandler {
         // socket: the connections' own timers decide when a peer is gone.
     }
 
-    private func handle(_ datagram: UnsafeRawBufferPointer, path: QUICPath) {
+    private func handle(_ datagram: UnsafeRawBufferPointer, path: QUICPath, now: QUICTime) {
         if let clientDriver {
-            clientDriver.receive(datagram, path: path)
+            clientDriver.receive(datagram, path: path, now: now)
             markDirty(clientDriver)
             return
         }
@@ -254,7 +256,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
         switch QUICPacketHeader.decode(datagram: datagram, shortHeaderConnectionIDLength: connectionIDLength) {
         case .supported(let header):
             if let driver = routes[header.destinationConnectionID] {
-                driver.receive(datagram, path: path)
+                driver.receive(datagram, path: path, now: now)
                 markDirty(driver)
                 return
             }
@@ -266,7 +268,6 @@ final class QUICSocketHandler: ChannelInboundHandler {
                 sendStatelessReset(for: header.destinationConnectionID, triggeredBy: datagram.count, to: path.remote, server: server)
             }
         case .unsupportedVersion(let header):
-            let now = QUICClock.now
             if datagram.count >= 1200, versionNegotiationBudget.hasRoom(now: now), spend(from: path.remote),
                versionNegotiationBudget.spend(now: now), let reply = QUICVersionNegotiation.write(for: header) {
                 sendRaw(reply, to: path.remote)
@@ -317,7 +318,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
         pendingHandshakes += 1
         acceptedThisSecond += 1
         driver.handshakeResult.whenComplete { [weak self] _ in self?.pendingHandshakes -= 1 }
-        driver.receive(datagram, path: path)
+        driver.receive(datagram, path: path, now: QUICClock.now)
         markDirty(driver)
     }
 
