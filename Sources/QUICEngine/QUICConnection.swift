@@ -1219,11 +1219,11 @@ public final class QUICConnection {
         }
         cb.recv_stream_data = { _, flags, streamID, _, data, length, userData, _ in
             let bytes = UnsafeRawBufferPointer(start: data, count: data == nil ? 0 : length)
-            connection(userData).onStreamData(streamID, fin: flags & UInt32(NGTCP2_STREAM_DATA_FLAG_FIN) != 0, data: bytes)
+            withConnection(userData) { $0.onStreamData(streamID, fin: flags & UInt32(NGTCP2_STREAM_DATA_FLAG_FIN) != 0, data: bytes) }
             return 0
         }
         cb.acked_stream_data_offset = { _, streamID, offset, length, userData, _ in
-            connection(userData).onAcked(streamID, upTo: offset + length)
+            withConnection(userData) { $0.onAcked(streamID, upTo: offset + length) }
             return 0
         }
         cb.stream_open = { _, streamID, userData in
@@ -1288,6 +1288,13 @@ public final class QUICConnection {
 /// The connection behind an ngtcp2 callback's `user_data` (unretained: the connection owns the ngtcp2_conn).
 private func connection(_ userData: UnsafeMutableRawPointer?) -> QUICConnection {
     Unmanaged<QUICConnection>.fromOpaque(userData!).takeUnretainedValue()
+}
+
+/// Runs `body` on the connection behind `user_data` without retaining and releasing it, for the
+/// callbacks that come once per packet: they run inside an ngtcp2 call the connection made, which
+/// keeps it alive.
+private func withConnection(_ userData: UnsafeMutableRawPointer?, _ body: (QUICConnection) -> Void) {
+    Unmanaged<QUICConnection>.fromOpaque(userData!)._withUnsafeGuaranteedRef(body)
 }
 
 /// ngtcp2_crypto asks the TLS session's conn_ref for the ngtcp2_conn.
