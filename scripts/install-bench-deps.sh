@@ -10,6 +10,7 @@ packages=(
   srt-tools                              # srt-live-transmit, the streaming peer
   python3 python3-matplotlib             # bench/report.py's tables and plots
   iproute2 jq bc time procps xxhash openssl
+  linux-perf                             # bench/profile.sh and bench/packet-budget.sh
 )
 missing=()
 for package in "${packages[@]}"; do
