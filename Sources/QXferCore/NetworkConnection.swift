@@ -339,7 +339,7 @@ actor InboundBuffer {
                 break
             }
             for chunk in received where chunk.readableBytes > 0 {
-                chunks.append(chunk)
+                keep(chunk)
                 buffered += chunk.readableBytes
             }
         }
@@ -353,8 +353,39 @@ actor InboundBuffer {
         return (taken, finished && buffered == 0)
     }
 
+    /// The storage the queued chunks hold in memory (for tests: a slice pins its whole storage).
+    var storageHeld: Int { chunks.reduce(0) { $0 + $1.storageCapacity } }
+
+    /// Bytes a compact buffer of the connection's own holds, for slices it copies.
+    static let compactBufferSize = 64 << 10
+    /// Whether the last chunk is a compact buffer of this connection's own, with room to append.
+    private var lastChunkIsOwn = false
+
+    /// Queues `chunk`, as it is if it fills most of its storage, else copied into a compact
+    /// buffer: a slice pins its whole storage while it waits, and a message assembled from
+    /// small slices of big read buffers (TLS records off a WAN path, each slice pinning
+    /// NIOSSL's read buffer) held many times its size in memory.
+    private func keep(_ chunk: ByteBuffer) {
+        guard chunk.storageCapacity > 2 * chunk.readableBytes, chunk.readableBytes <= Self.compactBufferSize else {
+            chunks.append(chunk)
+            lastChunkIsOwn = false
+            return
+        }
+        var chunk = chunk
+        if lastChunkIsOwn, let last = chunks.indices.last, chunks[last].writableBytes >= chunk.readableBytes {
+            chunks[last].writeBuffer(&chunk)
+            return
+        }
+        var own = ByteBuffer()
+        own.reserveCapacity(Self.compactBufferSize)
+        own.writeBuffer(&chunk)
+        chunks.append(own)
+        lastChunkIsOwn = true
+    }
+
     private func take(_ count: Int) -> ByteBuffer {
         guard count > 0 else { return ByteBuffer() }
+        lastChunkIsOwn = false  // what is taken may be a slice of it: never written to again
         buffered -= count
         var first = chunks.removeFirst()
         if first.readableBytes >= count {
