@@ -20,6 +20,9 @@ enum QUICConnector {
         let addresses = try await resolve(endpoint)
         let hostKey = KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))
         let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? quic.peerTrust
+        let resumption = quic.sessionTickets.map { store in
+            Resumption(ticket: store.ticket(for: endpoint), keep: { store.save($0, for: endpoint) }, forget: { store.save(nil, for: endpoint) })
+        }
 
         let winner: (QUICStreamTransport, PeerVerifier) = try await withThrowingTaskGroup(of: (QUICStreamTransport, PeerVerifier)?.self) { group in
             var lastError: (any Error)?
@@ -35,7 +38,7 @@ enum QUICConnector {
                     let verifier = PeerVerifier(.client(trust, hostKey: hostKey))
                     let transport = try await attempt(
                         address, quic: quic, identity: identity, parameters: parameters, verifier: verifier, timeout: timeout,
-                        peerAnswered: peerAnswered)
+                        resumption: resumption, peerAnswered: peerAnswered)
                     return (transport, verifier)
                 }
                 group.addTask {  // the stagger timer: nil result means "start the next one"
@@ -80,10 +83,14 @@ enum QUICConnector {
 
     private static func attempt<Stack>(
         _ remote: SocketAddress, quic: QUIC, identity: HostIdentity, parameters: NetworkParameters<Stack>,
-        verifier: PeerVerifier, timeout: Duration, peerAnswered: @escaping @Sendable () -> Void
+        verifier: PeerVerifier, timeout: Duration, resumption: Resumption?, peerAnswered: @escaping @Sendable () -> Void
     ) async throws -> QUICStreamTransport {
         var configuration = QUICStackConfiguration.make(quic, identity: identity, parameters: parameters, verifier: verifier, isServer: false)
         configuration.handshakeTimeout = min(timeout, .seconds(10))
+        if let resumption {
+            configuration.resumption = resumption.ticket
+            configuration.sessionTicketReceiver = resumption.keep
+        }
         let trafficClass = parameters.serviceClass.trafficClass
         let channel: any Channel
         do {
@@ -97,7 +104,7 @@ enum QUICConnector {
             guard let local = handler.localAddress, let remoteAddress = QUICSocketAddress(remote) else {
                 throw QXferError(.connectFailed, "cannot use the address \(remote)")
             }
-            let engine = try QUICConnection(clientWith: configuration, path: QUICPath(local: local, remote: remoteAddress), now: QUICConnectionDriver.now)
+            let engine = try Resumption.makeEngine(configuration, path: QUICPath(local: local, remote: remoteAddress), resumption)
             let driver = QUICConnectionDriver(engine: engine, eventLoop: channel.eventLoop, verifier: verifier, acceptedProtocols: quic.applicationProtocols)
             driver.trafficClass = trafficClass
             driver.peerAnswered = peerAnswered
@@ -129,12 +136,13 @@ enum QUICConnector {
             channel.eventLoop.execute { driver.value.close() }
             throw CancellationError()
         }
-        let stream = try await channel.eventLoop.submit { () throws -> QUICStreamID in
+        let (stream, resumed) = try await channel.eventLoop.submit { () throws -> (QUICStreamID, Bool) in
             guard let id = try driver.value.openStream() else {
                 throw QXferError(.handshakeFailed, "the peer allows no streams")
             }
-            return id
+            return (id, driver.value.engine.isResumed)
         }.get()
+        if resumption?.ticket != nil { logger.info("QUIC session \(resumed ? "resumed" : "not resumed: the receiver refused its ticket")") }
         let outcome = verifier.result
         let peer = PeerIdentity(fingerprint: outcome.fingerprint, trust: outcome.trust, applicationProtocol: alpn)
         return QUICStreamTransport(driver: driver, stream: channel.eventLoop.makeSucceededFuture(stream), peer: peer)
