@@ -161,7 +161,6 @@ let package = Package(
                 "QXferIdentity",
                 "QXferSockets",
                 "QUICEngine",
-                "SafeOutput",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

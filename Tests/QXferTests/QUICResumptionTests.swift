@@ -30,7 +30,7 @@ struct QUICResumptionTests {
     @Test("A ticket is stored (0600) and replaced by each connection, and a resumed client off the allow list is refused")
     func ticketStoredAndAllowListStillApplies() async throws {
         let directory = TemporaryDirectory()
-        let store = SessionTicketStore(path: directory.file("session-tickets"))
+        let store = SessionTicketStore(in: ConfigDirectory(path: directory.path))
         let first = try await withListener(Self.listener(allowing: [Identities.client.fingerprint]), handler: Self.echo) { port in
             try await Self.ping(port: port, store: store)
             let endpoint = Endpoint.hostPort(host: "127.0.0.1", port: port)
@@ -56,7 +56,7 @@ struct QUICResumptionTests {
     @Test("A damaged ticket costs a full handshake, never the connection, and is replaced")
     func damagedTicketFallsBack() async throws {
         let directory = TemporaryDirectory()
-        let store = SessionTicketStore(path: directory.file("session-tickets"))
+        let store = SessionTicketStore(in: ConfigDirectory(path: directory.path))
         try await withListener(Self.listener(allowing: [Identities.client.fingerprint]), handler: Self.echo) { port in
             let endpoint = Endpoint.hostPort(host: "127.0.0.1", port: port)
             let damaged = QUICSessionTicket(tlsSession: Array(repeating: 0x5A, count: 300), transportParameters: [1, 2, 3])
@@ -70,7 +70,7 @@ struct QUICResumptionTests {
     @Test("Hostile ticket files are ignored whole")
     func hostileFiles() throws {
         let directory = TemporaryDirectory()
-        let store = SessionTicketStore(path: directory.file("session-tickets"))
+        let store = SessionTicketStore(in: ConfigDirectory(path: directory.path))
         let endpoint = Endpoint.hostPort(host: "example", port: 7447)
         let ticket = QUICSessionTicket(tlsSession: [1, 2, 3], transportParameters: [4])
         store.save(ticket, for: endpoint)

@@ -2,7 +2,6 @@ import Foundation
 import QUICEngine
 @_spi(Stacks) import QXferCore
 import QXferIdentity
-import SafeOutput
 
 /// The session tickets a QUIC client keeps per receiver, so that its next connection there
 /// resumes the TLS session and may send early data (0-RTT).
@@ -15,23 +14,18 @@ import SafeOutput
 /// trusted in part. A ticket is no trust anchor: the receiver's certificate sealed in it is
 /// checked against the pin or `known_hosts` again when the handshake completes.
 public struct SessionTicketStore: Sendable, Hashable {
-    /// The file's path.
+    /// Where the tickets live: `session-tickets` in the configuration folder.
     public let path: String
-    /// How long a ticket is kept.
+    /// How long after it arrived a ticket is still offered.
     public let lifetime: Duration
-    /// The most hosts kept; the soonest to expire go first.
+    /// Hosts kept at most; those closest to expiry are dropped first.
     static let capacity = 64
-    /// A larger file is not read: it was not written by qxfer (64 entries of about 3 KiB).
+    /// qxfer never writes a larger file (64 entries of about 3 KiB), so none is read.
     static let maximumFileSize = 512 * 1024
 
-    /// The store in a configuration folder (`session-tickets` beside `known_hosts`).
+    /// The tickets kept in `directory`.
     public init(in directory: ConfigDirectory = .standard, lifetime: Duration = .seconds(6 * 3600)) {
-        self.init(path: directory.file("session-tickets"), lifetime: lifetime)
-    }
-
-    /// The store in an explicit file.
-    public init(path: String, lifetime: Duration = .seconds(6 * 3600)) {
-        self.path = path
+        path = directory.file("session-tickets")
         self.lifetime = lifetime
     }
 
@@ -61,21 +55,14 @@ public struct SessionTicketStore: Sendable, Hashable {
         }
         guard entries != before else { return }
         entries.sort { $0.expiry > $1.expiry }
-        let text = entries.prefix(Self.capacity).map {
+        MemoryFile.write(entries.prefix(Self.capacity).map {
             "\($0.host) \($0.expiry) \(Data($0.ticket.tlsSession).base64EncodedString()) \(Data($0.ticket.transportParameters).base64EncodedString())\n"
-        }.joined()
-        let folder = (path as NSString).deletingLastPathComponent
-        try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        try? OutputFile.replaceContents(of: path, with: Array(text.utf8), permissions: 0o600, allowsDirectWrites: false)
+        }.joined(), to: path)
     }
 
     /// The file's entries; none if it is missing, too large, not a regular file, or malformed anywhere.
     func load() -> [Entry] {
-        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
-              attributes[.type] as? FileAttributeType == .typeRegular,
-              let size = attributes[.size] as? Int, size <= Self.maximumFileSize,
-              let data = FileManager.default.contents(atPath: path), data.count <= Self.maximumFileSize,
-              let text = String(data: data, encoding: .utf8) else { return [] }
+        guard let text = MemoryFile.read(path, maximumSize: Self.maximumFileSize) else { return [] }
         var entries: [Entry] = []
         for line in text.split(separator: "\n", omittingEmptySubsequences: true) {
             let fields = line.split(separator: " ", omittingEmptySubsequences: false)
