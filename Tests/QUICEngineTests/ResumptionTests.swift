@@ -171,3 +171,20 @@ import Testing
         #expect(second.sim.client.isResumed && second.sim.client.earlyData == .rejected)
     }
 }
+
+extension ResumptionTests {
+    /// Remembered limits larger than the server now grants: RFC 9000 §7.4.1 makes accepted
+    /// early data under them a protocol error, so the connection fails (and qxfer's connector
+    /// forgets such a ticket); with early data refused, the same ticket resumes.
+    @Test func rememberedLimitsAboveTheServersFailTheConnection() throws {
+        let issuer = try QUICSessionTicketIssuer()
+        let box = TicketBox()
+        var generous = Self.server(issuer)
+        generous.applyBulkTransferLimits()
+        _ = try Self.connect(Self.client(ticket: nil, box: box), generous, seed: 84)
+        let ticket = try #require(box.latest)
+        let stingy = try Self.connect(Self.client(ticket: ticket, box: box), Self.server(issuer), seed: 85)
+        #expect(stingy.received.isEmpty)
+        #expect(stingy.sim.client.isClosed)
+    }
+}

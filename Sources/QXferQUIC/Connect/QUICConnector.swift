@@ -124,6 +124,9 @@ enum QUICConnector {
             }
         } catch {
             channel.close(promise: nil)
+            // A ticket the handshake failed with (remembered limits the receiver no longer
+            // grants, a receiver that changed) is not offered again: the next try starts afresh.
+            if resumption?.ticket != nil && !Task.isCancelled { resumption?.forget() }
             if let failure = verifier.result.failure { throw failure }
             if Task.isCancelled { throw CancellationError() }
             if let reason = noRoute(to: remote) {
