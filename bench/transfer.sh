@@ -234,7 +234,7 @@ run_tool() {  # condition tool run
             start_qxfer_recv
             rm -f "$WORK/cfg-send/session-tickets"
             head -c 1024 /dev/urandom >"$WORK/warm-up.bin"
-            "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/warm-up.bin" "$HOST:7447" --stack quic --fingerprint "$FP" >/dev/null 2>"$WORK/warm-up.err" \
+            ip netns exec "$SEND_NS" "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/warm-up.bin" "$HOST:7447" --stack quic --fingerprint "$FP" >/dev/null 2>"$WORK/warm-up.err" \
                 || echo "bench: qxfer-quic-known: the warm-up send failed: $(tail -1 "$WORK/warm-up.err")" >&2
             [ -s "$WORK/cfg-send/session-tickets" ] || echo "bench: qxfer-quic-known: no session ticket after the warm-up send" >&2
             timed "$WORK/send.time" "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/src/file.bin" "$HOST:7447" --stack quic --fingerprint "$FP"
