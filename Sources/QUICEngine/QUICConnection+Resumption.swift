@@ -42,8 +42,7 @@ extension QUICConnection {
         return ngtcp2_conn_early_data_rejected(conn) == 0 ? 0 : NGTCP2_ERR_CALLBACK_FAILURE
     }
 
-    /// When the handshake completes, before it is reported: resend refused early data, issue a
-    /// ticket (server), and give a resumed session's peer certificate, which the handshake did
+    /// When the handshake completes, before it is reported: resend refused early data, and give a resumed session's peer certificate, which the handshake did
     /// not carry, to the verifier as a full handshake would. False when the connection failed:
     /// it is closing and never reports the handshake complete, so nothing reads its early data.
     func settleResumption(_ conn: OpaquePointer) -> Bool {
@@ -56,8 +55,6 @@ extension QUICConnection {
         if tls.isResumed && !verifyPeerCertificate(TLSSession.peerLeafCertificate(tls.session)) {
             return fail(code: 0x100 + 42, "the resumed peer's certificate was refused")
         }
-        // A ticket that cannot be sent only costs the client its next resumption.
-        _ = tls.sendSessionTicket()
         return true
     }
 

@@ -102,7 +102,7 @@ final class TLSSession {
         }
     }
 
-    /// Server: seal tickets with the issuer's key, filter replayed early data, and allow
+    /// Server: seal tickets with the issuer's key (GnuTLS sends one when the handshake ends), filter replayed early data, and allow
     /// early data of any TLS size, as QUIC requires (RFC 9001 §4.6.1: flow control bounds it).
     private func enableTickets() throws(QUICEngineError) {
         guard let issuer = ticketIssuer else { return }
@@ -126,11 +126,6 @@ final class TLSSession {
         if rv != 0 {
             throw QUICEngineError(.invalidConfiguration, "the stored session is unusable: \(String(cString: gnutls_strerror(rv)))")
         }
-    }
-
-    /// Server: send one NewSessionTicket after the handshake (ngtcp2 drives GnuTLS, which does not send it by itself).
-    func sendSessionTicket() -> Int32 {
-        ticketIssuer == nil ? 0 : gnutls_session_ticket_send(session, 1, 0)
     }
 
     /// Whether the handshake resumed a session (`gnutls_session_is_resumed`).

@@ -21,7 +21,9 @@ enum QUICConnector {
         let hostKey = KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))
         let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? quic.peerTrust
         let resumption = quic.sessionTickets.map { store in
-            Resumption(ticket: store.ticket(for: endpoint), keep: { store.save($0, for: endpoint) }, forget: { store.save(nil, for: endpoint) })
+            // Saved beside the event loop: a file write there held up the receiver's answer that came with the ticket.
+            Resumption(ticket: store.ticket(for: endpoint), keep: { ticket in Task.detached { store.save(ticket, for: endpoint) } },
+                       forget: { store.save(nil, for: endpoint) })
         }
 
         let winner: (QUICStreamTransport, PeerVerifier) = try await withThrowingTaskGroup(of: (QUICStreamTransport, PeerVerifier)?.self) { group in
