@@ -80,27 +80,26 @@ extension QUICConnection {
         return true
     }
 
-    /// Client, from GnuTLS's NewSessionTicket hook: keep the session for ``deliverSessionTickets()``.
+    /// Client, from GnuTLS's NewSessionTicket hook: keep the first session for ``deliverSessionTickets()``.
     func onSessionTicket(_ session: [UInt8]) {
-        guard let tls, configuration.sessionTicketReceiver != nil, session.count <= QUICSessionTicket.maximumPartLength else { return }
-        // A server may send several; the latest is as good as any, and memory stays bounded.
-        tls.receivedSessions = [session]
+        guard let tls, configuration.sessionTicketReceiver != nil, !tls.sessionDelivered, tls.receivedSession == nil,
+              session.count <= QUICSessionTicket.maximumPartLength else { return }
+        tls.receivedSession = session
     }
 
-    /// Hands the tickets received during the last ngtcp2 call to ``QUICConfiguration/sessionTicketReceiver``,
+    /// Hands the connection's first ticket to ``QUICConfiguration/sessionTicketReceiver`` once,
     /// with the server's transport parameters of this connection.
     func deliverSessionTickets() {
-        guard let tls, !tls.receivedSessions.isEmpty, let receiver = configuration.sessionTicketReceiver, let conn,
+        guard let tls, let session = tls.receivedSession, let receiver = configuration.sessionTicketReceiver, let conn,
               let remote = ngtcp2_conn_get_remote_transport_params(conn) else { return }
-        let sessions = tls.receivedSessions
-        tls.receivedSessions = []
+        tls.receivedSession = nil
+        tls.sessionDelivered = true
         var encoded = [UInt8](repeating: 0, count: 1024)
         let n = encoded.withUnsafeMutableBufferPointer {
             ngtcp2_encode_transport_params_versioned(
                 $0.baseAddress, $0.count, NGTCP2_TRANSPORT_PARAMS_TYPE_ENCRYPTED_EXTENSIONS, NGTCP2_TRANSPORT_PARAMS_VERSION, remote)
         }
         guard n > 0 else { return }
-        let parameters = Array(encoded.prefix(Int(n)))
-        for session in sessions { receiver(QUICSessionTicket(tlsSession: session, transportParameters: parameters)) }
+        receiver(QUICSessionTicket(tlsSession: session, transportParameters: Array(encoded.prefix(Int(n)))))
     }
 }

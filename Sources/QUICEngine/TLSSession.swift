@@ -16,8 +16,11 @@ final class TLSSession {
     let offeredSession: Bool
     /// Client: what became of early data (set by the connection's resumption steps).
     var earlyData: QUICEarlyData = .notAttempted
-    /// Client: session data from NewSessionTicket messages not yet handed to the application.
-    var receivedSessions: [[UInt8]] = []
+    /// Client: session data from the first NewSessionTicket, until it is handed to the application.
+    var receivedSession: [UInt8]?
+    /// Client: a ticket was handed to the application; later ones (GnuTLS servers send two, for
+    /// parallel connections) are ignored, as one per host is kept.
+    var sessionDelivered = false
 
     /// TLS 1.3 only, AEADs QUIC allows, ECDHE groups; no middlebox compatibility mode (RFC 9001 §8.4).
     private static let priority =
@@ -102,8 +105,9 @@ final class TLSSession {
         }
     }
 
-    /// Server: seal tickets with the issuer's key (GnuTLS sends one when the handshake ends), filter replayed early data, and allow
-    /// early data of any TLS size, as QUIC requires (RFC 9001 §4.6.1: flow control bounds it).
+    /// Server: seal tickets with the issuer's key (GnuTLS sends them when the handshake ends),
+    /// filter replayed early data, and allow early data of any TLS size, as QUIC requires
+    /// (RFC 9001 §4.6.1: flow control bounds it).
     private func enableTickets() throws(QUICEngineError) {
         guard let issuer = ticketIssuer else { return }
         var key = issuer.keyDatum
