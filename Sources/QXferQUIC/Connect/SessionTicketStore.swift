@@ -4,7 +4,7 @@ import QUICEngine
 import QXferIdentity
 
 /// The session tickets a QUIC client keeps per receiver, so that its next connection there
-/// resumes the TLS session and may send early data (0-RTT).
+/// resumes the TLS session (the engine could send early data with it; qxfer sends none).
 ///
 /// Kept in `session-tickets` in the configuration folder beside `known_hosts`, one line per
 /// host: `host:port expiry session parameters` (expiry in seconds since 1970, the other two
