@@ -3,9 +3,10 @@
 # start to exit: the wall time of the process that finishes the transfer (qxfer send on each
 # stack, scp, rsync over ssh; for the ngtcp2 example pair the client, which downloads), handshake
 # and process start included, median of RUNS (default 7) interleaved runs, and the same in RTTs.
-# Each qxfer send, scp and rsync is a new process with a new connection; no connection or session
-# ticket is reused (qxfer has no session resumption; ssh no ControlMaster; gtlsclient no
-# --session-file).
+# Each qxfer send, scp and rsync is a new process with a new connection; no connection is reused
+# (ssh no ControlMaster; gtlsclient no --session-file). qxfer-quic is a sender that never met the
+# receiver (no session ticket); qxfer-quic-known one that sent to the same receiver just before,
+# untimed, and resumes its TLS session with the ticket it kept (the known-receiver target).
 #
 #     bench/small.sh                    # 7 runs of each
 #     RUNS=11 QXFER=path/to/qxfer bench/small.sh
@@ -15,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BYTES=1KiB CONDITIONS=wan RUNS=${RUNS:-7} CAP=${CAP:-30}
-export TOOLS=${TOOLS:-qxfer-quic qxfer-tls scp rsync ngtcp2-cubic}
+export TOOLS=${TOOLS:-qxfer-quic qxfer-quic-known qxfer-tls scp rsync ngtcp2-cubic}
 log=$(mktemp /tmp/qxfer-small.XXXXXX)
 trap 'rm -f "$log"' EXIT
 bench/transfer.sh | tee "$log" >/dev/null

@@ -17,7 +17,8 @@
 # emulated paths each run records the packets the emulator's queue dropped, both directions
 # (column link_drops; random losses are not counted).
 #
-# Contenders (TOOLS, default all): qxfer-quic, qxfer-tls (qxfer-auto: the default race, on request), scp, rsync (-e ssh, whole file; the
+# Contenders (TOOLS, default all): qxfer-quic, qxfer-tls (qxfer-auto: the default race, and qxfer-quic-known: a
+# sender resuming its QUIC session to a receiver it sent to just before, on request), scp, rsync (-e ssh, whole file; the
 # target is removed before each run), iperf3-cubic and iperf3-bbr (`iperf3 -n BYTES -C CC`, memory
 # to memory, no encryption), ngtcp2-cubic and ngtcp2-bbr (gtlsclient fetches the file over HTTP/3
 # from gtlsserver --cc CC into a directory), and, to choose how qxfer/1 uses TCP+TLS, four files
@@ -222,7 +223,21 @@ run_tool() {  # condition tool run
     case $2 in
         qxfer-quic|qxfer-tls|qxfer-auto)
             start_qxfer_recv
+            rm -f "$WORK/cfg-send/session-tickets"  # a new receiver: nothing to resume
             timed "$WORK/send.time" "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/src/file.bin" "$HOST:7447" --stack "${2#qxfer-}" --fingerprint "$FP"
+            stop_qxfer_recv
+            check "$WORK/dst/file.bin"
+            record "$1" "$2" "$3" "$WORK/send.time" "$WORK/recv.time" ;;
+        qxfer-quic-known)
+            # A receiver seen before: an untimed send to the same receiver leaves a session
+            # ticket in the sender's configuration folder; the timed send resumes with it.
+            start_qxfer_recv
+            rm -f "$WORK/cfg-send/session-tickets"
+            head -c 1024 /dev/urandom >"$WORK/warm-up.bin"
+            ip netns exec "$SEND_NS" "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/warm-up.bin" "$HOST:7447" --stack quic --fingerprint "$FP" >/dev/null 2>"$WORK/warm-up.err" \
+                || echo "bench: qxfer-quic-known: the warm-up send failed: $(tail -1 "$WORK/warm-up.err")" >&2
+            [ -s "$WORK/cfg-send/session-tickets" ] || echo "bench: qxfer-quic-known: no session ticket after the warm-up send" >&2
+            timed "$WORK/send.time" "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/src/file.bin" "$HOST:7447" --stack quic --fingerprint "$FP"
             stop_qxfer_recv
             check "$WORK/dst/file.bin"
             record "$1" "$2" "$3" "$WORK/send.time" "$WORK/recv.time" ;;

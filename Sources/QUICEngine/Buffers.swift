@@ -73,6 +73,15 @@ final class StreamSendBuffer {
         while sendChunk < chunks.count && chunks[sendChunk].end <= sentOffset { sendChunk += 1 }
     }
 
+    /// Marks every byte unsent again, for a stream whose early data the server refused; false
+    /// if some were acknowledged (then the stream cannot start over at offset 0).
+    func rewind() -> Bool {
+        guard ackedOffset == 0 else { return false }
+        sentOffset = 0
+        sendChunk = firstChunk
+        return true
+    }
+
     /// Frees chunks wholly below `offset` (from `acked_stream_data_offset`); returns the bytes released.
     @discardableResult
     func acknowledge(upTo offset: UInt64) -> Int {

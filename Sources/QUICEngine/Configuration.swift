@@ -134,6 +134,21 @@ public struct QUICConfiguration: Sendable {
     public var activeConnectionIDLimit: UInt64 = 4
     /// Forbid the peer from migrating (`disable_active_migration`).
     public var disableActiveMigration: Bool = false
+    /// Client: a ticket from an earlier connection to the same server, offered for resumption.
+    /// When it carries the server's transport parameters, streams opened and written before the
+    /// handshake completes travel as 0-RTT early data; if the server refuses the ticket or the
+    /// early data, the engine sends the same bytes again as 1-RTT (``QUICConnection/earlyData``).
+    /// A resumed server is not asked for its certificate again: the one stored in the ticket is
+    /// given to ``verifyPeer`` when the handshake completes, as the peer's.
+    public var resumption: QUICSessionTicket? = nil
+    /// Client: receives each session ticket the server issues after the handshake, to be stored
+    /// for ``resumption`` of a later connection. Called on the engine's caller, outside ngtcp2.
+    public var sessionTicketReceiver: (@Sendable (QUICSessionTicket) -> Void)? = nil
+    /// Server: issues session tickets and accepts early data from clients that resume with one
+    /// (within ``initialConnectionWindow`` bytes, as flow control bounds any data). A resumed
+    /// client's certificate, sealed in its ticket, is given to ``verifyPeer`` again when the
+    /// handshake completes; the connection fails if it is refused. nil: no tickets, no 0-RTT.
+    public var sessionTickets: QUICSessionTicketIssuer? = nil
     /// Static key from which stateless reset tokens are derived
     /// (``QUICStatelessReset/token(secret:connectionID:)``). A server driver keeps it to send
     /// stateless resets for connections it no longer knows. Random per configuration by default.

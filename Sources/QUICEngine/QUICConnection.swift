@@ -29,7 +29,7 @@ public final class QUICConnection {
     // ngtcp2 calls made by this object, so the unretained self pointer they carry is valid.
     private(set) var conn: OpaquePointer?
     private let connRef: UnsafeMutablePointer<ngtcp2_crypto_conn_ref>
-    private var tls: TLSSession?
+    var tls: TLSSession?
 
     private enum State {
         case open
@@ -40,7 +40,7 @@ public final class QUICConnection {
         case terminated
     }
     private var state: State = .open
-    private var pendingClose: (kind: UInt32, code: UInt64, reason: [UInt8])?
+    var pendingClose: (kind: UInt32, code: UInt64, reason: [UInt8])?
     private var closePacket: QUICTransmit?
     private var packetsInClosing = 0
     private var closeReported = false
@@ -49,7 +49,7 @@ public final class QUICConnection {
     private var eventHead = 0
     private var queuedIncomingDatagrams = 0
 
-    private var streams: [Int64: StreamState] = [:]
+    var streams: [Int64: StreamState] = [:]
     private var sendQueue: [Int64] = []
     private var sendQueueMembers: Set<Int64> = []
     private var roundRobin = 0
@@ -75,7 +75,7 @@ public final class QUICConnection {
     private var pendingRemoteBidiCredit = 0
     private var pendingRemoteUniCredit = 0
 
-    private var verifiedPeerCertificate: [UInt8]?
+    var verifiedPeerCertificate: [UInt8]?
     /// The peer's leaf certificate (DER) once TLS has received it; nil if the peer sent none.
     public private(set) var peerCertificate: [UInt8]?
     /// The negotiated ALPN protocol once the handshake completed.
@@ -127,6 +127,7 @@ public final class QUICConnection {
         if let keepAlive = configuration.keepAliveInterval {
             ngtcp2_conn_set_keep_alive_timeout(newConn, keepAlive.quicNanoseconds)
         }
+        prepareEarlyData(newConn)
         recordEvent(.connectionIDIssued(scid, statelessResetToken: []))
     }
 
@@ -847,7 +848,7 @@ public final class QUICConnection {
         return s
     }
 
-    private func enqueueForSending(_ s: StreamState) {
+    func enqueueForSending(_ s: StreamState) {
         guard s.hasPendingSend, !sendQueueMembers.contains(s.id.rawValue) else { return }
         sendQueueMembers.insert(s.id.rawValue)
         sendQueue.append(s.id.rawValue)
@@ -1029,7 +1030,7 @@ public final class QUICConnection {
         reportClose(reason)
     }
 
-    private func reportClose(_ reason: QUICCloseReason) {
+    func reportClose(_ reason: QUICCloseReason) {
         guard !closeReported else { return }
         closeReported = true
         recordEvent(.connectionClosed(reason))
@@ -1074,6 +1075,10 @@ public final class QUICConnection {
             pendingRemoteUniCredit = 0
         }
         if handshakeCompletedFlag && !handshakeReported {
+            guard settleResumption(conn) else {
+                handshakeCompletedFlag = false  // closing: the handshake is never reported
+                return
+            }
             handshakeReported = true
             let alpn = tls?.selectedALPN
             negotiatedALPN = alpn
@@ -1087,6 +1092,7 @@ public final class QUICConnection {
                                             initiatedByPeer: false))
             }
         }
+        deliverSessionTickets()
         if let p = ngtcp2_conn_get_path(conn), let path = QUICPath(p.pointee), path != currentPath {
             currentPath = path
             recordEvent(.pathChanged(path))
@@ -1109,7 +1115,10 @@ public final class QUICConnection {
         return configuration.verifyPeer(leaf)
     }
 
-    fileprivate func onHandshakeCompleted() { handshakeCompletedFlag = true }
+    fileprivate func onHandshakeCompleted() -> Int32 {
+        handshakeCompletedFlag = true
+        return noteEarlyDataOutcome()
+    }
 
     fileprivate func onStreamOpen(_ id: Int64) {
         let sid = QUICStreamID(rawValue: id)
@@ -1215,7 +1224,6 @@ public final class QUICConnection {
         cngtcp2_callbacks_set_crypto(&cb, isServer ? 1 : 0)
         cb.handshake_completed = { _, userData in
             connection(userData).onHandshakeCompleted()
-            return 0
         }
         cb.recv_stream_data = { _, flags, streamID, _, data, length, userData, _ in
             let bytes = UnsafeRawBufferPointer(start: data, count: data == nil ? 0 : length)

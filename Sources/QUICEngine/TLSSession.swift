@@ -10,6 +10,17 @@ final class TLSSession {
     let session: gnutls_session_t
     private let credentials: gnutls_certificate_credentials_t
     private let alpnStorage: [[UInt8]]
+    /// The server's ticket key and replay filter, kept alive while GnuTLS points at them.
+    private let ticketIssuer: QUICSessionTicketIssuer?
+    /// Whether this client offered a stored session (``QUICConfiguration/resumption``).
+    let offeredSession: Bool
+    /// Client: what became of early data (set by the connection's resumption steps).
+    var earlyData: QUICEarlyData = .notAttempted
+    /// Client: session data from the first NewSessionTicket, until it is handed to the application.
+    var receivedSession: [UInt8]?
+    /// Client: a ticket was handed to the application; later ones (GnuTLS servers send two, for
+    /// parallel connections) are ignored, as one per host is kept.
+    var sessionDelivered = false
 
     /// TLS 1.3 only, AEADs QUIC allows, ECDHE groups; no middlebox compatibility mode (RFC 9001 §8.4).
     private static let priority =
@@ -30,7 +41,10 @@ final class TLSSession {
         }
 
         var session: gnutls_session_t?
+        // QUIC carries no EndOfEarlyData message (RFC 9001 §8.3).
+        let early = isServer ? configuration.sessionTickets != nil : configuration.resumption != nil
         let flags = UInt32(isServer ? GNUTLS_SERVER : GNUTLS_CLIENT)
+            | (early ? GNUTLS_ENABLE_EARLY_DATA.rawValue | GNUTLS_NO_END_OF_EARLY_DATA.rawValue : 0)
         rv = gnutls_init(&session, flags)
         guard rv == 0, let session else {
             gnutls_certificate_free_credentials(cred)
@@ -39,6 +53,8 @@ final class TLSSession {
         self.session = session
         self.credentials = cred
         self.alpnStorage = configuration.applicationProtocols.map { Array($0.utf8) }
+        self.ticketIssuer = isServer ? configuration.sessionTickets : nil
+        self.offeredSession = !isServer && configuration.resumption != nil
 
         // From here on deinit frees session and credentials.
         let configured = isServer
@@ -57,10 +73,12 @@ final class TLSSession {
 
         if isServer {
             gnutls_certificate_server_set_request(session, gnutls_certificate_request_t(configuration.clientAuthentication.request))
+            try enableTickets()
         } else {
             let name = Array(configuration.serverName.utf8)
             rv = name.withUnsafeBytes { gnutls_server_name_set(session, GNUTLS_NAME_DNS, $0.baseAddress, $0.count) }
             if rv != 0 { throw .gnutls("gnutls_server_name_set", rv) }
+            try offer(configuration.resumption, collectTickets: configuration.sessionTicketReceiver != nil)
         }
 
         rv = alpnStorage.withDatums { datums in
@@ -85,6 +103,47 @@ final class TLSSession {
                 return gnutls_certificate_set_x509_key_mem2(cred, &cd, &kd, GNUTLS_X509_FMT_PEM, nil, 0)
             }
         }
+    }
+
+    /// Server: seal tickets with the issuer's key (GnuTLS sends them when the handshake ends),
+    /// filter replayed early data, and allow early data of any TLS size, as QUIC requires
+    /// (RFC 9001 §4.6.1: flow control bounds it).
+    private func enableTickets() throws(QUICEngineError) {
+        guard let issuer = ticketIssuer else { return }
+        var key = issuer.keyDatum
+        let rv = gnutls_session_ticket_enable_server(session, &key)
+        if rv != 0 { throw .gnutls("gnutls_session_ticket_enable_server", rv) }
+        gnutls_anti_replay_enable(session, issuer.antiReplay)
+        let limit = gnutls_record_set_max_early_data_size(session, 0xffff_ffff)
+        if limit != 0 { throw .gnutls("gnutls_record_set_max_early_data_size", limit) }
+    }
+
+    /// Client: offer a stored session, and hear about the tickets the server sends.
+    private func offer(_ ticket: QUICSessionTicket?, collectTickets: Bool) throws(QUICEngineError) {
+        if collectTickets {
+            gnutls_handshake_set_hook_function(session, UInt32(GNUTLS_HANDSHAKE_NEW_SESSION_TICKET.rawValue),
+                                               Int32(GNUTLS_HOOK_POST), newSessionTicketHook)
+        }
+        guard let ticket else { return }
+        let rv = ticket.tlsSession.withUnsafeBytes { gnutls_session_set_data(session, $0.baseAddress, $0.count) }
+        // Damaged or foreign session data: say so; the caller drops the ticket and connects without it.
+        if rv != 0 {
+            throw QUICEngineError(.invalidConfiguration, "the stored session is unusable: \(String(cString: gnutls_strerror(rv)))")
+        }
+    }
+
+    /// Whether the handshake resumed a session (`gnutls_session_is_resumed`).
+    var isResumed: Bool { gnutls_session_is_resumed(session) != 0 }
+
+    /// Whether the server accepted early data (`GNUTLS_SFLAGS_EARLY_DATA`); meaningful after the handshake.
+    var earlyDataAccepted: Bool { gnutls_session_get_flags(session) & GNUTLS_SFLAGS_EARLY_DATA.rawValue != 0 }
+
+    /// The session data to resume with (`gnutls_session_get_data2`), nil if GnuTLS has none.
+    static func sessionData(_ session: gnutls_session_t) -> [UInt8]? {
+        var datum = gnutls_datum_t()
+        guard gnutls_session_get_data2(session, &datum) == 0, let data = datum.data else { return nil }
+        defer { cngtcp2_gnutls_free(data) }
+        return Array(UnsafeBufferPointer(start: data, count: Int(datum.size)))
     }
 
     /// The negotiated ALPN protocol (`gnutls_alpn_get_selected_protocol`), if any.
@@ -131,4 +190,15 @@ private let tlsVerifyThunk: @convention(c) (gnutls_session_t?) -> Int32 = { sess
     guard let userData = connRef.pointee.user_data else { return GNUTLS_E_CERTIFICATE_ERROR }
     let connection = Unmanaged<QUICConnection>.fromOpaque(userData).takeUnretainedValue()
     return connection.verifyPeerCertificate(TLSSession.peerLeafCertificate(session)) ? 0 : GNUTLS_E_CERTIFICATE_ERROR
+}
+
+/// GnuTLS calls this after a NewSessionTicket arrives (`gnutls_handshake_set_hook_function`);
+/// the connection keeps the session data and hands it out after the ngtcp2 call.
+private let newSessionTicketHook: @convention(c) (gnutls_session_t?, UInt32, UInt32, UInt32, UnsafePointer<gnutls_datum_t>?)
+    -> Int32 = { session, _, _, incoming, _ in
+    guard incoming != 0, let session, let ptr = gnutls_session_get_ptr(session),
+          let userData = ptr.assumingMemoryBound(to: ngtcp2_crypto_conn_ref.self).pointee.user_data,
+          let data = TLSSession.sessionData(session) else { return 0 }
+    Unmanaged<QUICConnection>.fromOpaque(userData).takeUnretainedValue().onSessionTicket(data)
+    return 0
 }

@@ -37,6 +37,29 @@ public struct ConfigDirectory: Sendable, Hashable {
     }
 }
 
+/// The per-host memories a connection keeps beside the trust files (the race's `stacks`, QUIC's
+/// `session-tickets`): small text files that save time and on which nothing depends, so a damaged
+/// one is ignored and a failed write is not an error.
+public enum MemoryFile {
+    /// The file's text; nil if it is missing, not a regular file, larger than `maximumSize` or
+    /// not UTF-8.
+    public static func read(_ path: String, maximumSize: Int) -> String? {
+        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+              attributes[.type] as? FileAttributeType == .typeRegular,
+              let size = attributes[.size] as? Int, size <= maximumSize,
+              let data = FileManager.default.contents(atPath: path), data.count <= maximumSize else { return nil }
+        return String(data: data, encoding: .utf8)
+    }
+
+    /// Replaces the file's text atomically with mode 0600, in a folder created 0700 when missing;
+    /// a failure is ignored.
+    public static func write(_ text: String, to path: String) {
+        let folder = (path as NSString).deletingLastPathComponent
+        try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        try? OutputFile.replaceContents(of: path, with: Array(text.utf8), permissions: 0o600, allowsDirectWrites: false)
+    }
+}
+
 /// Small file helpers with the permissions and atomicity the trust files need.
 enum SecureFile {
     /// Writes `contents` to `path` with mode 0600: a temporary file, fsync, then rename,

@@ -27,6 +27,10 @@ public struct QUIC: ByteStreamProtocol, Hashable {
     public var peerTrust: PeerTrust = .knownHosts()
     /// What a server asks of clients.
     public var clientAuthentication: ClientAuthentication = .optional
+    /// Where a client keeps session tickets per receiver to resume its next connection there
+    /// (one round trip of certificate exchange saved, the receiver's certificate checked again);
+    /// nil: every connection makes a full handshake. Listeners always issue tickets.
+    public var sessionTickets: SessionTicketStore?
 
     public init(alpn: [String] = ["qxfer/1"]) {
         self.udp = UDP()
@@ -39,6 +43,13 @@ public struct QUIC: ByteStreamProtocol, Hashable {
     }
 
     public var transport: TransportDescription { TransportDescription(QUICTransportStack(quic: self)) }
+
+    /// Keeps session tickets in `store` and resumes with them (``sessionTickets``).
+    public func sessionTickets(_ store: SessionTicketStore?) -> QUIC {
+        var copy = self
+        copy.sessionTickets = store
+        return copy
+    }
 }
 
 extension QUIC: SecureTransport {}

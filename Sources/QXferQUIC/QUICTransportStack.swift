@@ -47,10 +47,13 @@ struct QUICListener: BoundTransportListener {
             // Derived from the identity, so a restarted receiver can still tell stale clients
             // that their connection is gone (RFC 9000 section 10.3).
             let secret = identity.statelessResetSecret
+            // Tickets from the same identity's secret: a restarted receiver still resumes its senders' sessions.
+            let tickets = try QUICSessionTicketIssuer(secret: secret)
             let makeConfiguration: @Sendable () -> (QUICConfiguration, PeerVerifier) = {
                 let verifier = PeerVerifier(.server(quic.clientAuthentication))
-                let configuration = QUICStackConfiguration.make(
+                var configuration = QUICStackConfiguration.make(
                     quic, identity: identity, parameters: parameters, verifier: verifier, isServer: true, resetSecret: secret)
+                configuration.sessionTickets = tickets
                 return (configuration, verifier)
             }
             let template = makeConfiguration().0

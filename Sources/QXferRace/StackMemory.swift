@@ -1,7 +1,6 @@
 import Foundation
 @_spi(Stacks) import QXferCore
 import QXferIdentity
-import SafeOutput
 
 /// Which stack won the last race to each host, when it was not the preferred one: a network
 /// that drops UDP is remembered, so the next connection there starts TCP+TLS at once instead of
@@ -73,20 +72,13 @@ public struct StackMemory: Sendable, Hashable {
         }
         guard entries != before else { return }
         entries.sort { $0.expiry > $1.expiry }
-        let text = entries.prefix(Self.capacity).map { "\($0.host) \($0.stack) \($0.expiry)\n" }.joined()
-        let folder = (path as NSString).deletingLastPathComponent
-        try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        try? OutputFile.replaceContents(of: path, with: Array(text.utf8), permissions: 0o600, allowsDirectWrites: false)
+        MemoryFile.write(entries.prefix(Self.capacity).map { "\($0.host) \($0.stack) \($0.expiry)\n" }.joined(), to: path)
     }
 
     /// The file's entries; none if it is missing, too large, not a regular file, or malformed
     /// anywhere.
     public func load() -> [Entry] {
-        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
-              attributes[.type] as? FileAttributeType == .typeRegular,
-              let size = attributes[.size] as? Int, size <= Self.maximumFileSize,
-              let data = FileManager.default.contents(atPath: path), data.count <= Self.maximumFileSize,
-              let text = String(data: data, encoding: .utf8) else { return [] }
+        guard let text = MemoryFile.read(path, maximumSize: Self.maximumFileSize) else { return [] }
         var entries: [Entry] = []
         for line in text.split(separator: "\n", omittingEmptySubsequences: true) {
             let fields = line.split(separator: " ", omittingEmptySubsequences: false)

@@ -20,6 +20,11 @@ enum QUICConnector {
         let addresses = try await resolve(endpoint)
         let hostKey = KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))
         let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? quic.peerTrust
+        let resumption = quic.sessionTickets.map { store in
+            // Saved beside the event loop: a file write there held up the receiver's answer that came with the ticket.
+            Resumption(ticket: store.ticket(for: endpoint), keep: { ticket in Task.detached { store.save(ticket, for: endpoint) } },
+                       forget: { store.save(nil, for: endpoint) })
+        }
 
         let winner: (QUICStreamTransport, PeerVerifier) = try await withThrowingTaskGroup(of: (QUICStreamTransport, PeerVerifier)?.self) { group in
             var lastError: (any Error)?
@@ -35,7 +40,7 @@ enum QUICConnector {
                     let verifier = PeerVerifier(.client(trust, hostKey: hostKey))
                     let transport = try await attempt(
                         address, quic: quic, identity: identity, parameters: parameters, verifier: verifier, timeout: timeout,
-                        peerAnswered: peerAnswered)
+                        resumption: resumption, peerAnswered: peerAnswered)
                     return (transport, verifier)
                 }
                 group.addTask {  // the stagger timer: nil result means "start the next one"
@@ -80,10 +85,14 @@ enum QUICConnector {
 
     private static func attempt<Stack>(
         _ remote: SocketAddress, quic: QUIC, identity: HostIdentity, parameters: NetworkParameters<Stack>,
-        verifier: PeerVerifier, timeout: Duration, peerAnswered: @escaping @Sendable () -> Void
+        verifier: PeerVerifier, timeout: Duration, resumption: Resumption?, peerAnswered: @escaping @Sendable () -> Void
     ) async throws -> QUICStreamTransport {
         var configuration = QUICStackConfiguration.make(quic, identity: identity, parameters: parameters, verifier: verifier, isServer: false)
         configuration.handshakeTimeout = min(timeout, .seconds(10))
+        if let resumption {
+            configuration.resumption = resumption.ticket
+            configuration.sessionTicketReceiver = resumption.keep
+        }
         let trafficClass = parameters.serviceClass.trafficClass
         let channel: any Channel
         do {
@@ -97,7 +106,7 @@ enum QUICConnector {
             guard let local = handler.localAddress, let remoteAddress = QUICSocketAddress(remote) else {
                 throw QXferError(.connectFailed, "cannot use the address \(remote)")
             }
-            let engine = try QUICConnection(clientWith: configuration, path: QUICPath(local: local, remote: remoteAddress), now: QUICConnectionDriver.now)
+            let engine = try Resumption.makeEngine(configuration, path: QUICPath(local: local, remote: remoteAddress), resumption)
             let driver = QUICConnectionDriver(engine: engine, eventLoop: channel.eventLoop, verifier: verifier, acceptedProtocols: quic.applicationProtocols)
             driver.trafficClass = trafficClass
             driver.peerAnswered = peerAnswered
@@ -117,6 +126,9 @@ enum QUICConnector {
             }
         } catch {
             channel.close(promise: nil)
+            // A ticket the handshake failed with (remembered limits the receiver no longer
+            // grants, a receiver that changed) is not offered again: the next try starts afresh.
+            if resumption?.ticket != nil && !Task.isCancelled { resumption?.forget() }
             if let failure = verifier.result.failure { throw failure }
             if Task.isCancelled { throw CancellationError() }
             if let reason = noRoute(to: remote) {
@@ -129,12 +141,13 @@ enum QUICConnector {
             channel.eventLoop.execute { driver.value.close() }
             throw CancellationError()
         }
-        let stream = try await channel.eventLoop.submit { () throws -> QUICStreamID in
+        let (stream, resumed) = try await channel.eventLoop.submit { () throws -> (QUICStreamID, Bool) in
             guard let id = try driver.value.openStream() else {
                 throw QXferError(.handshakeFailed, "the peer allows no streams")
             }
-            return id
+            return (id, driver.value.engine.isResumed)
         }.get()
+        if resumption?.ticket != nil { logger.info("QUIC session \(resumed ? "resumed" : "not resumed: the receiver refused its ticket")") }
         let outcome = verifier.result
         let peer = PeerIdentity(fingerprint: outcome.fingerprint, trust: outcome.trust, applicationProtocol: alpn)
         return QUICStreamTransport(driver: driver, stream: channel.eventLoop.makeSucceededFuture(stream), peer: peer)

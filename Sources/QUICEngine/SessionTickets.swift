@@ -1,0 +1,144 @@
+internal import CNGTCP2
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What a client keeps from one connection to resume the next one to the same server
+/// (TLS 1.3 session resumption, RFC 8446 §2.2, and 0-RTT, RFC 9001 §4.6).
+///
+/// Both parts are opaque bytes for the application to store: `tlsSession` is GnuTLS's
+/// session data (`gnutls_session_get_data2`: the ticket, the resumption secret and the
+/// server's certificate as it was verified), `transportParameters` the server's transport
+/// parameters in their wire encoding, which bound what the client may send as early data
+/// (RFC 9000 §7.4.1). Both are secrets: whoever holds them can resume as this client.
+public struct QUICSessionTicket: Hashable, Sendable {
+    /// GnuTLS session data carrying the ticket.
+    public var tlsSession: [UInt8]
+    /// The server's transport parameters (`ngtcp2_encode_transport_params`, Encrypted Extensions form).
+    public var transportParameters: [UInt8]
+
+    /// Upper bound of either part's length accepted back from storage: GnuTLS session data
+    /// with one P-256 certificate is about 1.5 KiB, transport parameters about 100 bytes.
+    public static let maximumPartLength = 16 << 10
+
+    /// A ticket from stored bytes.
+    public init(tlsSession: [UInt8], transportParameters: [UInt8]) {
+        self.tlsSession = tlsSession
+        self.transportParameters = transportParameters
+    }
+}
+
+/// Whether a client connection sends early data (0-RTT) and what the server did with it.
+public enum QUICEarlyData: Hashable, Sendable {
+    /// No ticket was offered, or it carried no usable transport parameters.
+    case notAttempted
+    /// A ticket was offered; streams opened before the handshake completes travel as 0-RTT.
+    case attempted
+    /// The server accepted the early data.
+    case accepted
+    /// The server refused the ticket or the early data; the engine sent it again as 1-RTT.
+    case rejected
+}
+
+/// A server's session-ticket key and 0-RTT replay filter, shared by all its connections.
+///
+/// Tickets are sealed with a key derived from `secret` (GnuTLS rotates working keys from it
+/// over time), so a server that derives the same secret after a restart still accepts the
+/// tickets of its previous run. The replay filter (`gnutls_anti_replay`) remembers each
+/// ClientHello that carried early data within GnuTLS's time window and refuses early data
+/// from a second copy; the handshake then goes on without it (RFC 8446 §8).
+///
+/// `@unchecked Sendable`: the key and the filter are written only in `init` and freed in
+/// `deinit`; GnuTLS reads them from any thread; the set of seen ClientHellos is guarded by
+/// its own `Mutex`.
+public final class QUICSessionTicketIssuer: @unchecked Sendable {
+    /// ClientHellos remembered at once; beyond this, early data is refused (never memory).
+    public static let replayMemoryLimit = 65_536
+
+    private let key: UnsafeMutablePointer<UInt8>
+    private let keyLength: Int
+    let antiReplay: gnutls_anti_replay_t
+    private let seen = Mutex<(entries: [[UInt8]: time_t], oldest: time_t)>(([:], 0))
+
+    /// GnuTLS's ticket master key length (`gnutls_session_ticket_key_generate` makes 64 bytes).
+    static let masterKeyLength = 64
+
+    /// Creates an issuer whose ticket key is derived from `secret` (at least 32 bytes), or a
+    /// random key when `secret` is nil.
+    public init(secret: [UInt8]? = nil) throws(QUICEngineError) {
+        var material = [UInt8](repeating: 0, count: Self.masterKeyLength)
+        if let secret {
+            guard secret.count >= 32 else {
+                throw QUICEngineError(.invalidConfiguration, "a session-ticket secret needs at least 32 bytes")
+            }
+            // Two HMAC-SHA-256 blocks under distinct labels: one-way, so a ticket key reveals nothing of `secret`.
+            for (block, label) in ["qxfer/1 session ticket key 1", "qxfer/1 session ticket key 2"].enumerated() {
+                let digest = Self.hmacSHA256(key: secret, message: Array(label.utf8))
+                material.replaceSubrange(block * 32..<(block + 1) * 32, with: digest)
+            }
+        } else {
+            QUICRandom.fill(&material)
+        }
+        key = .allocate(capacity: material.count)
+        key.initialize(from: material, count: material.count)
+        keyLength = material.count
+        var filter: gnutls_anti_replay_t?
+        let rv = gnutls_anti_replay_init(&filter)
+        guard rv == 0, let filter else {
+            key.deallocate()
+            throw .gnutls("gnutls_anti_replay_init", rv)
+        }
+        antiReplay = filter
+        gnutls_anti_replay_set_add_function(filter, antiReplayAdd)
+        gnutls_anti_replay_set_ptr(filter, Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    deinit {
+        gnutls_anti_replay_deinit(antiReplay)
+        key.update(repeating: 0, count: keyLength)
+        key.deallocate()
+    }
+
+    /// The key as GnuTLS takes it; valid while the issuer lives.
+    var keyDatum: gnutls_datum_t { gnutls_datum_t(data: key, size: UInt32(keyLength)) }
+
+    /// Records a ClientHello's replay key until `expiry`; false if it was seen already or the
+    /// memory is full (GnuTLS then refuses that early data).
+    func remember(_ entry: [UInt8], until expiry: time_t) -> Bool {
+        let now = time(nil)
+        return seen.withLock { state in
+            if state.entries.count >= Self.replayMemoryLimit || (state.oldest != 0 && state.oldest < now) {
+                state.entries = state.entries.filter { $0.value >= now }
+                state.oldest = state.entries.values.min() ?? 0
+            }
+            guard state.entries[entry] == nil, state.entries.count < Self.replayMemoryLimit else { return false }
+            state.entries[entry] = expiry
+            state.oldest = state.oldest == 0 ? expiry : min(state.oldest, expiry)
+            return true
+        }
+    }
+
+    private static func hmacSHA256(key: [UInt8], message: [UInt8]) -> [UInt8] {
+        var digest = [UInt8](repeating: 0, count: 32)
+        let rv = key.withUnsafeBytes { k in
+            message.withUnsafeBytes { m in
+                digest.withUnsafeMutableBytes { d in
+                    gnutls_hmac_fast(GNUTLS_MAC_SHA256, k.baseAddress, k.count, m.baseAddress, m.count, d.baseAddress)
+                }
+            }
+        }
+        precondition(rv == 0, "gnutls_hmac_fast failed")
+        return digest
+    }
+}
+
+/// GnuTLS's anti-replay store (`gnutls_db_add_func`): 0 stores a new entry, an error refuses early data.
+private let antiReplayAdd: @convention(c) (UnsafeMutableRawPointer?, time_t, UnsafePointer<gnutls_datum_t>?,
+                                           UnsafePointer<gnutls_datum_t>?) -> Int32 = { pointer, expiry, key, _ in
+    guard let pointer, let key, let data = key.pointee.data else { return GNUTLS_E_DB_ERROR }
+    let issuer = Unmanaged<QUICSessionTicketIssuer>.fromOpaque(pointer).takeUnretainedValue()
+    let entry = Array(UnsafeBufferPointer(start: data, count: Int(key.pointee.size)))
+    return issuer.remember(entry, until: expiry) ? 0 : GNUTLS_E_DB_ENTRY_EXISTS
+}

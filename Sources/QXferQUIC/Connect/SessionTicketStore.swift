@@ -1,0 +1,112 @@
+import Foundation
+import QUICEngine
+@_spi(Stacks) import QXferCore
+import QXferIdentity
+
+/// The session tickets a QUIC client keeps per receiver, so that its next connection there
+/// resumes the TLS session (the engine could send early data with it; qxfer sends none).
+///
+/// Kept in `session-tickets` in the configuration folder beside `known_hosts`, one line per
+/// host: `host:port expiry session parameters` (expiry in seconds since 1970, the other two
+/// base64), written atomically with mode 0600: a ticket lets its holder resume as this client.
+/// Entries expire after six hours, as GnuTLS's servers stop accepting them. A file that cannot
+/// be read or parsed is ignored whole (the next connection makes a full handshake), never
+/// trusted in part. A ticket is no trust anchor: the receiver's certificate sealed in it is
+/// checked against the pin or `known_hosts` again when the handshake completes.
+public struct SessionTicketStore: Sendable, Hashable {
+    /// Where the tickets live: `session-tickets` in the configuration folder.
+    public let path: String
+    /// How long after it arrived a ticket is still offered.
+    public let lifetime: Duration
+    /// Hosts kept at most; those closest to expiry are dropped first.
+    static let capacity = 64
+    /// qxfer never writes a larger file (64 entries of about 3 KiB), so none is read.
+    static let maximumFileSize = 512 * 1024
+
+    /// The tickets kept in `directory`.
+    public init(in directory: ConfigDirectory = .standard, lifetime: Duration = .seconds(6 * 3600)) {
+        path = directory.file("session-tickets")
+        self.lifetime = lifetime
+    }
+
+    struct Entry: Hashable {
+        let host: String
+        let expiry: Int64
+        let ticket: QUICSessionTicket
+    }
+
+    /// The unexpired ticket for `endpoint`, if any.
+    public func ticket(for endpoint: Endpoint, now: Date = Date()) -> QUICSessionTicket? {
+        let key = Self.key(endpoint)
+        return load().first { $0.host == key && $0.expiry > Int64(now.timeIntervalSince1970) }?.ticket
+    }
+
+    /// Keeps `ticket` for `endpoint` in place of the one before; nil forgets the host's ticket.
+    /// A failure to write is ignored: a ticket saves a round trip, nothing depends on it.
+    public func save(_ ticket: QUICSessionTicket?, for endpoint: Endpoint, now: Date = Date()) {
+        let key = Self.key(endpoint)
+        let seconds = Int64(now.timeIntervalSince1970)
+        let before = load()
+        var entries = before.filter { $0.expiry > seconds && $0.host != key }
+        if let ticket, Self.fits(ticket) {
+            let lifetime = max(lifetime.components.seconds, 1)
+            let expiry = seconds.addingReportingOverflow(lifetime).overflow ? .max : seconds + lifetime
+            entries.append(Entry(host: key, expiry: expiry, ticket: ticket))
+        }
+        guard entries != before else { return }
+        entries.sort { $0.expiry > $1.expiry }
+        MemoryFile.write(entries.prefix(Self.capacity).map {
+            "\($0.host) \($0.expiry) \(Data($0.ticket.tlsSession).base64EncodedString()) \(Data($0.ticket.transportParameters).base64EncodedString())\n"
+        }.joined(), to: path)
+    }
+
+    /// The file's entries; none if it is missing, too large, not a regular file, or malformed anywhere.
+    func load() -> [Entry] {
+        guard let text = MemoryFile.read(path, maximumSize: Self.maximumFileSize) else { return [] }
+        var entries: [Entry] = []
+        for line in text.split(separator: "\n", omittingEmptySubsequences: true) {
+            let fields = line.split(separator: " ", omittingEmptySubsequences: false)
+            guard fields.count == 4, entries.count < Self.capacity, let expiry = Int64(fields[1]), expiry > 0,
+                  Self.isPrintable(fields[0]),
+                  let session = Data(base64Encoded: String(fields[2])), let parameters = Data(base64Encoded: String(fields[3])) else {
+                return []
+            }
+            let ticket = QUICSessionTicket(tlsSession: Array(session), transportParameters: Array(parameters))
+            guard Self.fits(ticket), !ticket.tlsSession.isEmpty else { return [] }
+            entries.append(Entry(host: String(fields[0]), expiry: expiry, ticket: ticket))
+        }
+        return entries
+    }
+
+    static func key(_ endpoint: Endpoint) -> String { KnownHosts.key(host: endpoint.host, port: Int(endpoint.port)) }
+
+    private static func fits(_ ticket: QUICSessionTicket) -> Bool {
+        ticket.tlsSession.count <= QUICSessionTicket.maximumPartLength
+            && ticket.transportParameters.count <= QUICSessionTicket.maximumPartLength
+    }
+
+    private static func isPrintable(_ field: Substring) -> Bool {
+        !field.isEmpty && field.utf8.count <= 300 && field.unicodeScalars.allSatisfy { $0.value > 0x20 && $0.value < 0x7F }
+    }
+}
+
+/// One connection's use of a ``SessionTicketStore``: the ticket it offers, and how it keeps the
+/// next one or drops a ticket the engine cannot use.
+struct Resumption: Sendable {
+    let ticket: QUICSessionTicket?
+    let keep: @Sendable (QUICSessionTicket) -> Void
+    let forget: @Sendable () -> Void
+
+    /// A client engine offering `configuration`'s ticket; one the engine refuses as damaged is
+    /// forgotten and the engine made without it (a full handshake), never an error.
+    static func makeEngine(_ configuration: QUICConfiguration, path: QUICPath, _ resumption: Resumption?) throws -> QUICConnection {
+        if configuration.resumption != nil,
+           let engine = try? QUICConnection(clientWith: configuration, path: path, now: QUICConnectionDriver.now) {
+            return engine
+        }
+        if configuration.resumption != nil { resumption?.forget() }
+        var fresh = configuration
+        fresh.resumption = nil
+        return try QUICConnection(clientWith: fresh, path: path, now: QUICConnectionDriver.now)
+    }
+}

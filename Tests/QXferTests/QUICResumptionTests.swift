@@ -1,0 +1,108 @@
+import Foundation
+import Testing
+import QXfer
+import QUICEngine
+@_spi(Stacks) @testable import QXferCore
+@_spi(Stacks) @testable import QXferIdentity
+@_spi(Stacks) @testable import QXferQUIC
+
+/// Session tickets kept in the configuration folder and offered on the next QUIC connection.
+@Suite("QUIC session resumption")
+struct QUICResumptionTests {
+    static let echo: @Sendable (NetworkConnection<QUIC>) async throws -> Void = { try await echoUntilFinished($0) }
+
+    static func listener(allowing clients: [Fingerprint]) -> NetworkListener<QUIC> {
+        NetworkListener(on: 0, host: "127.0.0.1") {
+            QUIC().identity(Identities.server).clientAuthentication(.required(allowing: clients))
+        }
+    }
+
+    /// One ping through a connection that keeps tickets in `store`.
+    static func ping(port: UInt16, store: SessionTicketStore, identity: HostIdentity = Identities.client) async throws {
+        let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
+            QUIC().identity(identity).peerFingerprint(Identities.server.fingerprint).sessionTickets(store)
+        }
+        defer { connection.cancel() }
+        try await connection.send(Data("ping".utf8))
+        #expect(try await connection.receive(exactly: 4).content == Data("ping".utf8))
+    }
+
+    @Test("A ticket is stored (0600) and replaced by each connection, and a resumed client off the allow list is refused")
+    func ticketStoredAndAllowListStillApplies() async throws {
+        let directory = TemporaryDirectory()
+        let store = SessionTicketStore(in: ConfigDirectory(path: directory.path))
+        let first = try await withListener(Self.listener(allowing: [Identities.client.fingerprint]), handler: Self.echo) { port in
+            try await Self.ping(port: port, store: store)
+            let endpoint = Endpoint.hostPort(host: "127.0.0.1", port: port)
+            #expect(await eventually { store.ticket(for: endpoint) != nil }, "no ticket stored")
+            let ticket = try #require(store.ticket(for: endpoint))
+            try await Self.ping(port: port, store: store)
+            #expect(await eventually { store.ticket(for: endpoint).map { $0 != ticket } ?? false }, "the second connection brought no new ticket")
+            return port
+        }
+        let mode = try #require(try FileManager.default.attributesOfItem(atPath: store.path)[.posixPermissions] as? Int)
+        #expect(mode & 0o777 == 0o600)
+
+        // The same receiver identity (so the ticket opens) with a list that no longer names the client.
+        try await withListener(Self.listener(allowing: [Identities.stranger.fingerprint]), handler: Self.echo) { port in
+            // Carry the ticket over to the new port.
+            store.save(store.ticket(for: .hostPort(host: "127.0.0.1", port: first)), for: .hostPort(host: "127.0.0.1", port: port))
+            #expect(store.ticket(for: .hostPort(host: "127.0.0.1", port: port)) != nil)
+            let error = await #expect(throws: QXferError.self) { try await Self.ping(port: port, store: store) }
+            #expect(error?.code == .untrustedPeer)
+        }
+    }
+
+    @Test("A damaged ticket costs a full handshake, never the connection, and is replaced")
+    func damagedTicketFallsBack() async throws {
+        let directory = TemporaryDirectory()
+        let store = SessionTicketStore(in: ConfigDirectory(path: directory.path))
+        try await withListener(Self.listener(allowing: [Identities.client.fingerprint]), handler: Self.echo) { port in
+            let endpoint = Endpoint.hostPort(host: "127.0.0.1", port: port)
+            let damaged = QUICSessionTicket(tlsSession: Array(repeating: 0x5A, count: 300), transportParameters: [1, 2, 3])
+            store.save(damaged, for: endpoint)
+            #expect(store.ticket(for: endpoint) == damaged)
+            try await Self.ping(port: port, store: store)
+            #expect(await eventually { store.ticket(for: endpoint).map { $0 != damaged } ?? false })
+        }
+    }
+
+    @Test("Hostile ticket files are ignored whole")
+    func hostileFiles() throws {
+        let directory = TemporaryDirectory()
+        let store = SessionTicketStore(in: ConfigDirectory(path: directory.path))
+        let endpoint = Endpoint.hostPort(host: "example", port: 7447)
+        let ticket = QUICSessionTicket(tlsSession: [1, 2, 3], transportParameters: [4])
+        store.save(ticket, for: endpoint)
+        #expect(store.ticket(for: endpoint) == ticket)
+        let good = try String(contentsOfFile: store.path, encoding: .utf8)
+        let huge = String(repeating: "A", count: 2 * QUICSessionTicket.maximumPartLength)
+        for text in [
+            good + "garbage\n",                                     // one bad line spoils the file
+            good + "other:1 99999999999 !!! AAAA\n",                // not base64
+            "example:7447 99999999999 \(huge) AAAA\n",              // a part over the bound
+            "example:7447 -5 AQID BA==\n",                          // a negative expiry
+            "example:7447 99999999999  BA==\n",                     // an empty session
+            String(repeating: good, count: 400),                    // larger than any file qxfer writes
+        ] {
+            try text.write(toFile: store.path, atomically: false, encoding: .utf8)
+            #expect(store.ticket(for: endpoint) == nil, "accepted: \(text.prefix(60))")
+        }
+        // Not a regular file.
+        try FileManager.default.removeItem(atPath: store.path)
+        #expect(mkfifo(store.path, 0o600) == 0)
+        #expect(store.ticket(for: endpoint) == nil)
+        try FileManager.default.removeItem(atPath: store.path)
+        // Expired entries are not offered, and saving nil forgets the host.
+        store.save(ticket, for: endpoint, now: Date(timeIntervalSinceNow: -7 * 3600))
+        #expect(store.ticket(for: endpoint) == nil)
+        store.save(ticket, for: endpoint)
+        store.save(nil, for: endpoint)
+        #expect(store.ticket(for: endpoint) == nil)
+        // The file keeps at most `capacity` hosts.
+        for port in 1...(SessionTicketStore.capacity + 10) {
+            store.save(ticket, for: .hostPort(host: "h", port: UInt16(port)))
+        }
+        #expect(store.load().count == SessionTicketStore.capacity)
+    }
+}
