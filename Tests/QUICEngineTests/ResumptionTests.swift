@@ -129,7 +129,8 @@ import Testing
         let issuer = try QUICSessionTicketIssuer()
         let box = TicketBox()
         _ = try Self.connect(Self.client(ticket: nil, box: box), Self.server(issuer), seed: 77)
-        var client = Self.client(ticket: try #require(box.latest), box: box)
+        let ticket: QUICSessionTicket = try #require(box.latest)
+        var client = Self.client(ticket: ticket, box: box)
         client.verifyPeer = { _ in false }
         let second = try Self.connect(client, Self.server(issuer), seed: 78)
         #expect(!second.sim.client.isHandshakeComplete)
@@ -167,7 +168,8 @@ import Testing
         let secret = Array(repeating: UInt8(9), count: 32)
         let box = TicketBox()
         _ = try Self.connect(Self.client(ticket: nil, box: box), Self.server(try QUICSessionTicketIssuer(secret: secret)), seed: 82)
-        let second = try Self.connect(Self.client(ticket: try #require(box.latest), box: box),
+        let ticket: QUICSessionTicket = try #require(box.latest)
+        let second = try Self.connect(Self.client(ticket: ticket, box: box),
                                       Self.server(try QUICSessionTicketIssuer(secret: secret)), seed: 83)
         #expect(second.received == Self.request)
         #expect(second.sim.client.isResumed && second.sim.client.earlyData == .rejected)
