@@ -355,10 +355,16 @@ public final class FileWriter {
     /// Touches only this writer and the store's locked set of directories, so writers of
     /// different files may be committed on different threads.
     public func commit() throws(TransferError) {
+        try commit(durable: false)
+    }
+
+    /// ``commit()``; `durable` when the caller has made this file's data and inode durable
+    /// already (a ``syncFileSystem(holding:)`` after it was verified), so it is not fsynced again.
+    func commit(durable: Bool) throws(TransferError) {
         guard let file, verified else { throw TransferError(.internal, "commit of a file not verified") }
         defer { self.file = nil }
         let shown = target.path.description
-        guard fsync(file.fd) == 0 else {
+        guard durable || fsync(file.fd) == 0 else {
             let err = errno
             close(discarding: true)
             throw TransferError.posix("cannot sync", "'\(shown)'", errno: err)
@@ -372,6 +378,10 @@ public final class FileWriter {
         store.renamed(in: parent)
         if journal != nil { unlinkat(parent.fd, names.journal, 0) }
     }
+
+    /// The open partial of a verified file not yet committed (for ``FileCommitter`` to find its
+    /// file system and sync it with others); nil otherwise.
+    var verifiedPartial: Descriptor? { verified ? file : nil }
 
     /// Stops writing and keeps the partial for a later resume (checkpointing what is written).
     /// A partial without a journal (a file of at most 1 MiB, or of unknown size) can never be
