@@ -63,6 +63,32 @@ import Testing
         #expect(try FileManager.default.contentsOfDirectory(atPath: temp.path) == ["small.bin"])
     }
 
+    /// A receiver killed outright leaves a partial without a journal (§6, "Leftovers"): the
+    /// next transfer of the name reuses it, cut to the new data whatever it held.
+    @Test(arguments: [0, 10, 5_000]) func aLeftoverPartialIsCutToTheNewData(leftover: Int) throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let store = try makeStore(temp.path, interval: 16 << 20)
+        try FileManager.default.createDirectory(atPath: temp.sub("sub"), withIntermediateDirectories: true)
+        try Data(pattern(leftover, seed: 3)).write(to: URL(fileURLWithPath: temp.sub("sub/.left.bin.qxfer-partial")))
+        let data = pattern(100, seed: 4)
+        let writer = try store.openWriter(for: try target("sub/left.bin", data))
+        #expect(readFile(temp.sub("sub/.left.bin.qxfer-partial")) == [], "what the killed receiver wrote")
+        try writer.write(data, at: 0)
+        try writer.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        #expect(readFile(temp.sub("sub/left.bin")) == data)
+    }
+
+    @Test func aPathUnderAMissingFolderIsAbsent() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let directory = try TargetDirectory(path: temp.path)
+        #expect(try directory.state(of: SafePath(validating: "no/such/folder/f")) == .absent)
+        try Data("x".utf8).write(to: URL(fileURLWithPath: temp.sub("file")))
+        #expect(throws: TransferError(.unsafePath, "")) { try directory.state(of: SafePath(validating: "file/f")) }
+        #expect(throws: TransferError(.io, "")) { try directory.openForReading(SafePath(validating: "no/such/f")) }
+    }
+
     /// Two transfers of the same name at once: the second is refused before it touches the
     /// first one's partial, which then completes intact.
     @Test func oneWriterPerPartial() throws {

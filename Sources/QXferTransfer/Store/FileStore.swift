@@ -180,7 +180,9 @@ public final class FileStore {
         guard flock(file.fd, LOCK_EX | LOCK_NB) == 0 else {
             throw TransferError(.exists, "'\(target.path)' is being received by another transfer right now")
         }
-        guard ftruncate(file.fd, startOffset) == 0 else {
+        // A new partial is empty already: no truncation (an inode update) for each small file.
+        var info = stat()
+        guard (fstat(file.fd, &info) == 0 && info.st_size == startOffset) || ftruncate(file.fd, startOffset) == 0 else {
             throw TransferError.posix("cannot truncate the partial of", target.path.description, errno: errno)
         }
         // Only a file longer than 1 MiB (or one checkpoint interval, if shorter) gets a journal:
