@@ -128,6 +128,19 @@ public final class TargetDirectory {
         return file
     }
 
+    /// Creates the file `name` in `parent` for writing (mode 0600); nil when anything is at that
+    /// name already (a symlink included: `O_EXCL` never follows one), to be opened with
+    /// ``openFile(_:in:flags:mode:shown:)`` and its checks.
+    func createFile(_ name: String, in parent: Descriptor, shown: String) throws(TransferError) -> Descriptor? {
+        let fd = openat(parent.fd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            let err = errno
+            if err == EEXIST { return nil }
+            throw TransferError.posix("cannot create", shown, errno: err)
+        }
+        return Descriptor(fd)
+    }
+
     /// Opens the file at `path` for reading, never through a symlink.
     public func openForReading(_ path: SafePath) throws(TransferError) -> Descriptor {
         let parent = try openParent(of: path, create: false)
