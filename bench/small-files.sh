@@ -14,8 +14,8 @@
 # Each run is the wall time of the sending process (start to exit, handshake included); the
 # receiver (qxfer recv, or the sshd session) runs before and after. A run still going after CAP
 # seconds (default 30) is stopped and counted with the files that had arrived (scp pays a round
-# trip or more per file: about 5 files/s over the 50 ms path, 7 minutes for 2000 files). qxfer's receiver fsyncs every
-# file and folder before it reports Complete; rsync and scp sync nothing (the comparison is as a
+# trip or more per file: about 5 files/s over the 50 ms path, 7 minutes for 2000 files). qxfer's receiver makes every
+# file and folder durable (fsync, or one syncfs for many files) before it reports Complete; rsync and scp sync nothing (the comparison is as a
 # user meets it). The target is removed before each run and every received tree is compared with
 # the source. Each run receives into an empty folder and nothing received is deleted before the
 # end: ext4 makes creating files slow for a minute or more after many deletions (its inode

@@ -12,3 +12,15 @@ public func renameAt(_ directory: Int32, _ name: String, to newDirectory: Int32,
     guard cfslinux_renameat2(directory, name, newDirectory, newName, replacing ? 0 : noReplace) == 0 else { return errno }
     return 0
 }
+
+/// Makes everything written to the file system that holds the open descriptor `file` durable at
+/// once — data and inodes of every file on it, not only this one — with one flush of the
+/// device, where an fsync of each of many small files writes and flushes each in turn.
+/// Returns 0, or the errno value of a failure (a write-back error anywhere on the file system
+/// since `file` was opened counts: the caller cannot tell which file it hit).
+///
+/// The corresponding Linux call is `syncfs(2)`.
+public func syncFileSystem(holding file: Int32) -> Int32 {
+    guard cfslinux_syncfs(file) == 0 else { return errno }
+    return 0
+}

@@ -191,13 +191,12 @@ struct BatchTests {
 
     // MARK: The committer
 
-    @Test("The committer renames every verified file of a group and fails only the one whose name appeared meanwhile")
-    func committerGroup() throws {
+    /// A store in an empty folder with `count` files written and verified, not yet committed.
+    private func verifiedFiles(_ count: Int) throws -> (scratch: TempDir, dst: String, store: FileStore, files: [(entry: UInt32, writer: FileWriter)]) {
         let (scratch, dst) = try HostileNumbersTests.emptyFolder()
-        defer { scratch.cleanup() }
         let store = FileStore(directory: try TargetDirectory(path: dst))
         var files: [(entry: UInt32, writer: FileWriter)] = []
-        for index in 0..<100 {
+        for index in 0..<count {
             let content = pattern(index + 1, seed: index)
             let target = FileTarget(path: try SafePath(validating: ["f\(index)"]), size: UInt64(content.count), mode: 0o640, modificationTime: 0, algorithm: .xxh3_128)
             let writer = try store.openWriter(for: target)
@@ -205,17 +204,64 @@ struct BatchTests {
             try writer.verify(size: UInt64(content.count), digest: DigestAlgorithm.xxh3_128.digest(of: content))
             files.append((UInt32(index), writer))
         }
+        return (scratch, dst, store, files)
+    }
+
+    @Test("The committer renames every verified file of a group and fails only the one whose name appeared meanwhile",
+          arguments: [FileCommitter.fileSystemSyncMinimum - 1, 100])  // fsync of each; one syncfs
+    func committerGroup(count: Int) throws {
+        let (scratch, dst, store, files) = try verifiedFiles(count)
+        defer { scratch.cleanup() }
         #expect(!exists(dst + "/f0"), "a final name before the commit")
         try Data("already here".utf8).write(to: URL(fileURLWithPath: dst + "/f7"))
         let outcomes = FileCommitter.commit(CommitGroup(files: files))
         try store.syncDirectories()
-        #expect(outcomes.count == 100)
-        #expect(Set(outcomes.map(\.entry)) == Set(0..<100))
+        #expect(outcomes.count == count)
+        #expect(Set(outcomes.map(\.entry)) == Set(0..<UInt32(count)))
         #expect(outcomes.filter { $0.error != nil }.map(\.entry) == [7])
         #expect(outcomes.first { $0.entry == 7 }?.error?.code == .exists)
         #expect(readFile(dst + "/f7") == Array("already here".utf8))
-        for index in 0..<100 where index != 7 {
+        for index in 0..<count where index != 7 {
             #expect(readFile(dst + "/f\(index)") == pattern(index + 1, seed: index))
         }
+    }
+
+    @Test("A group synced at once gets no final name before its file system sync, and each file's own fsync when that sync fails",
+          arguments: [0, EIO])
+    func committerSyncsBeforeRenaming(syncError: Int32) throws {
+        let count = FileCommitter.fileSystemSyncMinimum * 2
+        let (scratch, dst, store, files) = try verifiedFiles(count)
+        defer { scratch.cleanup() }
+        var syncs = 0
+        let outcomes = FileCommitter.commit(CommitGroup(files: files)) { descriptor in
+            syncs += 1
+            // Crash safety (docs/PROTOCOL.md §6): data durable before any name appears.
+            #expect((0..<count).allSatisfy { !exists(dst + "/f\($0)") }, "a final name before the sync")
+            #expect(fcntl(descriptor, F_GETFD) >= 0, "syncs through an open partial")
+            return syncError
+        }
+        try store.syncDirectories()
+        #expect(syncs == 1, "one sync for one file system")
+        #expect(outcomes.count == count)
+        #expect(outcomes.allSatisfy { $0.error == nil }, "\(outcomes.compactMap(\.error))")
+        for index in 0..<count {
+            #expect(readFile(dst + "/f\(index)") == pattern(index + 1, seed: index))
+        }
+    }
+
+    @Test("A file of a group that was not verified fails alone; the others are committed")
+    func committerUnverifiedFile() throws {
+        let count = FileCommitter.fileSystemSyncMinimum
+        let (scratch, dst, store, files) = try verifiedFiles(count)
+        defer { scratch.cleanup() }
+        let target = FileTarget(path: try SafePath(validating: ["unverified"]), size: 3, mode: 0o640, modificationTime: 0, algorithm: .xxh3_128)
+        let unverified = try store.openWriter(for: target)
+        try unverified.write([1, 2, 3], at: 0)
+        let outcomes = FileCommitter.commit(CommitGroup(files: files + [(UInt32(count), unverified)]))
+        #expect(outcomes.count == count + 1)
+        #expect(outcomes.filter { $0.error != nil }.map(\.entry) == [UInt32(count)])
+        #expect(outcomes.first { $0.entry == UInt32(count) }?.error?.code == .internal)
+        #expect(!exists(dst + "/unverified"), "a final name for data never verified")
+        for index in 0..<count { #expect(exists(dst + "/f\(index)")) }
     }
 }

@@ -63,6 +63,50 @@ import Testing
         #expect(try FileManager.default.contentsOfDirectory(atPath: temp.path) == ["small.bin"])
     }
 
+    /// A receiver killed outright leaves a partial (§6, "Leftovers"), with the journal of a
+    /// large file's attempt or without: the next transfer of the name, a small file, reuses the
+    /// partial cut to the new data whatever it held, and removes the journal.
+    @Test(arguments: [0, 10, 5_000]) func aLeftoverPartialIsCutToTheNewData(leftover: Int) throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let store = try makeStore(temp.path, interval: 16 << 20)
+        try FileManager.default.createDirectory(atPath: temp.sub("sub"), withIntermediateDirectories: true)
+        try Data(pattern(leftover, seed: 3)).write(to: URL(fileURLWithPath: temp.sub("sub/.left.bin.qxfer-partial")))
+        if leftover > 0 { try Data("qxfer-journal 1\n".utf8).write(to: URL(fileURLWithPath: temp.sub("sub/.left.bin.qxfer-journal"))) }
+        let data = pattern(100, seed: 4)
+        let writer = try store.openWriter(for: try target("sub/left.bin", data))
+        #expect(readFile(temp.sub("sub/.left.bin.qxfer-partial")) == [], "what the killed receiver wrote")
+        #expect(!exists(temp.sub("sub/.left.bin.qxfer-journal")), "a journal that might vouch for the old bytes")
+        try writer.write(data, at: 0)
+        try writer.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        #expect(readFile(temp.sub("sub/left.bin")) == data)
+    }
+
+    @Test func aSymlinkAtAPartialsNameIsNotFollowed() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        try Data("outside".utf8).write(to: URL(fileURLWithPath: temp.sub("outside")))
+        try FileManager.default.createDirectory(atPath: temp.sub("dst"), withIntermediateDirectories: true)
+        #expect(symlink(temp.sub("outside"), temp.sub("dst/.f.qxfer-partial")) == 0)
+        #expect(symlink(temp.sub("nowhere"), temp.sub("dst/.g.qxfer-partial")) == 0)
+        let store = try makeStore(temp.sub("dst"))
+        let data = pattern(10, seed: 1)
+        #expect(throws: TransferError(.unsafePath, "")) { try store.openWriter(for: target("f", data)) }
+        #expect(throws: TransferError(.unsafePath, "")) { try store.openWriter(for: target("g", data)) }
+        #expect(readFile(temp.sub("outside")) == Array("outside".utf8))
+        #expect(!exists(temp.sub("nowhere")), "a dangling link's target created")
+    }
+
+    @Test func aPathUnderAMissingFolderIsAbsent() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let directory = try TargetDirectory(path: temp.path)
+        #expect(try directory.state(of: SafePath(validating: "no/such/folder/f")) == .absent)
+        try Data("x".utf8).write(to: URL(fileURLWithPath: temp.sub("file")))
+        #expect(throws: TransferError(.unsafePath, "")) { try directory.state(of: SafePath(validating: "file/f")) }
+        #expect(throws: TransferError(.io, "")) { try directory.openForReading(SafePath(validating: "no/such/f")) }
+    }
+
     /// Two transfers of the same name at once: the second is refused before it touches the
     /// first one's partial, which then completes intact.
     @Test func oneWriterPerPartial() throws {

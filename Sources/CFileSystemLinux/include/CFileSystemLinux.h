@@ -1,5 +1,6 @@
 // Linux file-system calls Swift's Glibc module does not show (renameat2 is variadic syscall(2)
-// underneath, which Swift cannot call): used only through SafeOutput's Swift wrapper.
+// underneath, which Swift cannot call; syncfs is declared only under _GNU_SOURCE): used only
+// through SafeOutput's Swift wrappers.
 #ifndef CFILESYSTEMLINUX_H
 #define CFILESYSTEMLINUX_H
 #ifndef _GNU_SOURCE
@@ -11,5 +12,10 @@
 /// renameat2(2); flags 1 is RENAME_NOREPLACE. Returns 0 or -1 with errno set.
 static inline int cfslinux_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags) {
     return (int)syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags);
+}
+
+/// syncfs(2): writes back and flushes the whole file system holding fd. Returns 0 or -1 with errno set.
+static inline int cfslinux_syncfs(int fd) {
+    return syncfs(fd);
 }
 #endif

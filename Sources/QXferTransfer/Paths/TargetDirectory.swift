@@ -54,16 +54,27 @@ public final class TargetDirectory {
     private static let openedDirectoryLimit = 64
 
     func openDirectory(_ components: ArraySlice<String>, create: Bool, shown: String) throws(TransferError) -> Descriptor {
+        guard let opened = try openDirectoryIfPresent(components, create: create, shown: shown) else {
+            throw TransferError.posix("cannot open directory for", shown, errno: ENOENT)
+        }
+        return opened
+    }
+
+    /// ``openDirectory(_:create:shown:)``, but nil when a folder is missing (and `create` is
+    /// false), with no error to build: planning an offer of many files into folders not made yet
+    /// looks each one up.
+    func openDirectoryIfPresent(_ components: ArraySlice<String>, create: Bool, shown: String) throws(TransferError) -> Descriptor? {
         guard !components.isEmpty else { return root }
         let key = Array(components)
         if let known = openedDirectories[key] { return known }
-        let opened = try walk(components, create: create, shown: shown)
+        guard let opened = try walk(components, create: create, shown: shown) else { return nil }
         if openedDirectories.count >= Self.openedDirectoryLimit { openedDirectories.removeAll() }
         openedDirectories[key] = opened
         return opened
     }
 
-    private func walk(_ components: ArraySlice<String>, create: Bool, shown: String) throws(TransferError) -> Descriptor {
+    /// Nil when a component is missing and not created.
+    private func walk(_ components: ArraySlice<String>, create: Bool, shown: String) throws(TransferError) -> Descriptor? {
         var current = root
         for component in components {
             var fd = openat(current.fd, component, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
@@ -75,6 +86,7 @@ public final class TargetDirectory {
             }
             guard fd >= 0 else {
                 let err = errno
+                if err == ENOENT && !create { return nil }
                 if err == ELOOP || err == ENOTDIR {
                     throw TransferError(.unsafePath, "'\(shown)' passes through '\(component)', which is a symlink or not a directory")
                 }
@@ -114,6 +126,19 @@ public final class TargetDirectory {
             throw TransferError(.exists, "'\(shown)': '\(name)' is not a regular file; not writing into it")
         }
         return file
+    }
+
+    /// Creates the file `name` in `parent` for writing (mode 0600); nil when anything is at that
+    /// name already (a symlink included: `O_EXCL` never follows one), to be opened with
+    /// ``openFile(_:in:flags:mode:shown:)`` and its checks.
+    func createFile(_ name: String, in parent: Descriptor, shown: String) throws(TransferError) -> Descriptor? {
+        let fd = openat(parent.fd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            let err = errno
+            if err == EEXIST { return nil }
+            throw TransferError.posix("cannot create", shown, errno: err)
+        }
+        return Descriptor(fd)
     }
 
     /// Opens the file at `path` for reading, never through a symlink.
@@ -158,12 +183,13 @@ public final class TargetDirectory {
 
     /// What is at `path` now (parents are traversed with `O_NOFOLLOW`; a missing parent means absent).
     public func state(of path: SafePath) throws(TransferError) -> EntryState {
-        let parent: Descriptor
+        let parent: Descriptor?
         do {
-            parent = try openDirectory(path.parentComponents, create: false, shown: path.description)
+            parent = try openDirectoryIfPresent(path.parentComponents, create: false, shown: path.description)
         } catch where error.code == .io {
             return .absent
         }
+        guard let parent else { return .absent }
         return try kind(of: path.name, in: parent)
     }
 

@@ -171,16 +171,25 @@ public final class FileStore {
         default: throw TransferError(.exists, "'\(target.path)' exists and is not a regular file")
         }
         let names = FileStore.tempNames(for: target.path.name)
-        // Never O_TRUNC before holding the lock: the partial may be another transfer's.
-        let flags = start.offset == 0 ? (O_RDWR | O_CREAT) : O_RDWR
-        let file = try directory.openFile(names.partial, in: parent, flags: flags, mode: 0o600, shown: target.path.description)
+        // Never O_TRUNC before holding the lock: the partial may be another transfer's. A
+        // partial this call creates is empty and has no journal of its own beside it.
+        let created = start.offset == 0 ? try directory.createFile(names.partial, in: parent, shown: target.path.description) : nil
+        let file: Descriptor
+        if let created {
+            file = created
+        } else {
+            let flags = start.offset == 0 ? (O_RDWR | O_CREAT) : O_RDWR
+            file = try directory.openFile(names.partial, in: parent, flags: flags, mode: 0o600, shown: target.path.description)
+        }
         // One writer per partial: a second transfer of the same name (another sender, or the
         // same one again while the first connection lingers) must not write into a file the
         // first is about to give its final name.
         guard flock(file.fd, LOCK_EX | LOCK_NB) == 0 else {
             throw TransferError(.exists, "'\(target.path)' is being received by another transfer right now")
         }
-        guard ftruncate(file.fd, startOffset) == 0 else {
+        // A new partial is empty already: no truncation (an inode update) for each small file.
+        var info = stat()
+        guard created != nil || (fstat(file.fd, &info) == 0 && info.st_size == startOffset) || ftruncate(file.fd, startOffset) == 0 else {
             throw TransferError.posix("cannot truncate the partial of", target.path.description, errno: errno)
         }
         // Only a file longer than 1 MiB (or one checkpoint interval, if shorter) gets a journal:
@@ -196,8 +205,12 @@ public final class FileStore {
                 try Journal(target: target, offset: 0, prefixDigest: []).write(to: journal, shown: target.path.description)
             }
             journalFile = journal
-        } else {
-            unlinkat(parent.fd, names.journal, 0)  // an older attempt's must not vouch for new data
+        } else if created == nil {
+            // An older attempt's must not vouch for new data. Beside a partial just created
+            // there is none to look for (a directory scan saved for each of many small files):
+            // only a receiver killed between two unlinks leaves a journal alone, and a journal
+            // vouches for nothing its partial's bytes do not hash to.
+            unlinkat(parent.fd, names.journal, 0)
         }
         return FileWriter(store: self, target: target, parent: parent, names: names, file: file, journal: journalFile, start: start)
     }
@@ -355,10 +368,16 @@ public final class FileWriter {
     /// Touches only this writer and the store's locked set of directories, so writers of
     /// different files may be committed on different threads.
     public func commit() throws(TransferError) {
+        try commit(durable: false)
+    }
+
+    /// ``commit()``; `durable` when the caller has made this file's data and inode durable
+    /// already (a ``syncFileSystem(holding:)`` after it was verified), so it is not fsynced again.
+    func commit(durable: Bool) throws(TransferError) {
         guard let file, verified else { throw TransferError(.internal, "commit of a file not verified") }
         defer { self.file = nil }
         let shown = target.path.description
-        guard fsync(file.fd) == 0 else {
+        guard durable || fsync(file.fd) == 0 else {
             let err = errno
             close(discarding: true)
             throw TransferError.posix("cannot sync", "'\(shown)'", errno: err)
@@ -372,6 +391,10 @@ public final class FileWriter {
         store.renamed(in: parent)
         if journal != nil { unlinkat(parent.fd, names.journal, 0) }
     }
+
+    /// The open partial of a verified file not yet committed (for ``FileCommitter`` to find its
+    /// file system and sync it with others); nil otherwise.
+    var verifiedPartial: Descriptor? { verified ? file : nil }
 
     /// Stops writing and keeps the partial for a later resume (checkpointing what is written).
     /// A partial without a journal (a file of at most 1 MiB, or of unknown size) can never be
