@@ -61,9 +61,11 @@ struct QUICRetryTests {
             // At most 64 connections begin per calendar second (fewer while 32 are pending), and
             // one source's bucket answers its first 256 datagrams at once (then 128 a second), so
             // over the time the listener took, every other Initial within that burst got a Retry.
+            // A listener slowed to under 64 set-ups a second (AddressSanitizer beside every other
+            // suite took 4 s and more) owes none: it was never past the limit.
             let seconds = Int((lastAnswer - started).components.seconds) + 2
             let answerable = min(300, QUICSocketHandler.sourceBurst)
-            #expect(retries >= max(1, answerable - 64 * seconds), "only \(retries) Retries for 300 Initials in about \(seconds) s")
+            #expect(retries >= max(0, answerable - 64 * seconds), "only \(retries) Retries for 300 Initials in about \(seconds) s")
             try await QUICHostileTests.echoOnce(port: port)
         }
     }
