@@ -17,10 +17,11 @@ struct RaceTests {
             .remembering(memory).attemptDelay(attemptDelay)
     }
 
-    /// Where a test needs the preferred stack to win against a listening second one: the default
-    /// 250 ms is less than a QUIC handshake takes beside every other suite on a loaded machine
-    /// (CI saw TCP+TLS win); the stagger itself is proven where only TCP+TLS listens, and by
-    /// Tests/e2e/race.sh with the defaults across namespaces.
+    /// Where a test needs the stack that starts first to win against a listening second one: the
+    /// default 250 ms (1 s once the first has answered) is less than a handshake takes beside
+    /// every other suite on a loaded machine (CI saw either stack lose so); the stagger itself is
+    /// proven where only TCP+TLS listens, and by Tests/e2e/race.sh with the defaults across
+    /// namespaces.
     static let unhurried = Duration.seconds(3)
 
     static func serverRace() -> FirstOf { FirstOf { QUIC(); TLS() }.identity(Identities.server) }
@@ -165,7 +166,7 @@ struct RaceTests {
             let endpoint = Endpoint.hostPort(host: "127.0.0.1", port: port)
             let now = Int(Date().timeIntervalSince1970)
             try "127.0.0.1:\(port) TCP+TLS \(now + 600)\n".write(toFile: memory.path, atomically: true, encoding: .utf8)
-            let remembered = try await Self.connectAndEcho(to: port, Self.race(memory: memory))
+            let remembered = try await Self.connectAndEcho(to: port, Self.race(memory: memory, attemptDelay: Self.unhurried))
             #expect(remembered.stackName == "TCP+TLS")
             remembered.cancel()
 
