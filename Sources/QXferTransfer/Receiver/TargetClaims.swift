@@ -1,5 +1,4 @@
 import QXfer
-import Synchronization
 
 /// Which transfer is receiving which target, and the rule for a new transfer that wants a
 /// target another one holds (docs/PROTOCOL.md §6, "A sender that reconnects").
@@ -93,7 +92,7 @@ final class ReceptionRegistry: Sendable {
         let superseded: AsyncStream<Void>
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     /// Enters a new transfer from `sender`.
     func register(sender: Fingerprint?) -> Registration {

@@ -1,5 +1,3 @@
-import Synchronization
-
 /// Notices a peer that has gone silent in the middle of a transfer: it reports once no message
 /// was handled for `limit` (plus an allowance for work the peer must do before it can send,
 /// such as hashing a large file), never while a message is being handled, and never once
@@ -11,12 +9,12 @@ final class IdleWatchdog: Sendable {
         var busy = false
         var stopped = false
     }
-    private let state: Mutex<State>
+    private let state: Locked<State>
     private let limit: Duration
 
     init(limit: Duration) {
         self.limit = limit
-        self.state = Mutex(State(lastActivity: .now))
+        self.state = Locked(State(lastActivity: .now))
     }
 
     /// A message arrived and is being handled.

@@ -1,5 +1,3 @@
-import Synchronization
-
 /// Something that happened in a transfer, for a progress display or a JSON log.
 public enum TransferEvent: Sendable {
     /// The offer was sent (sender) or received (receiver).
@@ -22,7 +20,7 @@ public final class TransferProgress: Sendable {
         var transferredBytes: UInt64 = 0
         var resumedBytes: UInt64 = 0
     }
-    private let counters = Mutex(Counters())
+    private let counters = Locked(Counters())
     private let onEvent: @Sendable (TransferEvent) -> Void
 
     /// `onEvent` is called for every ``TransferEvent``, from whichever task produced it.
