@@ -205,11 +205,7 @@ let package = Package(
         // File transfer (qxfer/1 send/recv), written only against the public API.
         .target(
             name: "QXferTransfer",
-            dependencies: [
-                "QXfer", "FastHash", "SafeOutput",
-                .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-            ],
+            dependencies: ["QXfer", "FastHash", "SafeOutput", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strictSwift6
         ),
 

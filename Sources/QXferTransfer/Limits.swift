@@ -5,6 +5,10 @@ public enum ProtocolLimits {
     public static let maximumMessageSize = 16 << 20
     /// The largest FileData payload, in bytes (1 MiB).
     public static let maximumChunkSize = 1 << 20
+    /// The largest file an offer may mark early (sent before Accept, docs/PROTOCOL.md §3.7).
+    public static let maximumEarlyFileSize: UInt64 = 256 << 10
+    /// The most bytes the early files of one offer may add up to.
+    public static let maximumEarlyBytes: UInt64 = 4 << 20
     /// The most entries one Offer may carry.
     public static let maximumEntries = 1_000_000
     /// The most components in one relative path.

@@ -36,6 +36,8 @@ protocol TransferPeer: Sendable {
     func sendFrame(type: UInt32, body: [UInt8]) async throws
     func receiveMessage() async throws -> Message?
     func openDataStream() async throws -> any TransferPeer
+    /// The next data stream the peer opened (QUIC), or this connection (TLS).
+    func acceptDataStream() async throws -> any TransferPeer
     func finish() async throws
     var hasIndependentStreams: Bool { get }
 }
@@ -49,6 +51,11 @@ struct Peer<Stack: TLVStack>: TransferPeer {
     func receiveMessage() async throws -> Message? { try await connection.receiveMessage() }
     func openDataStream() async throws -> any TransferPeer {
         hasIndependentStreams ? Peer(connection: try await connection.openStream()) : self
+    }
+    func acceptDataStream() async throws -> any TransferPeer {
+        guard hasIndependentStreams else { return self }
+        for try await stream in connection.incomingStreams { return Peer(connection: stream) }
+        throw TransferError(.cancelled, "the connection ended without a data stream")
     }
     func finish() async throws { try await connection.finish() }
     var hasIndependentStreams: Bool { connection.parameters.stack.transport.hasIndependentStreams }

@@ -62,7 +62,10 @@ func makeEntries(_ script: inout Script) -> [OfferEntry] {
         let size = kind == .file && !unknown ? script.number() : 0
         let mtime = Int64(bitPattern: script.number())
         let target = kind == .symlink ? script.pick(linkTargets) : ""
-        entries.append(OfferEntry(kind: kind, flags: unknown ? .sizeUnknown : [], path: path, size: size, mode: 0o644, modificationTime: mtime, linkTarget: target))
+        // Sent before Accept (docs/PROTOCOL.md §3.7); the codec refuses a mark that does not fit.
+        var flags: OfferEntry.Flags = unknown ? .sizeUnknown : []
+        if script.byte() % 3 == 0 { flags.insert(.early) }
+        entries.append(OfferEntry(kind: kind, flags: flags, path: path, size: size, mode: 0o644, modificationTime: mtime, linkTarget: target))
     }
     return entries
 }
@@ -113,7 +116,7 @@ func fuzzReceiver(_ script: inout Script) {
     let usesStreams = script.byte() & 1 == 1
     let batches = script.byte() & 1 == 1
     // The offer travels through the codec, as on the wire: only what decodes reaches the planner.
-    let sent = Offer(algorithm: algorithm, entries: makeEntries(&script), flags: batches ? .batches : [])
+    let sent = Offer(algorithm: algorithm, entries: makeEntries(&script), flags: batches ? [.batches, .early] : [])
     guard case .offer(let offer) = try? MessageCodec.decode(type: MessageType.offer.rawValue, body: MessageCodec.encodeBody(.offer(sent))) else { return }
     let directory: TargetDirectory
     do { directory = try TargetDirectory(path: root) } catch { preconditionFailure("\(error)") }

@@ -80,7 +80,8 @@ struct OfferPlanner {
                 case .regularFile(let existing) where size == existing && !overwrite:
                     plans.append(.present(target, digest: try store.digestOfExisting(target)))
                 case _ where state == .absent || replaceable:
-                    let resume = try store.resumeOffset(for: target)
+                    // An early file comes whole from byte 0, whatever a journal holds (§3.7).
+                    let resume = entry.flags.contains(.early) ? .start(offer.algorithm) : try store.resumeOffset(for: target)
                     // The journal matched this size, so the offset is within it; the sum of
                     // sizes was checked to fit.
                     let (rest, below) = (size ?? 0).subtractingReportingOverflow(resume.offset)

@@ -33,7 +33,12 @@ struct ReceivingSession {
     private enum PendingFile {
         case receive(FileTarget, ResumePoint, FileWriter?)
         case present(FileTarget, digest: [UInt8])
+        /// An early file answered `skip`: its data comes anyway and is dropped (§3.7).
+        case skipped
     }
+    /// Early files whose data is dropped (answered `present` or `skip`), and the offset their
+    /// next FileData must start at.
+    private var discarding: [UInt32: UInt64] = [:]
 
     init(offer: Offer, paths: [SafePath], store: FileStore, progress: TransferProgress) {
         self.offer = offer
@@ -90,9 +95,17 @@ struct ReceivingSession {
                 bytesToHashFirst = bytesToHashFirst.saturatingAdd(resume.offset)
             case .present(let target, let digest):
                 pending[UInt32(index)] = .present(target, digest: digest)
-                bytesToHashFirst = bytesToHashFirst.saturatingAdd(target.size ?? 0)
+                if offer.entries[index].flags.contains(.early) {
+                    discarding[UInt32(index)] = 0
+                } else {
+                    bytesToHashFirst = bytesToHashFirst.saturatingAdd(target.size ?? 0)
+                }
             case .skip(let error):
                 fail(UInt32(index), error)
+                if offer.entries[index].flags.contains(.early) {
+                    pending[UInt32(index)] = .skipped
+                    discarding[UInt32(index)] = 0
+                }
             }
         }
     }
@@ -164,6 +177,14 @@ struct ReceivingSession {
     }
 
     private mutating func receive(_ data: FileData) throws {
+        if let next = discarding[data.entry] {
+            let (end, overflow) = data.offset.addingReportingOverflow(UInt64(data.bytes.count))
+            guard data.offset == next, !overflow, end <= offer.entries[Int(data.entry)].size else {
+                throw TransferError(.protocolViolation, "early data for '\(paths[Int(data.entry)])' at offset \(data.offset) does not follow its previous data or overruns its size")
+            }
+            discarding[data.entry] = end
+            return
+        }
         guard case .receive(let target, let resume, var writer) = pending[data.entry] else {
             throw TransferError(.protocolViolation, "file data for '\(paths[Int(data.entry)])', which the receiver already has")
         }
@@ -202,7 +223,10 @@ struct ReceivingSession {
         }
         let shown = paths[Int(done.entry)].description
         let outcome: Result<Void, TransferError>
+        discarding[done.entry] = nil
         switch pending.removeValue(forKey: done.entry)! {
+        case .skipped:
+            return []
         case .present(let target, let digest):
             bytesToHashFirst = bytesToHashFirst.saturatingSubtract(target.size ?? 0)
             outcome = done.digest == digest

@@ -35,7 +35,9 @@ struct SenderLedger {
             let offsetFits = answer.offset == 0 || (isSizedFile && answer.disposition == .send && answer.offset <= entry.size)
             let presentFits = answer.disposition != .present || isSizedFile
             let digestFits = answer.prefixDigest.isEmpty || answer.prefixDigest.count == algorithm.digestLength
-            guard offsetFits, presentFits, digestFits else {
+            // An early file was sent whole already: it cannot be resumed (docs/PROTOCOL.md §3.7).
+            let earlyFits = !entry.flags.contains(.early) || answer.offset == 0
+            guard offsetFits, presentFits, digestFits, earlyFits else {
                 throw TransferError(.protocolViolation, "the receiver's answer for '\(Self.shown(entry))' does not fit the offer")
             }
             let number = UInt32(index)  // index < entries.count, which the codec bounds to 1 000 000

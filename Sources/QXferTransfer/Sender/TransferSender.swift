@@ -35,8 +35,9 @@ public struct TransferSender: Sendable {
         try await connection.endingOnError { try await exchange(over: connection) }
     }
 
-    /// Files up to this size go in Batches (docs/PROTOCOL.md §3.6); larger ones alone.
-    static let batchedFileLimit: UInt64 = 256 << 10
+    /// Files up to this size go in Batches (docs/PROTOCOL.md §3.6), and may be sent early,
+    /// before Accept (§3.7); larger ones alone, after Accept.
+    static let batchedFileLimit: UInt64 = ProtocolLimits.maximumEarlyFileSize
     /// A Batch is sent once it holds this much file data, or ``batchFileCount`` files. Small:
     /// the receiver takes a Batch only once all of it has arrived, and over a path still in
     /// slow start (with 8 streams sharing it on QUIC) a 1 MiB Batch arrived only after most of
@@ -45,27 +46,37 @@ public struct TransferSender: Sendable {
     static let batchFileCount = 256
 
     private func exchange<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
-        let offer = Offer(algorithm: algorithm, entries: tree.entries, flags: .batches)
+        let offer = Offer(algorithm: algorithm, entries: markingEarlyFiles(tree.entries), flags: [.batches, .early])
         progress.report(.offered(entries: offer.entries.count, bytes: tree.totalSize, sizeUnknown: tree.entries.contains { $0.flags.contains(.sizeUnknown) }))
         try await connection.send(.offer(offer))
 
-        var ledger = try SenderLedger(entries: offer.entries, algorithm: algorithm, answers: try await receiveAnswers(from: connection))
-        let jobs = ledger.jobs.map { FileJob(index: $0.index, entry: offer.entries[Int($0.index)], source: tree.sources[Int($0.index)], answer: $0.answer) }
-        let present = jobs.count(where: { $0.answer.disposition == .present })
-        progress.report(.accepted(bytes: ledger.bytesToSend, resumed: ledger.resumedBytes, present: present, skipped: ledger.failures.count))
-        for failure in ledger.failures { progress.report(.failed(path: failure.path, error: failure.error)) }
-
         let digests = Locked<[UInt32: String]>([:])
-        let units = Self.units(of: jobs)
         let usesStreams = try await connection.hasIndependentStreams
+        let earlyJobs = offer.entries.indices.filter { offer.entries[$0].flags.contains(.early) }.map {
+            FileJob(index: UInt32($0), entry: offer.entries[$0], source: tree.sources[$0], answer: .sendAll)
+        }
+        // The rest of the files, once Accept has said what the receiver wants of them.
+        let (accepted, acceptance) = AsyncStream.makeStream(of: [SendUnit].self)
         return try await withThrowingTaskGroup(of: Void.self) { group in
+            // Early files leave now, in the round trip Accept takes; the others follow them on
+            // the same lanes (on TCP+TLS, one after the other on the connection).
             group.addTask {
-                if usesStreams {
-                    try await sendInParallel(units, over: connection, digests: digests)
-                } else {
-                    for unit in units { try await send(unit, on: connection, digests: digests) }
+                try await send(Self.units(of: earlyJobs), over: connection, usesStreams: usesStreams, digests: digests)
+                for await units in accepted {
+                    try await send(units, over: connection, usesStreams: usesStreams, digests: digests)
                 }
             }
+            let answers = try await receiveAnswers(from: connection)
+            var ledger = try SenderLedger(entries: offer.entries, algorithm: algorithm, answers: answers)
+            let jobs = ledger.jobs.map { FileJob(index: $0.index, entry: offer.entries[Int($0.index)], source: tree.sources[Int($0.index)], answer: $0.answer) }
+            let present = jobs.count(where: { $0.answer.disposition == .present })
+            // Early files the receiver did not want travelled all the same.
+            let earlyUnwanted = earlyJobs.filter { answers[Int($0.index)].disposition != .send }.reduce(UInt64(0)) { $0 + $1.entry.size }  // ≤ 4 MiB
+            progress.report(.accepted(bytes: ledger.bytesToSend.saturatingAdd(earlyUnwanted), resumed: ledger.resumedBytes, present: present, skipped: ledger.failures.count))
+            for failure in ledger.failures { progress.report(.failed(path: failure.path, error: failure.error)) }
+            acceptance.yield(Self.units(of: jobs.filter { !$0.entry.flags.contains(.early) }))
+            acceptance.finish()
+
             // The verdicts come back on the control stream while data still flows.
             var summary = TransferSummary(succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: algorithm, digests: [])
             while true {
@@ -102,6 +113,29 @@ public struct TransferSender: Sendable {
         }
     }
 
+    /// Marks the files sent before Accept (docs/PROTOCOL.md §3.7): small files of known size, in
+    /// offer order, while their sizes add up to at most ``ProtocolLimits/maximumEarlyBytes``.
+    private func markingEarlyFiles(_ entries: [OfferEntry]) -> [OfferEntry] {
+        var budget = ProtocolLimits.maximumEarlyBytes
+        return zip(entries, tree.sources).map { entry, source in
+            guard entry.kind == .file, !entry.flags.contains(.sizeUnknown), case .file = source,
+                  entry.size <= ProtocolLimits.maximumEarlyFileSize, entry.size <= budget else { return entry }
+            budget -= entry.size
+            var early = entry
+            early.flags.insert(.early)
+            return early
+        }
+    }
+
+    /// Sends `units`: on QUIC on parallel lanes, on TCP+TLS one after the other.
+    private func send<Stack: TLVStack>(_ units: [SendUnit], over connection: NetworkConnection<Stack>, usesStreams: Bool, digests: Locked<[UInt32: String]>) async throws {
+        if usesStreams {
+            try await sendInParallel(units, over: connection, digests: digests)
+        } else {
+            for unit in units { try await send(unit, on: connection, digests: digests) }
+        }
+    }
+
     /// Records one Verified or Failed (alone or from a Batch); anything else is out of place.
     private func record(_ verdict: Message, in ledger: inout SenderLedger, summary: inout TransferSummary, digests: Locked<[UInt32: String]>) throws {
         switch verdict {
@@ -129,8 +163,9 @@ public struct TransferSender: Sendable {
         case .decline(let refusal):
             throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver declined: \(refusal.message)"))
         case .error(let refusal) where refusal.code == .unsupported && refusal.message.contains("offer flags"):
-            // docs/PROTOCOL.md §3.6, version rule: a receiver from before Batch refuses the flag.
-            throw AlreadyCommunicated(error: TransferError(.unsupported, "the receiver runs an older qxfer that does not take batched transfers (it said: \(refusal.message)); update it"))
+            // docs/PROTOCOL.md §3.6 and §3.7, version rules: a receiver from before Batch or early
+            // files refuses the flags.
+            throw AlreadyCommunicated(error: TransferError(.unsupported, "the receiver runs an older qxfer, without batched and early files (it said: \(refusal.message)); update it"))
         case .error(let refusal):
             throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver: \(refusal.message)"))
         default:

@@ -196,6 +196,7 @@ public enum MessageCodec {
         let count = try decodeCount(&r, minimumItemSize: minimumEntrySize, what: "entries")
         var entries: [OfferEntry] = []
         entries.reserveCapacity(count)
+        var earlyBytes: UInt64 = 0
         for index in 0..<count {
             let rawKind = try r.u8()
             guard let kind = EntryKind(rawValue: rawKind) else {
@@ -232,6 +233,15 @@ public enum MessageCodec {
             }
             guard !flags.contains(.sizeUnknown) || size == 0 else {
                 throw TransferError(.malformed, "entry \(index): size on an entry of unknown size")
+            }
+            if flags.contains(.early) {
+                guard offerFlags.contains(.early), !flags.contains(.sizeUnknown), size <= ProtocolLimits.maximumEarlyFileSize else {
+                    throw TransferError(.malformed, "entry \(index): marked early, but not a file of known size up to \(ProtocolLimits.maximumEarlyFileSize) bytes in an offer of early files")
+                }
+                earlyBytes += size  // at most 4 MiB before, 256 KiB added: no overflow
+                guard earlyBytes <= ProtocolLimits.maximumEarlyBytes else {
+                    throw TransferError(.limitExceeded, "the early files add up to more than \(ProtocolLimits.maximumEarlyBytes) bytes")
+                }
             }
             entries.append(OfferEntry(kind: kind, flags: flags, path: path, size: size, mode: mode, modificationTime: mtime, linkTarget: target))
         }

@@ -45,8 +45,12 @@ public struct OfferEntry: Sendable, Hashable {
         /// The size is not known in advance (a stream such as stdin): `size` is 0 on the wire,
         /// the entry cannot be resumed and free space is not checked for it.
         public static let sizeUnknown = Flags(rawValue: 1)
+        /// The sender sends this file whole right after the offer, without waiting for Accept
+        /// (docs/PROTOCOL.md §3.7): a file of known size, at most
+        /// ``ProtocolLimits/maximumEarlyFileSize`` bytes, in an offer with ``Offer/Flags/early``.
+        public static let early = Flags(rawValue: 2)
         /// All flags this implementation understands; others are rejected as ``TransferError/Code/unsupported``.
-        public static let known: Flags = [.sizeUnknown]
+        public static let known: Flags = [.sizeUnknown, .early]
     }
 
     public var kind: EntryKind
@@ -86,8 +90,11 @@ public struct Offer: Sendable, Hashable {
         /// another, on one QUIC data stream; the receiver may answer verdicts in batches
         /// (docs/PROTOCOL.md §3.6). A receiver that does not know it refuses the offer.
         public static let batches = Flags(rawValue: 1)
+        /// Entries flagged ``OfferEntry/Flags/early`` follow the offer at once, before Accept
+        /// (docs/PROTOCOL.md §3.7). A receiver that does not know it refuses the offer.
+        public static let early = Flags(rawValue: 2)
         /// All flags this implementation understands; others are ``TransferError/Code/unsupported``.
-        public static let known: Flags = [.batches]
+        public static let known: Flags = [.batches, .early]
     }
 
     /// The digest the sender computes for every file.
