@@ -180,7 +180,7 @@ struct ReceivingSession {
         if let next = discarding[data.entry] {
             let (end, overflow) = data.offset.addingReportingOverflow(UInt64(data.bytes.count))
             guard data.offset == next, !overflow, end <= offer.entries[Int(data.entry)].size else {
-                throw TransferError(.protocolViolation, "early data for '\(paths[Int(data.entry)])' at offset \(data.offset) does not follow its previous data or overruns its size")
+                throw TransferError(.protocolViolation, "early file data for '\(paths[Int(data.entry)])' at offset \(data.offset) does not follow its previous data or overruns its size")
             }
             discarding[data.entry] = end
             return
