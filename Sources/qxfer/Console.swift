@@ -112,10 +112,21 @@ enum Console {
         }
     }
 
-    /// Now, in UTC with milliseconds: 2026-11-24T09:30:01.123Z.
+    /// Now, in UTC with milliseconds: 2026-11-24T09:30:01.123Z. Formatted by hand: an
+    /// `ISO8601DateFormatter` per event loaded ICU's calendar, time-zone and number data into
+    /// every `--json` process (6 MiB resident, docs/benchmarks.md) and cost time on each line.
     static func timestamp(_ date: Date = Date()) -> String {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        return formatter.string(from: date)
+        let milliseconds = Int64((date.timeIntervalSince1970 * 1000).rounded())
+        let (quotient, remainder) = milliseconds.quotientAndRemainder(dividingBy: 1000)
+        var seconds = time_t(remainder < 0 ? quotient - 1 : quotient)
+        var parts = tm()
+        guard gmtime_r(&seconds, &parts) != nil else { return "" }
+        func digits(_ value: Int32, _ width: Int) -> String {
+            let text = String(value)
+            return String(repeating: "0", count: max(0, width - text.count)) + text
+        }
+        return "\(digits(parts.tm_year + 1900, 4))-\(digits(parts.tm_mon + 1, 2))-\(digits(parts.tm_mday, 2))"
+            + "T\(digits(parts.tm_hour, 2)):\(digits(parts.tm_min, 2)):\(digits(parts.tm_sec, 2))"
+            + ".\(digits(Int32(milliseconds - Int64(seconds) * 1000), 3))Z"
     }
 }

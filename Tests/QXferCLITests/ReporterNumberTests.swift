@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 @testable import qxfer
 
@@ -13,5 +14,21 @@ struct ReporterNumberTests {
         #expect(wholeNumber(2.5) == 3)
         #expect(formatDuration(Double(UInt64.max)).hasPrefix(String(Int.max / 3600)))
         #expect(formatDuration(75) == "1:15")
+    }
+}
+
+/// The `time` of every `--json` event, formatted without ICU: the same text Foundation's
+/// ISO 8601 formatter writes (UTC, to the nearest millisecond).
+@Suite("JSON event times")
+struct EventTimeTests {
+    @Test func timestampsMatchFoundationsISO8601() {
+        let reference = ISO8601DateFormatter()
+        reference.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        let seconds: [Double] = [0, 0.999, 1_795_000_000.123, 1_795_000_000.9999, 951_782_400.5 /* 2000-02-29 */, 4_102_444_799.001, 86_399.25]
+        for value in seconds {
+            let date = Date(timeIntervalSince1970: value)
+            #expect(Console.timestamp(date) == reference.string(from: date), "\(value)")
+        }
+        #expect(Console.timestamp(Date(timeIntervalSince1970: 1_795_000_000.5)) == "2026-11-18T11:06:40.500Z")
     }
 }
