@@ -228,7 +228,9 @@ struct ReceivingSession {
         case .skipped:
             return []
         case .present(let target, let digest):
-            bytesToHashFirst = bytesToHashFirst.saturatingSubtract(target.size ?? 0)
+            if !offer.entries[Int(done.entry)].flags.contains(.early) {  // an early one was not counted
+                bytesToHashFirst = bytesToHashFirst.saturatingSubtract(target.size ?? 0)
+            }
             outcome = done.digest == digest
                 ? .success(())
                 : .failure(TransferError(.exists, "'\(shown)' exists with the same size but other content; not overwriting it"))
