@@ -84,6 +84,7 @@ struct ReceivingSession {
     /// Takes the accepted plans: which files to expect.
     mutating func expect(_ plans: [Plan]) {
         for (index, plan) in plans.enumerated() {
+            let early = offer.entries[index].flags.contains(.early)
             switch plan {
             case .directory, .symlink:
                 treeEntries.append(index)
@@ -95,14 +96,14 @@ struct ReceivingSession {
                 bytesToHashFirst = bytesToHashFirst.saturatingAdd(resume.offset)
             case .present(let target, let digest):
                 pending[UInt32(index)] = .present(target, digest: digest)
-                if offer.entries[index].flags.contains(.early) {
+                if early {
                     discarding[UInt32(index)] = 0
                 } else {
                     bytesToHashFirst = bytesToHashFirst.saturatingAdd(target.size ?? 0)
                 }
             case .skip(let error):
                 fail(UInt32(index), error)
-                if offer.entries[index].flags.contains(.early) {
+                if early {
                     pending[UInt32(index)] = .skipped
                     discarding[UInt32(index)] = 0
                 }
@@ -223,12 +224,12 @@ struct ReceivingSession {
         }
         let shown = paths[Int(done.entry)].description
         let outcome: Result<Void, TransferError>
-        discarding[done.entry] = nil
+        let sentEarly = discarding.removeValue(forKey: done.entry) != nil
         switch pending.removeValue(forKey: done.entry)! {
         case .skipped:
             return []
         case .present(let target, let digest):
-            if !offer.entries[Int(done.entry)].flags.contains(.early) {  // an early one was not counted
+            if !sentEarly {  // an early file was never counted: the sender hashed nothing first
                 bytesToHashFirst = bytesToHashFirst.saturatingSubtract(target.size ?? 0)
             }
             outcome = done.digest == digest
