@@ -103,11 +103,27 @@ def transfer_tables(paths):
                "Queue drops: packets the link emulator's queue dropped during the run, both directions (median).")
     out.append("")
     out.extend(target_lines(summary))
+    out.extend(baseline_lines(summary))
     loads = [x for v in summary.values() for x in v["loads"]]
     if loads:
         out.append("")
         out.append(f"Load average (1 min) at the end of each run: median {statistics.median(loads):.2f}, min {min(loads):.2f}, max {max(loads):.2f}.")
     return "\n".join(out)
+
+
+def baseline_lines(summary):
+    """qxfer-X against baseline-X (bench/transfer.sh's QXFER_BASELINE) where a run has both."""
+    lines = []
+    for (condition, tool), after in summary.items():
+        before = summary.get((condition, tool.replace("qxfer-", "baseline-", 1))) if tool.startswith("qxfer-") else None
+        if not before or before["median"] <= 0:
+            continue
+        lines.append(
+            f"- {condition}, {tool}: {after['median']:.1f} against {before['median']:.1f} MB/s ({after['median'] / before['median']:.2f}×); "
+            f"CPU s/GB sender {after['sender_cpu']:.2f} against {before['sender_cpu']:.2f}, receiver {after['receiver_cpu']:.2f} against {before['receiver_cpu']:.2f}; "
+            f"peak RSS MiB {after['sender_rss']:.0f} / {after['receiver_rss']:.0f} against {before['sender_rss']:.0f} / {before['receiver_rss']:.0f}"
+        )
+    return ["", "This binary against the baseline (QXFER_BASELINE), same run:"] + lines if lines else []
 
 
 def target_lines(summary):

@@ -9,13 +9,17 @@
 #     PUBLISH=1 bench/run.sh full   # also copy the plots to docs/ (bench-throughput.png, bench-stream-latency.png)
 #
 # Env: SCRATCH (swift build --scratch-path for the release build, default .build-bench), QXFER
-# (a built qxfer; then qxfer-linkemu is taken from beside it and nothing is built). Runs as root.
+# (a built qxfer; then qxfer-linkemu is taken from beside it and nothing is built), QXFER_BASELINE
+# (another qxfer, e.g. the commit before a change: every benchmark runs it too, in the same run,
+# and the report sets it beside this one). Runs as root.
+#
+#     QXFER_BASELINE=../before/.build-bench/release/qxfer make bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-quick}
 case $mode in
     quick)
-        transfer_env=(BYTES=256MiB RUNS=1 CAP=30 "TOOLS=qxfer-quic qxfer-tls scp rsync iperf3-cubic iperf3-bbr ngtcp2-cubic ngtcp2-bbr")
+        transfer_env=(BYTES=256MiB RUNS=1 CAP=30 "TOOLS=qxfer-quic qxfer-tls ${QXFER_BASELINE:+baseline-quic baseline-tls} scp rsync iperf3-cubic iperf3-bbr ngtcp2-cubic ngtcp2-bbr")
         small_runs=3
         stream_args=(--duration 10 --loss 1 --configs "quic:realtime:both quic:reliable:- tls:reliable:- srt:live:- tcp:plain:bbr")
         stream_repeats=1 ;;
@@ -61,8 +65,12 @@ small_files_out=$(RUNS=3 bench/small-files.sh)
 echo "$small_files_out"
 
 echo "== streaming (${stream_args[*]}, $stream_repeats times)" >&2
+stream_baseline_results=bench/results/stream-baseline-$stamp.jsonl
 for _ in $(seq "$stream_repeats"); do
     bench/stream.sh "${stream_args[@]}" --results "$stream_results" >&2
+    if [ -n "${QXFER_BASELINE:-}" ]; then  # the same streams from the baseline binary, alternating
+        QXFER_BIN=$QXFER_BASELINE bench/stream.sh "${stream_args[@]}" --results "$stream_baseline_results" >&2
+    fi
 done
 
 {
@@ -76,17 +84,23 @@ done
     echo
     echo "## 1 KiB over 50 ms RTT: \`RUNS=$small_runs bench/small.sh\`"
     echo
-    echo "$small_out" | sed -n '/^| /p;/^Process start/p'
+    echo "$small_out" | sed -n '/^|/p;/^Process start/p'
     echo
     echo "## Many small files: \`RUNS=3 bench/small-files.sh\`"
     echo
-    echo "$small_files_out" | sed -n '/^| /p'
+    echo "$small_files_out" | sed -n '/^|/p'
     echo
     echo "## Streaming: \`bench/stream.sh ${stream_args[*]}\` ($stream_repeats times)"
     echo
     python3 bench/report.py stream "$stream_results"
     echo
-    echo "Results: $transfer_csv, $(echo "$small_out" | sed -n 's/^CSV: //p'), $(echo "$small_files_out" | sed -n 's/^CSV: //p'), $stream_results"
+    if [ -n "${QXFER_BASELINE:-}" ]; then
+        echo "The same streams from the baseline ($QXFER_BASELINE):"
+        echo
+        python3 bench/report.py stream "$stream_baseline_results"
+        echo
+    fi
+    echo "Results: $transfer_csv, $(echo "$small_out" | sed -n 's/^CSV: //p'), $(echo "$small_files_out" | sed -n 's/^CSV: //p'), $stream_results${QXFER_BASELINE:+, $stream_baseline_results}"
 } >"$report"
 # Debian's python3-matplotlib lives in /usr/bin/python3's path; another python3 may come first.
 plotter=python3

@@ -10,13 +10,14 @@
 #
 #     bench/small.sh                    # 7 runs of each
 #     RUNS=11 QXFER=path/to/qxfer bench/small.sh
+#     QXFER_BASELINE=path/to/older/qxfer bench/small.sh   # adds its baseline-quic, -quic-known, -tls
 #
 # The runs are bench/transfer.sh's (BYTES=1KiB CONDITIONS=wan); the CSV goes to
 # bench/results/transfer-DATE.csv and the table is bench/report.py small's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BYTES=1KiB CONDITIONS=wan RUNS=${RUNS:-7} CAP=${CAP:-30}
-export TOOLS=${TOOLS:-qxfer-quic qxfer-quic-known qxfer-tls scp rsync ngtcp2-cubic}
+export TOOLS=${TOOLS:-qxfer-quic qxfer-quic-known qxfer-tls ${QXFER_BASELINE:+baseline-quic baseline-quic-known baseline-tls} scp rsync ngtcp2-cubic}
 log=$(mktemp /tmp/qxfer-small.XXXXXX)
 trap 'rm -f "$log"' EXIT
 bench/transfer.sh | tee "$log" >/dev/null

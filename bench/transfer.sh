@@ -8,6 +8,7 @@
 #     BYTES=256MiB RUNS=1 CONDITIONS="loopback wan" bench/transfer.sh
 #     TOOLS="qxfer-quic iperf3-bbr" CAP=60 bench/transfer.sh
 #     QXFER=path/to/qxfer bench/transfer.sh               # use that binary, build nothing
+#     QXFER_BASELINE=path/to/older/qxfer bench/transfer.sh  # adds baseline-quic, baseline-tls
 #
 # Conditions: loopback (both ends in one namespace, over lo); veth (two namespaces joined by a
 # veth pair, MTU 1500, nothing emulated); wan (25 ms one way, 500 Mbit/s, 50 ms queue); wan-loss
@@ -23,7 +24,10 @@
 # to memory, no encryption), ngtcp2-cubic and ngtcp2-bbr (gtlsclient fetches the file over HTTP/3
 # from gtlsserver --cc CC into a directory), and, to choose how qxfer/1 uses TCP+TLS, four files
 # of BYTES/4 sent by one qxfer over one TLS connection (qxfer-tls-4files-1conn) against four qxfer
-# processes, one file each (qxfer-tls-4files-4conn).
+# processes, one file each (qxfer-tls-4files-4conn). With QXFER_BASELINE (another qxfer, e.g. the
+# commit before a change), baseline-quic, baseline-tls (and baseline-auto, baseline-quic-known) run
+# that binary on both ends, interleaved with the others, and the report compares each qxfer-X
+# with baseline-X (throughput, CPU per GB, peak RSS).
 # Each run records the wall time of the process that finishes the transfer (the sender; for
 # ngtcp2 the client, which receives; process start to exit, handshake included), CPU seconds
 # (user+sys) and peak RSS of both sides where the tool has a process we start on each side (not
@@ -40,7 +44,7 @@ RUNS=${RUNS:-3}
 CONDITIONS=${CONDITIONS:-loopback veth wan wan-loss wan-long wan-lossy}
 SCRATCH=${SCRATCH:-.build-bench}
 CAP=${CAP:-300}
-TOOLS=${TOOLS:-qxfer-quic qxfer-tls scp rsync iperf3-cubic iperf3-bbr ngtcp2-cubic ngtcp2-bbr qxfer-tls-4files-1conn qxfer-tls-4files-4conn}
+TOOLS=${TOOLS:-qxfer-quic qxfer-tls ${QXFER_BASELINE:+baseline-quic baseline-tls} scp rsync iperf3-cubic iperf3-bbr ngtcp2-cubic ngtcp2-bbr qxfer-tls-4files-1conn qxfer-tls-4files-4conn}
 PREFIX=qbt$$
 [ "$(id -u)" = 0 ] || { echo "bench/transfer.sh: run as root (namespaces, sshd)" >&2; exit 1; }
 
@@ -158,7 +162,7 @@ stop_timed() {
 start_qxfer_recv() {
     rm -rf "$WORK/dst"; mkdir -p "$WORK/dst"
     ip netns exec "$RECV_NS" /usr/bin/time -f "%e %U %S %M" -o "$WORK/recv.time" \
-        "$QXFER" recv --config-dir "$WORK/cfg-recv" --dir "$WORK/dst" --yes --port 7447 --no-advertise >/dev/null 2>"$WORK/recv.err" &
+        "$QX" recv --config-dir "$WORK/cfg-recv" --dir "$WORK/dst" --yes --port 7447 --no-advertise >/dev/null 2>"$WORK/recv.err" &
     RECV_PID=$!
     PIDS+=("$RECV_PID")
     sleep 0.5
@@ -220,11 +224,16 @@ wait_listen() {
 
 run_tool() {  # condition tool run
     TOOL=$2
-    case $2 in
+    # baseline-X is qxfer-X with the baseline binary on both ends.
+    QX=$QXFER
+    if [[ $2 == baseline-* ]]; then
+        QX=${QXFER_BASELINE:?"bench: $2 needs QXFER_BASELINE"}
+    fi
+    case ${2/#baseline-/qxfer-} in
         qxfer-quic|qxfer-tls|qxfer-auto)
             start_qxfer_recv
             rm -f "$WORK/cfg-send/session-tickets"  # a new receiver: nothing to resume
-            timed "$WORK/send.time" "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/src/file.bin" "$HOST:7447" --stack "${2#qxfer-}" --fingerprint "$FP"
+            timed "$WORK/send.time" "$QX" send --config-dir "$WORK/cfg-send" "$WORK/src/file.bin" "$HOST:7447" --stack "${2#*-}" --fingerprint "$FP"
             stop_qxfer_recv
             check "$WORK/dst/file.bin"
             record "$1" "$2" "$3" "$WORK/send.time" "$WORK/recv.time" ;;
@@ -234,16 +243,16 @@ run_tool() {  # condition tool run
             start_qxfer_recv
             rm -f "$WORK/cfg-send/session-tickets"
             head -c 1024 /dev/urandom >"$WORK/warm-up.bin"
-            ip netns exec "$SEND_NS" "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/warm-up.bin" "$HOST:7447" --stack quic --fingerprint "$FP" >/dev/null 2>"$WORK/warm-up.err" \
+            ip netns exec "$SEND_NS" "$QX" send --config-dir "$WORK/cfg-send" "$WORK/warm-up.bin" "$HOST:7447" --stack quic --fingerprint "$FP" >/dev/null 2>"$WORK/warm-up.err" \
                 || echo "bench: qxfer-quic-known: the warm-up send failed: $(tail -1 "$WORK/warm-up.err")" >&2
             [ -s "$WORK/cfg-send/session-tickets" ] || echo "bench: qxfer-quic-known: no session ticket after the warm-up send" >&2
-            timed "$WORK/send.time" "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/src/file.bin" "$HOST:7447" --stack quic --fingerprint "$FP"
+            timed "$WORK/send.time" "$QX" send --config-dir "$WORK/cfg-send" "$WORK/src/file.bin" "$HOST:7447" --stack quic --fingerprint "$FP"
             stop_qxfer_recv
             check "$WORK/dst/file.bin"
             record "$1" "$2" "$3" "$WORK/send.time" "$WORK/recv.time" ;;
         qxfer-tls-4files-1conn)
             start_qxfer_recv
-            timed "$WORK/send.time" "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK"/parts/part0{0,1,2,3} "$HOST:7447" --stack tls --fingerprint "$FP"
+            timed "$WORK/send.time" "$QX" send --config-dir "$WORK/cfg-send" "$WORK"/parts/part0{0,1,2,3} "$HOST:7447" --stack tls --fingerprint "$FP"
             stop_qxfer_recv
             check "$WORK"/dst/part0{0,1,2,3}
             record "$1" "$2" "$3" "$WORK/send.time" "$WORK/recv.time" ;;
@@ -252,7 +261,7 @@ run_tool() {  # condition tool run
             local start end i senders=()
             start=$(date +%s.%N)
             for i in 0 1 2 3; do
-                timed "$WORK/send$i.time" "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/parts/part0$i" "$HOST:7447" --stack tls --fingerprint "$FP" &
+                timed "$WORK/send$i.time" "$QX" send --config-dir "$WORK/cfg-send" "$WORK/parts/part0$i" "$HOST:7447" --stack tls --fingerprint "$FP" &
                 senders+=($!)
             done
             for i in "${senders[@]}"; do wait "$i"; done
@@ -319,6 +328,7 @@ run_tool() {  # condition tool run
 
 FP=$("$QXFER" id --config-dir "$WORK/cfg-recv")
 "$QXFER" id --config-dir "$WORK/cfg-send" >/dev/null
+[ -z "${QXFER_BASELINE:-}" ] || "$QXFER_BASELINE" id --config-dir "$WORK/cfg-recv" >/dev/null  # reads the same identity
 for condition in $CONDITIONS; do
     echo "== $condition ($BYTES, $RUNS runs; load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
     setup "$condition"
