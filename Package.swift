@@ -30,6 +30,14 @@ let package = Package(
                 .linkedLibrary("gnutls"),
             ]
         ),
+        // QUIC packet protection with the BoringSSL swift-crypto builds (AES-GCM with VAES and
+        // AVX-512 where the CPU has them): the backend QXferQUIC hands the engine. GnuTLS keeps
+        // the handshake; the engine itself stays free of other packages (its default backend is
+        // ngtcp2_crypto_gnutls's).
+        .target(
+            name: "CQUICPacketProtection",
+            dependencies: ["CNGTCP2", .product(name: "Crypto", package: "swift-crypto")]
+        ),
         // Linux socket structures the Glibc module lacks (the kernel's tcp_info).
         .target(name: "CQXferLinux"),
         // P-256 point arithmetic for the pairing PAKE, from OpenSSL's libcrypto.
@@ -161,6 +169,7 @@ let package = Package(
                 "QXferIdentity",
                 "QXferSockets",
                 "QUICEngine",
+                "CQUICPacketProtection",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -312,7 +321,7 @@ let package = Package(
         ),
         .testTarget(
             name: "QUICEngineTests",
-            dependencies: ["QUICEngine", "CNGTCP2"],
+            dependencies: ["QUICEngine", "CNGTCP2", "CQUICPacketProtection"],
             swiftSettings: strictSwift6
         ),
         .testTarget(

@@ -22,7 +22,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-C_MODULES = {"CNGTCP2", "CQXferLinux", "CP256", "CXXHash", "CFileSystemLinux"}
+C_MODULES = {"CNGTCP2", "CQUICPacketProtection", "CQXferLinux", "CP256", "CXXHash", "CFileSystemLinux"}
 ENGINE = "QUICEngine"
 # The library's layers, lowest first; a layer depends only on lower ones.
 LAYERS = {

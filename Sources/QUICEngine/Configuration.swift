@@ -149,6 +149,8 @@ public struct QUICConfiguration: Sendable {
     /// client's certificate, sealed in its ticket, is given to ``verifyPeer`` again when the
     /// handshake completes; the connection fails if it is refused. nil: no tickets, no 0-RTT.
     public var sessionTickets: QUICSessionTicketIssuer? = nil
+    /// What seals, opens and masks each packet once the keys exist (see ``QUICPacketProtection``).
+    public var packetProtection: QUICPacketProtection = .gnutls
     /// Static key from which stateless reset tokens are derived
     /// (``QUICStatelessReset/token(secret:connectionID:)``). A server driver keeps it to send
     /// stateless resets for connections it no longer knows. Random per configuration by default.
@@ -230,4 +232,31 @@ enum QUICRandom {
         let rv = gnutls_rnd(GNUTLS_RND_RANDOM, pointer, count)
         precondition(rv == 0, "gnutls_rnd failed")
     }
+}
+
+/// The library that protects each packet (AEAD and header protection, RFC 9001 §5).
+///
+/// GnuTLS always runs the handshake and produces the traffic secrets. By default
+/// ngtcp2_crypto_gnutls also makes the packet keys and protects every packet with GnuTLS; a
+/// stack may hand in another backend that takes over from the secrets on (QXferQUIC hands in
+/// BoringSSL's, several times cheaper per packet on CPUs with VAES). Both ends of a connection
+/// choose independently: the packets are the same on the wire.
+public struct QUICPacketProtection: @unchecked Sendable {  // a pointer to an immutable, static C table
+    let backend: UnsafePointer<cngtcp2_packet_protection>?
+
+    /// ngtcp2_crypto_gnutls's own packet protection.
+    public static let gnutls = QUICPacketProtection(backend: nil)
+
+    /// A backend given as the address of a static `cngtcp2_packet_protection` (CNGTCP2.h)
+    /// that lives as long as the process.
+    public init(backend: UnsafeRawPointer) {
+        self.backend = backend.assumingMemoryBound(to: cngtcp2_packet_protection.self)
+    }
+
+    private init(backend: UnsafePointer<cngtcp2_packet_protection>?) {
+        self.backend = backend
+    }
+
+    /// Whether this is ngtcp2_crypto_gnutls's own (for logs and tests).
+    public var isGnuTLS: Bool { backend == nil }
 }

@@ -113,7 +113,7 @@ public final class QUICConnection {
         let scid = QUICConnectionID(QUICRandom.connectionID(configuration))!
         var dcid = originalDestinationConnectionID.ngtcp2CID
         var scidC = scid.ngtcp2CID
-        var callbacks = Self.makeCallbacks(isServer: false)
+        var callbacks = Self.makeCallbacks(isServer: false, packetProtection: configuration.packetProtection)
         var settings = makeSettings(now: now, remote: path.remote)
         var params = makeTransportParameters()
         var newConn: OpaquePointer?
@@ -158,7 +158,7 @@ public final class QUICConnection {
         let scid = QUICConnectionID(QUICRandom.connectionID(configuration))!
         var dcid = initialPacket.sourceConnectionID.ngtcp2CID
         var scidC = scid.ngtcp2CID
-        var callbacks = Self.makeCallbacks(isServer: true)
+        var callbacks = Self.makeCallbacks(isServer: true, packetProtection: configuration.packetProtection)
         var settings = makeSettings(now: now, remote: path.remote)
         var params = makeTransportParameters()
         if let originalDestination {
@@ -967,6 +967,18 @@ public final class QUICConnection {
         afterLibraryCall(now: now)
     }
 
+    /// Starts a 1-RTT key update (RFC 9001 §6): packets sent from now on use the next keys, and
+    /// the peer follows. ngtcp2 updates keys by itself before a key's confidentiality limit; this
+    /// is for tests and for endpoints that want to rotate sooner. Refused before the handshake
+    /// is confirmed or while the previous update is not yet acknowledged.
+    /// The corresponding ngtcp2 function is `ngtcp2_conn_initiate_key_update`.
+    public func initiateKeyUpdate(now: QUICTime) throws(QUICEngineError) {
+        guard let conn, !isClosed else { throw QUICEngineError(.connectionClosed, "connection is closed") }
+        let rv = ngtcp2_conn_initiate_key_update(conn, now.nanoseconds)
+        guard rv == 0 else { throw .library("ngtcp2_conn_initiate_key_update", rv) }
+        afterLibraryCall(now: now)
+    }
+
     /// The connection IDs peers may currently use to reach this endpoint (`ngtcp2_conn_get_scid`).
     /// A server driver routes datagrams whose destination CID is in this set here.
     public var sourceConnectionIDs: [QUICConnectionID] {
@@ -1219,9 +1231,12 @@ public final class QUICConnection {
     // MARK: - Callback table
 
     /// ngtcp2 callbacks as capture-free C thunks; user_data is the unretained connection.
-    private static func makeCallbacks(isServer: Bool) -> ngtcp2_callbacks {
+    private static func makeCallbacks(isServer: Bool, packetProtection: QUICPacketProtection) -> ngtcp2_callbacks {
         var cb = ngtcp2_callbacks()
         cngtcp2_callbacks_set_crypto(&cb, isServer ? 1 : 0)
+        if let backend = packetProtection.backend {
+            cngtcp2_packet_protection_set_callbacks(backend, &cb, isServer ? 1 : 0)
+        }
         cb.handshake_completed = { _, userData in
             connection(userData).onHandshakeCompleted()
         }

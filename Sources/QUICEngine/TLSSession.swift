@@ -63,6 +63,10 @@ final class TLSSession {
         if configured != 0 {
             throw QUICEngineError(.tlsSetupFailed, "ngtcp2_crypto_gnutls_configure_\(isServer ? "server" : "client")_session failed")
         }
+        if let backend = configuration.packetProtection.backend,
+           cngtcp2_packet_protection_configure_session(backend, session) != 0 {
+            throw QUICEngineError(.tlsSetupFailed, "the packet protection backend refused the TLS session")
+        }
         rv = gnutls_priority_set_direct(session, Self.priority, nil)
         if rv != 0 { throw .gnutls("gnutls_priority_set_direct", rv) }
         rv = gnutls_credentials_set(session, GNUTLS_CRD_CERTIFICATE, UnsafeMutableRawPointer(cred))

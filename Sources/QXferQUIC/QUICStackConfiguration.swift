@@ -1,3 +1,4 @@
+internal import CQUICPacketProtection
 import QUICEngine
 @_spi(Stacks) import QXferCore
 @_spi(Stacks) import QXferIdentity
@@ -13,6 +14,9 @@ enum QUICStackConfiguration {
             certificateChainPEM: identity.certificatePEM, privateKeyPEM: identity.privateKeyPEM,
             verifyPeer: { verifier.evaluate(certificateDER: $0) })
         configuration.applicationProtocols = quic.applicationProtocols
+        // GnuTLS runs the handshake; BoringSSL protects the packets (AES-GCM with VAES where the
+        // CPU has it: docs/benchmarks.md, "QUIC at MTU 1500: the per-packet budget").
+        configuration.packetProtection = QUICPacketProtection(backend: cquic_packet_protection_boringssl())
         if isServer {
             switch quic.clientAuthentication.kind {
             case .none: configuration.clientAuthentication = .none

@@ -96,6 +96,26 @@ static inline void cngtcp2_callbacks_set_crypto(ngtcp2_callbacks *cb, int is_ser
   cb->version_negotiation = ngtcp2_crypto_version_negotiation_cb;
 }
 
+/// A packet-protection backend the engine can use instead of ngtcp2_crypto_gnutls's own
+/// (QXferQUIC hands it BoringSSL's, CQUICPacketProtection): |set_callbacks| runs after
+/// cngtcp2_callbacks_set_crypto and replaces the callbacks that make and use packet keys;
+/// |configure_session| runs after ngtcp2_crypto_gnutls_configure_*_session and routes the TLS
+/// session's traffic secrets to that backend. The handshake itself stays GnuTLS's.
+typedef struct cngtcp2_packet_protection {
+  void (*set_callbacks)(ngtcp2_callbacks *cb, int is_server);
+  int (*configure_session)(gnutls_session_t session);
+} cngtcp2_packet_protection;
+
+static inline void cngtcp2_packet_protection_set_callbacks(const cngtcp2_packet_protection *backend,
+                                                           ngtcp2_callbacks *cb, int is_server) {
+  backend->set_callbacks(cb, is_server);
+}
+
+static inline int cngtcp2_packet_protection_configure_session(const cngtcp2_packet_protection *backend,
+                                                              gnutls_session_t session) {
+  return backend->configure_session(session);
+}
+
 /// Frees memory that GnuTLS allocated (gnutls_free is a macro over a
 /// function pointer variable).
 static inline void cngtcp2_gnutls_free(void *p) { gnutls_free(p); }
