@@ -382,7 +382,7 @@ static void delete_cipher_context(ngtcp2_conn *conn, ngtcp2_crypto_cipher_ctx *c
   header_context_free(cipher_ctx);
 }
 
-void cquic_packet_protection_set_callbacks(ngtcp2_callbacks *cb, int is_server) {
+static void set_callbacks(ngtcp2_callbacks *cb, int is_server) {
   if (is_server) {
     cb->recv_client_initial = recv_client_initial;
   } else {
@@ -398,14 +398,14 @@ void cquic_packet_protection_set_callbacks(ngtcp2_callbacks *cb, int is_server) 
   cb->version_negotiation = version_negotiation;
 }
 
-int cquic_packet_protection_configure_session(gnutls_session_t session) {
+static int configure_session(gnutls_session_t session) {
   gnutls_handshake_set_secret_function(session, secret_func);
   return 0;
 }
 
 static const cngtcp2_packet_protection boringssl_backend = {
-    .set_callbacks = cquic_packet_protection_set_callbacks,
-    .configure_session = cquic_packet_protection_configure_session,
+    .set_callbacks = set_callbacks,
+    .configure_session = configure_session,
 };
 
 const cngtcp2_packet_protection *cquic_packet_protection_boringssl(void) { return &boringssl_backend; }

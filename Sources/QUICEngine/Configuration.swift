@@ -256,7 +256,4 @@ public struct QUICPacketProtection: @unchecked Sendable {  // a pointer to an im
     private init(backend: UnsafePointer<cngtcp2_packet_protection>?) {
         self.backend = backend
     }
-
-    /// Whether this is ngtcp2_crypto_gnutls's own (for logs and tests).
-    public var isGnuTLS: Bool { backend == nil }
 }

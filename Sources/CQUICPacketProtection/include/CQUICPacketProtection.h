@@ -9,16 +9,10 @@
 
 #include <CNGTCP2.h>
 
-/// Replaces ngtcp2_crypto_gnutls's packet-protection callbacks in |cb| (initial keys, Retry,
-/// version negotiation, key update, AEAD, header protection, freeing keys) with BoringSSL's.
-/// The handshake callbacks (recv_crypto_data, path challenge data) stay as they are.
-void cquic_packet_protection_set_callbacks(ngtcp2_callbacks *cb, int is_server);
-
-/// Routes |session|'s traffic secrets to this backend's keys. Call after
-/// ngtcp2_crypto_gnutls_configure_{client,server}_session. Returns 0.
-int cquic_packet_protection_configure_session(gnutls_session_t session);
-
-/// The backend as the engine takes it (see cngtcp2_packet_protection in CNGTCP2.h).
+/// The backend as the engine takes it (see cngtcp2_packet_protection in CNGTCP2.h): its
+/// set_callbacks replaces ngtcp2_crypto_gnutls's packet-protection callbacks (initial keys,
+/// Retry, version negotiation, key update, AEAD, header protection, freeing keys) and keeps the
+/// handshake ones; its configure_session routes the TLS session's traffic secrets to its keys.
 const cngtcp2_packet_protection *cquic_packet_protection_boringssl(void);
 
 #endif
