@@ -51,7 +51,8 @@ let package = Package(
             dependencies: ["CP256"],
             swiftSettings: strictSwift6
         ),
-        // The Linux calls the CLI needs (malloc arenas, punching holes) behind Swift types.
+        // The Linux calls the applications need (malloc arenas, punching holes, a pthread lock
+        // ThreadSanitizer sees) behind Swift types.
         .target(
             name: "LinuxSystem",
             dependencies: ["CQXferLinux"],
@@ -214,7 +215,7 @@ let package = Package(
         // File transfer (qxfer/1 send/recv), written only against the public API.
         .target(
             name: "QXferTransfer",
-            dependencies: ["QXfer", "FastHash", "SafeOutput", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["QXfer", "FastHash", "SafeOutput", "LinuxSystem", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strictSwift6
         ),
 
@@ -222,7 +223,7 @@ let package = Package(
         // realtime modes, loss repair and latency statistics, over the public API only.
         .target(
             name: "QXferStream",
-            dependencies: ["QXfer", "SafeOutput", .product(name: "Histogram", package: "hdrhistogram-swift")],
+            dependencies: ["QXfer", "SafeOutput", "LinuxSystem", .product(name: "Histogram", package: "hdrhistogram-swift")],
             swiftSettings: strictSwift6
         ),
 
@@ -301,12 +302,12 @@ let package = Package(
         ),
         .testTarget(
             name: "QXferTransferTests",
-            dependencies: ["QXferTransfer", "QXfer"],
+            dependencies: ["QXferTransfer", "QXfer", "LinuxSystem"],
             swiftSettings: strictSwift6
         ),
         .testTarget(
             name: "QXferStreamTests",
-            dependencies: ["QXferStream", "QXfer"],
+            dependencies: ["QXferStream", "QXfer", "LinuxSystem"],
             swiftSettings: strictSwift6
         ),
         .testTarget(

@@ -2,7 +2,7 @@
 # Builds and runs qxfer's libFuzzer targets (fuzz/harness/*.swift), one binary per parser,
 # each compiled with swiftc -sanitize=fuzzer,address together with the project's own source
 # files it exercises (no SwiftPM: the parsers need only the standard library, Foundation, Glibc,
-# libxxhash for the journal's check line (FastHash's and SafeOutput's few Swift files are compiled
+# libxxhash for the journal's check line (FastHash's, SafeOutput's and LinuxSystem's few Swift files are compiled
 # into the same module, hence `#if canImport` around their imports), and for the QUIC engine its C shim, ngtcp2 and GnuTLS).
 #
 #   fuzz/run.sh [TARGET...]        build, then run each target for $FUZZ_SECONDS (default 60)
@@ -30,7 +30,7 @@ WIRE="$T/Wire/MessageCodec.swift $T/Wire/Messages.swift $T/Limits.swift $T/Trans
 # The receiver's and sender's decisions after decoding, with the file store they write through.
 SESSION="$T/Receiver/OfferPlanner.swift $T/Receiver/ReceivingSession.swift $T/Sender/SenderLedger.swift $T/Session/InboundFunnel.swift
   $T/Session/TransferProgress.swift $T/Store/FileStore.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift
-  $T/Paths/SafePath.swift $T/Hashing/Digest.swift $T/Store/FileCommitter.swift $T/Session/Locked.swift
+  $T/Paths/SafePath.swift $T/Hashing/Digest.swift $T/Store/FileCommitter.swift Sources/LinuxSystem/Locked.swift
   Sources/FastHash/XXH3.swift Sources/SafeOutput/RenameAt.swift fuzz/support/SessionSupport.swift"
 STREAM="$S/WireFormat.swift $S/Bytes.swift $S/Frame.swift $S/RealtimeDatagrams.swift $S/ReedSolomon.swift"
 CXXHASH=(-Xcc -fmodule-map-file=fuzz/support/CXXHash.modulemap -I Sources/CXXHash/include -lxxhash

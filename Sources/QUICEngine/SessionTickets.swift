@@ -1,5 +1,4 @@
 internal import CNGTCP2
-import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -52,7 +51,8 @@ public enum QUICEarlyData: Hashable, Sendable {
 ///
 /// `@unchecked Sendable`: the key and the filter are written only in `init` and freed in
 /// `deinit`; GnuTLS reads them from any thread; the set of seen ClientHellos is guarded by
-/// its own `Mutex`.
+/// a pthread mutex (not the standard library's `Mutex`, which ThreadSanitizer cannot see on
+/// Linux: docs/SECURITY.md, "Sanitizers").
 public final class QUICSessionTicketIssuer: @unchecked Sendable {
     /// ClientHellos remembered at once; beyond this, early data is refused (never memory).
     public static let replayMemoryLimit = 65_536
@@ -60,7 +60,13 @@ public final class QUICSessionTicketIssuer: @unchecked Sendable {
     private let key: UnsafeMutablePointer<UInt8>
     private let keyLength: Int
     let antiReplay: gnutls_anti_replay_t
-    private let seen = Mutex<(entries: [[UInt8]: time_t], oldest: time_t)>(([:], 0))
+    private let seenLock: UnsafeMutablePointer<pthread_mutex_t> = {
+        let lock = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+        lock.initialize(to: pthread_mutex_t())
+        pthread_mutex_init(lock, nil)
+        return lock
+    }()
+    private var seen: (entries: [[UInt8]: time_t], oldest: time_t) = ([:], 0)
 
     /// GnuTLS's ticket master key length (`gnutls_session_ticket_key_generate` makes 64 bytes).
     static let masterKeyLength = 64
@@ -96,6 +102,8 @@ public final class QUICSessionTicketIssuer: @unchecked Sendable {
     }
 
     deinit {
+        pthread_mutex_destroy(seenLock)
+        seenLock.deallocate()
         gnutls_anti_replay_deinit(antiReplay)
         key.update(repeating: 0, count: keyLength)
         key.deallocate()
@@ -108,16 +116,16 @@ public final class QUICSessionTicketIssuer: @unchecked Sendable {
     /// memory is full (GnuTLS then refuses that early data).
     func remember(_ entry: [UInt8], until expiry: time_t) -> Bool {
         let now = time(nil)
-        return seen.withLock { state in
-            if state.entries.count >= Self.replayMemoryLimit || (state.oldest != 0 && state.oldest < now) {
-                state.entries = state.entries.filter { $0.value >= now }
-                state.oldest = state.entries.values.min() ?? 0
-            }
-            guard state.entries[entry] == nil, state.entries.count < Self.replayMemoryLimit else { return false }
-            state.entries[entry] = expiry
-            state.oldest = state.oldest == 0 ? expiry : min(state.oldest, expiry)
-            return true
+        pthread_mutex_lock(seenLock)
+        defer { pthread_mutex_unlock(seenLock) }
+        if seen.entries.count >= Self.replayMemoryLimit || (seen.oldest != 0 && seen.oldest < now) {
+            seen.entries = seen.entries.filter { $0.value >= now }
+            seen.oldest = seen.entries.values.min() ?? 0
         }
+        guard seen.entries[entry] == nil, seen.entries.count < Self.replayMemoryLimit else { return false }
+        seen.entries[entry] = expiry
+        seen.oldest = seen.oldest == 0 ? expiry : min(seen.oldest, expiry)
+        return true
     }
 
     private static func hmacSHA256(key: [UInt8], message: [UInt8]) -> [UInt8] {

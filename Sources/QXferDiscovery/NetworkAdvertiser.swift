@@ -1,6 +1,5 @@
 import Logging
 @_spi(Stacks) import QXferCore
-import Synchronization
 
 #if canImport(Glibc)
 import Glibc

@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 
 /// Appends big-endian integers and bytes to a buffer: the encoding half of the wire format.
 struct ByteWriter {
@@ -84,16 +83,4 @@ public struct StreamError: Error, Hashable, Sendable, CustomStringConvertible {
     public var description: String { message }
     public static func == (lhs: StreamError, rhs: StreamError) -> Bool { lhs.code == rhs.code }
     public func hash(into hasher: inout Hasher) { hasher.combine(code) }
-}
-
-/// A `Mutex` that tasks can share: a local `Mutex` cannot be captured by the closures of a
-/// task group, being non-copyable; this box makes it a reference. The mutex protects the state.
-final class Locked<Value>: Sendable {
-    private let mutex: Mutex<Value>
-
-    init(_ value: sending Value) { mutex = Mutex(value) }
-
-    func withLock<Result, Failure: Error>(_ body: (inout sending Value) throws(Failure) -> sending Result) throws(Failure) -> sending Result {
-        try mutex.withLock(body)
-    }
 }

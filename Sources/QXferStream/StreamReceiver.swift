@@ -1,6 +1,6 @@
 import Foundation
 import QXfer
-import Synchronization
+internal import LinuxSystem
 
 /// What the receiver does with what arrives.
 public struct StreamReceiverOptions: Sendable {

@@ -1,6 +1,6 @@
 import Foundation
 import QXfer
-import Synchronization
+internal import LinuxSystem
 
 /// Reads ``ControlMessage``s from a connection's byte stream.
 struct MessageReader<Stack: ByteStreamProtocol> {

@@ -1,5 +1,6 @@
 import Foundation
 import QXfer
+import LinuxSystem
 import Synchronization
 import Testing
 @testable import QXferStream

@@ -1,5 +1,6 @@
 import Foundation
 import QXfer
+import LinuxSystem
 @testable import QXferTransfer
 import Testing
 

@@ -1,4 +1,5 @@
 import QXfer
+internal import LinuxSystem
 
 /// Which transfer is receiving which target, and the rule for a new transfer that wants a
 /// target another one holds (docs/PROTOCOL.md §6, "A sender that reconnects").

@@ -1,5 +1,6 @@
 import Foundation
 import QXfer
+internal import LinuxSystem
 
 /// An offer as the receiver's user sees it before accepting: who sends what.
 public struct IncomingOffer: Sendable {

@@ -1,5 +1,6 @@
 import Foundation
 import QXfer
+internal import LinuxSystem
 
 /// The sending side of qxfer/1 (docs/PROTOCOL.md), over any `TLV { TLS() }` or
 /// `TLV { QUIC() }` connection: offers a ``SourceTree``, sends what the receiver asks for,

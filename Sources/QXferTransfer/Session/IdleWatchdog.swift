@@ -1,3 +1,5 @@
+internal import LinuxSystem
+
 /// Notices a peer that has gone silent in the middle of a transfer: it reports once no message
 /// was handled for `limit` (plus an allowance for work the peer must do before it can send,
 /// such as hashing a large file), never while a message is being handled, and never once

@@ -1,3 +1,7 @@
+#if canImport(LinuxSystem)  // fuzz/run.sh compiles Locked's source into its one module
+internal import LinuxSystem
+#endif
+
 /// Something that happened in a transfer, for a progress display or a JSON log.
 public enum TransferEvent: Sendable {
     /// The offer was sent (sender) or received (receiver).

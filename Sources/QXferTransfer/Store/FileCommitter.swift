@@ -2,6 +2,9 @@ import Foundation
 #if canImport(SafeOutput)  // fuzz/run.sh compiles syncFileSystem's source into its one module
 internal import SafeOutput
 #endif
+#if canImport(LinuxSystem)  // fuzz/run.sh compiles Locked's source into its one module
+internal import LinuxSystem
+#endif
 
 /// Verified files handed over to be committed (``FileWriter/commit()``). Whoever makes a
 /// group gives its writers up: from then on only ``FileCommitter`` touches them, on its own

@@ -1,6 +1,9 @@
 #if canImport(SafeOutput)  // fuzz/run.sh compiles renameAt's source into its one module
 internal import SafeOutput
 #endif
+#if canImport(LinuxSystem)  // fuzz/run.sh compiles Locked's source into its one module
+internal import LinuxSystem
+#endif
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
