@@ -45,10 +45,14 @@ test: deps
 	# 250 ms attempt delay and 1 s refusal rule (docs/SECURITY.md, "Sanitizers").
 	# ThreadSanitizer over the same suites (its own build folder), one test at a time: TSan slows
 	# everything several-fold, and parallel suites then miss their own deadlines. A report fails
-	# the run (exit 66); why two suites are left out: docs/SECURITY.md, "Sanitizers".
+	# the run (exit 66); why two suites are left out: docs/SECURITY.md, "Sanitizers". Reports go
+	# to files and are shown again, shortened, after the test run, where a log's tail shows them.
 	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan
-	TSAN_OPTIONS=halt_on_error=0:exitcode=66:suppressions=$(CURDIR)/Tests/tsan-suppressions.txt $(SWIFT) test --skip-build --sanitize=thread --scratch-path .build-tsan \
-		--no-parallel --skip QUICEngineTests --skip QXferStreamTests --skip RaceTests
+	rm -rf .build-tsan/reports && mkdir -p .build-tsan/reports
+	TSAN_OPTIONS=halt_on_error=0:exitcode=66:log_path=$(CURDIR)/.build-tsan/reports/tsan:suppressions=$(CURDIR)/Tests/tsan-suppressions.txt \
+		$(SWIFT) test --skip-build --sanitize=thread --scratch-path .build-tsan \
+		--no-parallel --skip QUICEngineTests --skip QXferStreamTests --skip RaceTests \
+		|| { status=$$?; scripts/tsan-summary.sh .build-tsan/reports; exit $$status; }
 
 ## Builds the libFuzzer targets (fuzz/harness: qxfer/1 codec and framing, path validation, resume
 ## journal, mDNS, TLV/Coder, IVF/Y4M, stream messages and datagrams, the QUIC listener's input,

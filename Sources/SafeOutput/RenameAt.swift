@@ -24,3 +24,15 @@ public func syncFileSystem(holding file: Int32) -> Int32 {
     guard cfslinux_syncfs(file) == 0 else { return errno }
     return 0
 }
+
+/// Starts writing the dirty pages of `length` bytes at `offset` of the open file `file` to its
+/// device, without waiting: an fsync later finds them written or on their way, so a writer
+/// that kicks each piece as it goes overlaps the device's work with its own instead of paying
+/// for it all at the sync. Advisory: a failure is not reported here (the fsync that follows
+/// reports write-back errors); returns 0, or the errno value of a failure to start.
+///
+/// The corresponding Linux call is `sync_file_range(2)` with `SYNC_FILE_RANGE_WRITE`.
+public func startWriteBack(of file: Int32, offset: Int64, length: Int64) -> Int32 {
+    guard cfslinux_start_write_back(file, offset, length) == 0 else { return errno }
+    return 0
+}

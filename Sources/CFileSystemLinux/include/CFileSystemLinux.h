@@ -1,11 +1,12 @@
 // Linux file-system calls Swift's Glibc module does not show (renameat2 is variadic syscall(2)
-// underneath, which Swift cannot call; syncfs is declared only under _GNU_SOURCE): used only
-// through SafeOutput's Swift wrappers.
+// underneath, which Swift cannot call; syncfs and sync_file_range are declared only under
+// _GNU_SOURCE): used only through SafeOutput's Swift wrappers.
 #ifndef CFILESYSTEMLINUX_H
 #define CFILESYSTEMLINUX_H
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
 #endif
+#include <fcntl.h>
 #include <unistd.h>
 #include <sys/syscall.h>
 
@@ -17,5 +18,11 @@ static inline int cfslinux_renameat2(int olddirfd, const char *oldpath, int newd
 /// syncfs(2): writes back and flushes the whole file system holding fd. Returns 0 or -1 with errno set.
 static inline int cfslinux_syncfs(int fd) {
     return syncfs(fd);
+}
+
+/// sync_file_range(2) with SYNC_FILE_RANGE_WRITE: starts writing back the dirty pages of a range
+/// without waiting for them. Returns 0 or -1 with errno set.
+static inline int cfslinux_start_write_back(int fd, long long offset, long long length) {
+    return sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE);
 }
 #endif
