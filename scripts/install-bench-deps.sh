@@ -11,6 +11,7 @@ packages=(
   python3 python3-matplotlib             # bench/report.py's tables and plots
   iproute2 jq bc time procps xxhash openssl
   linux-perf                             # bench/profile.sh and bench/packet-budget.sh
+  strace                                 # bench/sync-stalls.sh
 )
 missing=()
 for package in "${packages[@]}"; do

@@ -338,4 +338,53 @@ import Testing
         try resumed.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
         #expect(readFile(mountPoint + "/video.raw") == data)
     }
+
+    /// What a checkpoint made durable leaves the page cache (the receiver never reads it again),
+    /// and what is not yet durable stays: pages of the partial are counted with mincore(2) on a
+    /// mapping of it. Before the change every page written stayed cached.
+    @Test func durablePagesLeaveTheCache() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        // tmpfs keeps a file's pages whatever is advised: nothing to observe there.
+        guard fileSystemType(holding: temp.path) != "tmpfs" else { return }
+        let mebibyte = 1 << 20
+        let store = try makeStore(temp.path, interval: UInt64(mebibyte))
+        let data = pattern(6 * mebibyte + 100_000, seed: 21)
+        let file = try target("big.bin", data)
+        let writer = try store.openWriter(for: file)
+        try write(writer, data, from: 0, chunk: 256 << 10)
+        #expect(writer.checkpointedOffset == UInt64(6 * mebibyte))
+
+        let fd = open(temp.sub(".big.bin.qxfer-partial"), O_RDONLY)
+        #expect(fd >= 0)
+        defer { close(fd) }
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        let mapped = mmap(nil, data.count, PROT_READ, MAP_SHARED, fd, 0)
+        #expect(mapped != MAP_FAILED)
+        defer { munmap(mapped, data.count) }
+        var resident = [UInt8](repeating: 0, count: (data.count + page - 1) / page)
+        #expect(mincore(mapped, data.count, &resident) == 0)
+        let durablePages = 6 * mebibyte / page
+        let cachedDurable = resident[..<durablePages].count(where: { $0 & 1 == 1 })
+        let cachedRest = resident[durablePages...].count(where: { $0 & 1 == 1 })
+        #expect(cachedDurable == 0, "\(cachedDurable) of \(durablePages) durable pages still cached")
+        #expect(cachedRest == resident.count - durablePages, "pages not yet durable: \(cachedRest) of \(resident.count - durablePages) cached")
+        try writer.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        #expect(readFile(temp.sub("big.bin")) == data)
+    }
+
+    /// The type of the mounted file system holding `path` (the longest mount point that is a
+    /// prefix of it in /proc/self/mounts), or nil.
+    func fileSystemType(holding path: String) -> String? {
+        guard let mounts = try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8) else { return nil }
+        var best: (point: String, type: String)?
+        for line in mounts.split(separator: "\n") {
+            let fields = line.split(separator: " ")
+            guard fields.count > 2 else { continue }
+            let point = String(fields[1])
+            guard path == point || path.hasPrefix(point == "/" ? "/" : point + "/") else { continue }
+            if point.count > best?.point.count ?? -1 { best = (point, String(fields[2])) }
+        }
+        return best?.type
+    }
 }
