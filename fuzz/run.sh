@@ -46,7 +46,7 @@ sources() {
         journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $WIRE fuzz/support/JournalSupport.swift" ;;
         dns)     echo "fuzz/harness/FuzzDNS.swift $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift" ;;
         framers) echo "fuzz/harness/FuzzFramers.swift Sources/QXferCore/FrameRules.swift Sources/QXferCore/QXferError.swift" ;;
-        media)   echo "fuzz/harness/FuzzMedia.swift $S/MediaFiles.swift $STREAM" ;;
+        media)   echo "fuzz/harness/FuzzMedia.swift $S/MediaFiles.swift $STREAM Sources/SafeOutput/OutputFile.swift Sources/SafeOutput/OutputKind.swift" ;;
         streamwire) echo "fuzz/harness/FuzzStreamWire.swift $S/FrameAssembler.swift $STREAM" ;;
         quic)    echo "fuzz/harness/FuzzQUIC.swift $(echo Sources/QUICEngine/*.swift)" ;;
         session) echo "fuzz/harness/FuzzSession.swift $SESSION $WIRE" ;;

@@ -1,5 +1,7 @@
 import Foundation
+#if canImport(SafeOutput)  // fuzz/run.sh compiles OutputFile's source into its one module
 import SafeOutput
+#endif
 
 /// One frame as a source yields it, before it is stamped with a capture time.
 public struct SourceFrame: Sendable, Hashable {
