@@ -18,7 +18,9 @@ RUNS=${RUNS:-3}
 command -v strace >/dev/null || { echo "sync-stalls: needs strace (scripts/install-bench-deps.sh)" >&2; exit 1; }
 work=$(mktemp -d /tmp/qxfer-sync-stalls.XXXXXX)
 trap 'pkill -INT -f "qxfer-sync-stalls.*recv" 2>/dev/null || true; rm -rf "$work"' EXIT
-head -c "$(numfmt --from=iec "${BYTES%B}")" /dev/urandom >"$work/file.bin"
+head -c "$(numfmt --from=iec-i "${BYTES%B}")" /dev/urandom >"$work/file.bin"
+# The receiver's identity exists before any receiver starts, so the pinned fingerprint is its.
+fingerprint=$("$QXFER" id --config-dir "$work/cfg-recv")
 
 for run in $(seq "$RUNS"); do
     for which in qxfer ${QXFER_BASELINE:+baseline}; do
@@ -27,13 +29,12 @@ for run in $(seq "$RUNS"); do
         strace --seccomp-bpf -f -T -e trace=fdatasync,fsync,syncfs,sync_file_range -o "$work/strace" \
             "$qx" recv --config-dir "$work/cfg-recv" --dir "$work/dst" --yes --port 7451 --no-advertise >/dev/null 2>"$work/recv.err" &
         receiver=$!
-        fingerprint=$("$qx" id --config-dir "$work/cfg-recv")
         for _ in $(seq 50); do ss -Hlun "sport = :7451" | grep -q . && break; sleep 0.1; done
         start=$(date +%s%N)
         "$qx" send --config-dir "$work/cfg-send" "$work/file.bin" 127.0.0.1:7451 --fingerprint "$fingerprint" >/dev/null 2>"$work/send.err" \
             || { echo "sync-stalls: the send failed: $(tail -1 "$work/send.err")" >&2; exit 1; }
         wall=$(( ($(date +%s%N) - start) / 1000000 ))
-        kill -INT "$receiver" 2>/dev/null || true
+        pkill -INT -P "$receiver" 2>/dev/null || true  # qxfer itself: strace does not pass signals on
         wait "$receiver" 2>/dev/null || true
         cmp -s "$work/file.bin" "$work/dst/file.bin" || { echo "sync-stalls: received data differs" >&2; exit 1; }
         awk -v tag="$which $run" -v wall="$wall" -F'<' '
