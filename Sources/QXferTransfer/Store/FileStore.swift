@@ -285,8 +285,8 @@ public final class FileWriter {
 
     /// Bytes written before their write-back to the device is started. The checkpoints' and
     /// the commit's syncs then wait only for the last of them, instead of stopping the reader
-    /// while the device writes a whole checkpoint interval (docs/benchmarks.md, "Durable
-    /// writes overlapped with the network").
+    /// while the device writes a whole checkpoint interval (docs/benchmarks.md, "The 1 GiB
+    /// runs: a receiver's page cache").
     static let writeBackInterval: UInt64 = 2 << 20
 
     /// Appends `bytes`, which must start at ``offset`` and not run past the offered size. On a
@@ -349,8 +349,8 @@ public final class FileWriter {
     /// is computed as data arrives), so a large file no longer pushes the machine's other cached
     /// data out of memory, and the next pages written reuse the memory just freed. Where free
     /// memory goes back to a virtual machine's host, writing into memory the host took back
-    /// cost this receiver 1.3-2 CPU-seconds per GiB (docs/benchmarks.md, "A receiver's page
-    /// cache"). Advisory: a failure changes nothing but memory use.
+    /// cost this receiver 1.3-2 CPU-seconds per GiB (docs/benchmarks.md, "The 1 GiB runs: a
+    /// receiver's page cache"). Advisory: a failure changes nothing but memory use.
     private func releaseDurablePages(of file: Descriptor, from start: UInt64, upTo end: UInt64) {
         let pageStart = start & ~4095  // the page the last checkpoint ended in is complete now
         guard end > pageStart, let offset = off_t(exactly: pageStart), let length = off_t(exactly: end - pageStart) else { return }
