@@ -351,8 +351,10 @@ public final class FileWriter {
     /// memory goes back to a virtual machine's host, writing into memory the host took back
     /// cost this receiver 1.3-2 CPU-seconds per GiB (docs/benchmarks.md, "The 1 GiB runs: a
     /// receiver's page cache"). Advisory: a failure changes nothing but memory use.
+    private static let pageSize = UInt64(max(sysconf(Int32(_SC_PAGESIZE)), 4096))
+
     private func releaseDurablePages(of file: Descriptor, from start: UInt64, upTo end: UInt64) {
-        let pageStart = start & ~4095  // the page the last checkpoint ended in is complete now
+        let pageStart = start - start % Self.pageSize  // the page the last checkpoint ended in is complete now
         guard end > pageStart, let offset = off_t(exactly: pageStart), let length = off_t(exactly: end - pageStart) else { return }
         _ = posix_fadvise(file.fd, offset, length, POSIX_FADV_DONTNEED)
     }
