@@ -15,30 +15,34 @@ demo: build
 	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer scripts/demo.sh
 	$(SWIFT) run qxfer-demo
 
-## Runs the whole test suite.
+## Runs the whole test suite. Each step goes through scripts/test-step.sh: its duration is
+## printed, the library's info lines and the sanitized linker's noise are left out of the log
+## (kept in a file), and a step past its limit in seconds fails with what it left running.
+STEP = scripts/test-step.sh
+BIN = $$($(SWIFT) build --show-bin-path)
 test: deps
 	# The target graph, and a failure on a cycle or on an edge the layering forbids
 	# (docs/ARCHITECTURE.md): before building, so a forbidden import is named, not just compiled.
 	scripts/check-architecture.py
-	$(SWIFT) build --build-tests
+	$(STEP) 2400 $(SWIFT) build --build-tests
 	# The engine's simulated-link tests are CPU-bound; run them apart from the socket tests
 	# so that timeouts in the latter measure the code, not a starved machine.
-	$(SWIFT) test --skip-build --filter QUICEngineTests
+	$(STEP) 900 $(SWIFT) test --skip-build --filter QUICEngineTests
 	# The streaming tests push live frames for seconds at a time; alone, they neither starve
 	# nor are starved by the socket tests' deadlines.
-	$(SWIFT) test --skip-build --filter QXferStreamTests
-	$(SWIFT) test --skip-build --skip QUICEngineTests --skip QXferStreamTests
-	LINKEMU_BIN=$$($(SWIFT) build --show-bin-path)/qxfer-linkemu bench/netns/selftest.sh
-	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/transfer.sh
-	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/faults.sh
-	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/pairing.sh
-	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/race.sh
-	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/hostile.sh
-	QXFER=$$($(SWIFT) build --show-bin-path)/qxfer Tests/e2e/terminal.sh
+	$(STEP) 900 $(SWIFT) test --skip-build --filter QXferStreamTests
+	$(STEP) 900 $(SWIFT) test --skip-build --skip QUICEngineTests --skip QXferStreamTests
+	LINKEMU_BIN=$(BIN)/qxfer-linkemu $(STEP) 900 bench/netns/selftest.sh
+	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/transfer.sh
+	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/faults.sh
+	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/pairing.sh
+	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/race.sh
+	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/hostile.sh
+	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/terminal.sh
 	# AddressSanitizer over the library, transfer and CLI tests (its own build folder; leak
 	# checking off: XCTest's runner leaks a few bytes of its own at exit).
-	$(SWIFT) build --build-tests --sanitize=address --scratch-path .build-asan
-	ASAN_OPTIONS=detect_leaks=0 $(SWIFT) test --skip-build --sanitize=address --scratch-path .build-asan \
+	$(STEP) 2400 $(SWIFT) build --build-tests --sanitize=address --scratch-path .build-asan
+	ASAN_OPTIONS=detect_leaks=0 $(STEP) 900 $(SWIFT) test --skip-build --sanitize=address --scratch-path .build-asan \
 		--skip QUICEngineTests --skip QXferStreamTests --skip RaceTests
 	# RaceTests are left out of both sanitized runs: which stack wins depends on which loopback
 	# handshake completes first, and a sanitized QUIC handshake takes longer than the race's
@@ -47,10 +51,10 @@ test: deps
 	# everything several-fold, and parallel suites then miss their own deadlines. A report fails
 	# the run (exit 66); why two suites are left out: docs/SECURITY.md, "Sanitizers". Reports go
 	# to files and are shown again, shortened, after the test run, where a log's tail shows them.
-	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan
+	$(STEP) 2400 $(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan
 	rm -rf .build-tsan/reports && mkdir -p .build-tsan/reports
 	TSAN_OPTIONS=halt_on_error=0:exitcode=66:log_path=$(CURDIR)/.build-tsan/reports/tsan:suppressions=$(CURDIR)/Tests/tsan-suppressions.txt \
-		$(SWIFT) test --skip-build --sanitize=thread --scratch-path .build-tsan \
+		$(STEP) 2400 $(SWIFT) test --skip-build --sanitize=thread --scratch-path .build-tsan \
 		--no-parallel --skip QUICEngineTests --skip QXferStreamTests --skip RaceTests \
 		|| { status=$$?; scripts/tsan-summary.sh .build-tsan/reports; exit $$status; }
 

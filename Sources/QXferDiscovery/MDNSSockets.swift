@@ -107,8 +107,8 @@ enum MDNSSockets {
 
     private static func configure(_ fd: CInt, on interface: MDNSInterface, ipv6: Bool, port: UInt16) throws {
         func set<T>(_ level: Int32, _ option: Int32, _ value: T, _ what: String) throws {
-            var value = value
-            guard setsockopt(fd, level, option, &value, socklen_t(MemoryLayout<T>.size)) == 0 else {
+            let status = withUnsafePointer(to: value) { setsockopt(fd, level, option, $0, socklen_t(MemoryLayout<T>.size)) }
+            guard status == 0 else {
                 throw OpenError(description: "setsockopt(\(what)) on \(interface.name): \(String(cString: strerror(errno)))")
             }
         }

@@ -62,7 +62,7 @@ struct QUICListener: BoundTransportListener {
                 makeConnection: { engine, verifier, eventLoop in
                     let driver = QUICConnectionDriver(
                         engine: engine, eventLoop: eventLoop, verifier: verifier, acceptedProtocols: quic.applicationProtocols)
-                    driver.handshakeResult.whenSuccess { [unowned driver] _ in
+                    driver.handshakeResult.assumeIsolated().whenSuccess { [unowned driver] _ in
                         let outcome = driver.verifier.result
                         let peer = PeerIdentity(
                             fingerprint: outcome.fingerprint, trust: outcome.trust,

@@ -59,8 +59,8 @@ struct CLITests {
     static func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil,
                     timeout: Duration = .seconds(30)) async throws -> Run {
         let scratch = Scratch()
-        FileManager.default.createFile(atPath: scratch.file("out"), contents: nil)
-        FileManager.default.createFile(atPath: scratch.file("err"), contents: nil)
+        _ = FileManager.default.createFile(atPath: scratch.file("out"), contents: nil)
+        _ = FileManager.default.createFile(atPath: scratch.file("err"), contents: nil)
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
@@ -176,8 +176,8 @@ struct CLITests {
     @Test("send FILE FILE: the last argument is an existing file, not a host; refused at once (64)")
     func fileWhereTheHostGoes() async throws {
         let home = Scratch()
-        FileManager.default.createFile(atPath: home.file("a.bin"), contents: Data([1]))
-        FileManager.default.createFile(atPath: home.file("b.bin"), contents: Data([2]))
+        _ = FileManager.default.createFile(atPath: home.file("a.bin"), contents: Data([1]))
+        _ = FileManager.default.createFile(atPath: home.file("b.bin"), contents: Data([2]))
         let run = try await Self.qxfer(["send", home.file("a.bin"), home.file("b.bin")], home: home)
         #expect(run.status == 64)
         #expect(run.stderr.contains("is a local file, not a host"), "\(run.stderr)")

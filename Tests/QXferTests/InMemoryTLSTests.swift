@@ -54,11 +54,11 @@ struct InMemoryTLSTests {
             client.embeddedEventLoop.run()
             server.embeddedEventLoop.run()
             while let bytes = try client.readOutbound(as: ByteBuffer.self) {
-                try? server.writeInbound(bytes)
+                _ = try? server.writeInbound(bytes)
                 moved = true
             }
             while let bytes = try server.readOutbound(as: ByteBuffer.self) {
-                try? client.writeInbound(bytes)
+                _ = try? client.writeInbound(bytes)
                 moved = true
             }
             if !moved { break }

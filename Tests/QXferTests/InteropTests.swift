@@ -207,7 +207,7 @@ struct InteropTests {
                 .trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
 
             let path = directory.file("out")
-            FileManager.default.createFile(atPath: path, contents: nil)
+            _ = FileManager.default.createFile(atPath: path, contents: nil)
             let process = Process()
             process.executableURL = URL(fileURLWithPath: openssl)
             process.arguments = ["s_server", "-accept", "127.0.0.1:0", "-cert", directory.file("cert.pem"),

@@ -639,7 +639,7 @@ struct LoopbackTests {
     // MARK: 12. Parameters reach the socket
 
     /// A socket option of the connection's TCP socket, read with getsockopt.
-    static func socketOption<Value>(_ connection: NetworkConnection<TLS>, level: Int32, name: Int32, as: Value.Type) async throws -> Value {
+    static func socketOption<Value: Sendable>(_ connection: NetworkConnection<TLS>, level: Int32, name: Int32, as: Value.Type) async throws -> Value {
         let stream = try #require(try await connection.transport() as? TLSByteStream)
         let provider = try #require(stream.channel as? any SocketOptionProvider)
         let future: EventLoopFuture<Value> = provider.unsafeGetSocketOption(level: SocketOptionLevel(level), name: name)

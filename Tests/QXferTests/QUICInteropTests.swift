@@ -59,7 +59,7 @@ struct QUICInteropTests {
     func runAioquicClient(port: UInt16, bytes: Int, extra: [String] = []) async throws -> (Subprocess, ClientReport?) {
         let result = try await Subprocess.run(
             Self.python!, ["-u", Self.script("aioquic_client.py"), "127.0.0.1", "\(port)", "--bytes", "\(bytes)", "--timeout", "15"] + extra,
-            timeout: .seconds(40))
+            timeout: .seconds(60))
         let line = result.stdout.split(separator: "\n").first(where: { $0.hasPrefix("{") })
         let report = line.flatMap { try? JSONDecoder().decode(ClientReport.self, from: Data($0.utf8)) }
         return (result, report)
@@ -68,7 +68,7 @@ struct QUICInteropTests {
     // MARK: aioquic client → qxfer listener
 
     @Test("An aioquic client handshakes with qxfer's QUIC listener, negotiates qxfer/1 and gets stream 0 echoed",
-          .enabled(if: aioquicAvailable, skipReason), .timeLimit(.minutes(1)))
+          .enabled(if: aioquicAvailable, skipReason), .timeLimit(.minutes(2)))
     func aioquicClientToListener() async throws {
         let identity = try HostIdentity.ephemeral(commonName: "interop listener")
         let seen = Recorder<PeerIdentity?>()
@@ -95,7 +95,7 @@ struct QUICInteropTests {
     }
 
     @Test("An aioquic client that presents a certificate and finishes the stream is echoed in full",
-          .enabled(if: aioquicAvailable && openssl != nil, skipReason), .timeLimit(.minutes(1)))
+          .enabled(if: aioquicAvailable && openssl != nil, skipReason), .timeLimit(.minutes(2)))
     func aioquicClientWithCertificateAndFin() async throws {
         let directory = TemporaryDirectory()
         let fingerprint = try await Self.makeCertificate(in: directory)
@@ -138,7 +138,7 @@ struct QUICInteropTests {
     /// the aioquic client read ~34 KB of 200 KB here). The close must wait for the data, as
     /// closing a TCP socket does.
     @Test("An echo handler that returns on the client's FIN delivers the whole echo",
-          .enabled(if: aioquicAvailable, skipReason), .timeLimit(.minutes(1)))
+          .enabled(if: aioquicAvailable, skipReason), .timeLimit(.minutes(2)))
     func handlerReturnDeliversEcho() async throws {
         let identity = try HostIdentity.ephemeral(commonName: "interop listener")
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(identity) }
@@ -152,7 +152,7 @@ struct QUICInteropTests {
     }
 
     @Test("An aioquic client offering only h3 is refused by qxfer's listener",
-          .enabled(if: aioquicAvailable, skipReason), .timeLimit(.minutes(1)))
+          .enabled(if: aioquicAvailable, skipReason), .timeLimit(.minutes(2)))
     func aioquicClientWrongALPN() async throws {
         let identity = try HostIdentity.ephemeral(commonName: "interop listener")
         let seen = Recorder<PeerIdentity?>()
@@ -187,7 +187,7 @@ struct QUICInteropTests {
     }
 
     @Test("qxfer's QUIC client, pinning an aioquic server's P-256 certificate, gets stream 0 echoed",
-          .enabled(if: aioquicAvailable && openssl != nil, skipReason), .timeLimit(.minutes(1)))
+          .enabled(if: aioquicAvailable && openssl != nil, skipReason), .timeLimit(.minutes(2)))
     func qxferClientToAioquicServer() async throws {
         let directory = TemporaryDirectory()
         let fingerprint = try await Self.makeCertificate(in: directory)
@@ -223,7 +223,7 @@ struct QUICInteropTests {
     }
 
     @Test("qxfer's QUIC client refuses an aioquic server whose certificate differs from the pin",
-          .enabled(if: aioquicAvailable && openssl != nil, skipReason), .timeLimit(.minutes(1)))
+          .enabled(if: aioquicAvailable && openssl != nil, skipReason), .timeLimit(.minutes(2)))
     func qxferClientWrongPin() async throws {
         let directory = TemporaryDirectory()
         _ = try await Self.makeCertificate(in: directory)
@@ -260,7 +260,7 @@ final class AioquicServer: @unchecked Sendable {
     var output: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
 
     static func start(python: String, script: String, certificate: String, privateKey: String, log: String) async throws -> AioquicServer {
-        FileManager.default.createFile(atPath: log, contents: nil)
+        _ = FileManager.default.createFile(atPath: log, contents: nil)
         let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
         defer { try? handle.close() }
         let process = Process()

@@ -229,9 +229,9 @@ struct Subprocess {
         timeout: Duration = .seconds(20)
     ) async throws -> Subprocess {
         let scratch = TemporaryDirectory()
-        FileManager.default.createFile(atPath: scratch.file("out"), contents: nil)
-        FileManager.default.createFile(atPath: scratch.file("err"), contents: nil)
-        FileManager.default.createFile(atPath: scratch.file("in"), contents: stdin ?? Data())
+        _ = FileManager.default.createFile(atPath: scratch.file("out"), contents: nil)
+        _ = FileManager.default.createFile(atPath: scratch.file("err"), contents: nil)
+        _ = FileManager.default.createFile(atPath: scratch.file("in"), contents: stdin ?? Data())
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments

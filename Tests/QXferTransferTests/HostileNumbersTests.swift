@@ -211,7 +211,7 @@ struct HostileNumbersTests {
         let (scratch, dst) = try Self.emptyFolder()
         defer { scratch.cleanup() }
         try FileManager.default.createDirectory(atPath: scratch.sub("src"), withIntermediateDirectories: true)
-        FileManager.default.createFile(atPath: scratch.sub("src/f"), contents: Data(pattern(10)))
+        _ = FileManager.default.createFile(atPath: scratch.sub("src/f"), contents: Data(pattern(10)))
         try FileManager.default.createSymbolicLink(atPath: scratch.sub("src/l"), withDestinationPath: "f")
         let tree = try SourceTree.scan([scratch.sub("src")])
         let receiver = TransferReceiver(directory: dst, confirm: { _ in
@@ -345,7 +345,7 @@ struct SourceNumbersTests {
         let scratch = TempDir()
         defer { scratch.cleanup() }
         let path = scratch.sub("future")
-        FileManager.default.createFile(atPath: path, contents: Data("x".utf8))
+        _ = FileManager.default.createFile(atPath: path, contents: Data("x".utf8))
         var times = [timespec(tv_sec: 15_000_000_000, tv_nsec: 0), timespec(tv_sec: 15_000_000_000, tv_nsec: 0)]
         guard utimensat(AT_FDCWD, path, &times, 0) == 0 else { return }  // a file system that cannot hold it
         var info = stat()

@@ -137,15 +137,15 @@ func makeOddTree(in root: String) throws {
     let top = root + "/odd tree"
     try fm.createDirectory(atPath: top + "/empty folder", withIntermediateDirectories: true)
     try Data(pattern(3 << 20, seed: 7)).write(to: URL(fileURLWithPath: top + "/three MiB.bin"))
-    fm.createFile(atPath: top + "/empty file", contents: Data())
-    fm.createFile(atPath: top + "/ünïcödé ✓ 日本語.txt", contents: Data("unicode\n".utf8))
-    fm.createFile(atPath: top + "/ends with space ", contents: Data("space\n".utf8))
-    fm.createFile(atPath: top + "/...", contents: Data("dots\n".utf8))
-    fm.createFile(atPath: top + "/back\\slash", contents: Data("backslash\n".utf8))
+    _ = fm.createFile(atPath: top + "/empty file", contents: Data())
+    _ = fm.createFile(atPath: top + "/ünïcödé ✓ 日本語.txt", contents: Data("unicode\n".utf8))
+    _ = fm.createFile(atPath: top + "/ends with space ", contents: Data("space\n".utf8))
+    _ = fm.createFile(atPath: top + "/...", contents: Data("dots\n".utf8))
+    _ = fm.createFile(atPath: top + "/back\\slash", contents: Data("backslash\n".utf8))
     var deep = top + "/deep"
     for level in 0..<20 { deep += "/level \(level)" }
     try fm.createDirectory(atPath: deep, withIntermediateDirectories: true)
-    fm.createFile(atPath: deep + "/bottom.txt", contents: Data("bottom\n".utf8))
+    _ = fm.createFile(atPath: deep + "/bottom.txt", contents: Data("bottom\n".utf8))
     try fm.createSymbolicLink(atPath: top + "/deep/link to bottom", withDestinationPath: "level 0/level 1/level 2")
     try fm.createSymbolicLink(atPath: top + "/escapes", withDestinationPath: "../../outside")
     chmod(top + "/three MiB.bin", 0o640)
@@ -307,7 +307,7 @@ struct SessionTests {
         // The offer fits when checked; the disk fills up just after (another program writing).
         let (server, client) = try await withConnectedPair(.tls, receive: { peer in
             try await peer.runReceiver(TransferReceiver(directory: dst, confirm: { _ in
-                FileManager.default.createFile(atPath: dst + "/filler", contents: Data(count: 5 << 20))
+                _ = FileManager.default.createFile(atPath: dst + "/filler", contents: Data(count: 5 << 20))
                 return true
             }))
         }, send: { peer in

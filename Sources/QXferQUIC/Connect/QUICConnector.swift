@@ -101,7 +101,7 @@ enum QUICConnector {
         } catch {
             throw QXferError(.connectFailed, "cannot open a UDP socket: \(ChannelErrors.reason(error))", underlying: error)
         }
-        let setup = channel.eventLoop.submit { () throws -> (NIOLoopBound<QUICConnectionDriver>, EventLoopFuture<String>) in
+        let setup = channel.eventLoop.submit { [configuration] () throws -> (NIOLoopBound<QUICConnectionDriver>, EventLoopFuture<String>) in
             let handler = try channel.pipeline.syncOperations.handler(type: QUICSocketHandler.self)
             guard let local = handler.localAddress, let remoteAddress = QUICSocketAddress(remote) else {
                 throw QXferError(.connectFailed, "cannot use the address \(remote)")

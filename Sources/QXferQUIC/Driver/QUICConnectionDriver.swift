@@ -155,10 +155,10 @@ final class QUICConnectionDriver: QUICEndpointConnection {
 
     /// Ends the sending side of the stream (FIN) after what was written.
     func finish(_ stream: QUICStreamID) -> EventLoopFuture<Void> {
-        write(ByteBuffer(), on: stream).flatMapThrowing {
+        write(ByteBuffer(), on: stream).assumeIsolated().flatMapThrowing {
             try self.engine.finish(stream: stream)
             self.process()
-        }
+        }.nonisolated()
     }
 
     /// What has arrived on the stream, waiting for data if none has; nil after the peer's FIN.
@@ -369,7 +369,7 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         if let current = timerDeadline, current <= next, timer != nil { return }
         timer?.cancel()
         timerDeadline = next
-        timer = eventLoop.scheduleTask(deadline: .uptimeNanoseconds(next.nanoseconds)) { [self] in
+        timer = eventLoop.assumeIsolated().scheduleTask(deadline: .uptimeNanoseconds(next.nanoseconds)) { [self] in
             timerDeadline = nil
             timer = nil
             engine.handleTimeout(now: Self.now)

@@ -15,12 +15,12 @@ final class QUICSocketHandler: ChannelInboundHandler {
     typealias OutboundOut = AddressedEnvelope<ByteBuffer>
 
     /// What a listening socket needs to accept connections.
-    struct Server {
+    struct Server: Sendable {
         /// A configuration (with a fresh verifier) for each new connection.
-        var makeConfiguration: () -> (QUICConfiguration, PeerVerifier)
+        var makeConfiguration: @Sendable () -> (QUICConfiguration, PeerVerifier)
         /// The connection (its driver) for a new client's engine, on the socket's event loop.
         /// It reports itself to the listener once its handshake completes.
-        var makeConnection: (QUICConnection, PeerVerifier, any EventLoop) -> any QUICEndpointConnection
+        var makeConnection: @Sendable (QUICConnection, PeerVerifier, any EventLoop) -> any QUICEndpointConnection
         /// Connections beyond this many are ignored until others end.
         var maximumConnections = 4096
         /// The secret stateless-reset tokens derive from (the engines use the same one).
@@ -317,7 +317,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
         routes[initial.destinationConnectionID] = driver  // retransmitted Initials still carry it
         pendingHandshakes += 1
         acceptedThisSecond += 1
-        driver.handshakeResult.whenComplete { [weak self] _ in self?.pendingHandshakes -= 1 }
+        driver.handshakeResult.assumeIsolated().whenComplete { [weak self] _ in self?.pendingHandshakes -= 1 }
         driver.receive(datagram, path: path, now: QUICClock.now)
         markDirty(driver)
     }
@@ -411,10 +411,10 @@ final class QUICSocketHandler: ChannelInboundHandler {
 extension QUICSocketAddress {
     /// From a NIO socket address (IPv4 or IPv6).
     init?(_ address: SocketAddress) {
-        let converted: QUICSocketAddress?? = try? address.withSockAddr { pointer, size in
+        let converted = address.withSockAddr { pointer, size in
             QUICSocketAddress(sockaddrBytes: UnsafeRawBufferPointer(start: pointer, count: size))
         }
-        guard let converted, let converted else { return nil }
+        guard let converted else { return nil }
         self = converted
     }
 
@@ -424,6 +424,7 @@ extension QUICSocketAddress {
         let family = isIPv6 ? AF_INET6 : AF_INET
         let ok = addressBytes.withUnsafeBytes { inet_ntop(family, $0.baseAddress, &text, socklen_t(text.count)) } != nil
         guard ok else { return nil }
-        return try? SocketAddress(ipAddress: String(cString: text), port: Int(port))
+        let digits = text.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }
+        return try? SocketAddress(ipAddress: String(decoding: digits, as: UTF8.self), port: Int(port))
     }
 }

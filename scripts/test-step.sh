@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One step of `make test`, bounded in time and readable in a log's tail:
+#
+#   scripts/test-step.sh LIMIT_SECONDS command [arguments…]
+#
+# - Prints the step, then its duration and exit status, so a CI log shows where the time went.
+# - Leaves out the lines that are noise in a test log: the library's own `info`/`notice` log
+#   lines (every loopback handshake of every test: a test that fails says why in its own
+#   issue) and the gold linker's "Cannot export local symbol" warnings of sanitized builds.
+#   The whole output stays in a file (its path is printed when the step fails).
+# - A step that overruns LIMIT_SECONDS is a failure with its cause, not a silent wait until
+#   CI's own limit: the processes it left (with what each waits in), and the tests that
+#   started but never finished, are printed before the step's processes are killed.
+set -uo pipefail
+
+limit=$1
+shift
+log=$(mktemp "${TMPDIR:-/tmp}/qxfer-step.XXXXXX")
+noise='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}[+-][0-9]{4} (info|notice) qxfer\.|/ld\.gold: warning: Cannot export local symbol'
+
+echo "== $* (at most ${limit} s)"
+start=$SECONDS
+# Its own session, so everything it starts can be listed and killed together.
+setsid --wait "$@" >"$log" 2>&1 </dev/null &
+step=$!
+tail -n +1 -F --pid="$step" "$log" 2>/dev/null | grep --line-buffered -avE "$noise" &
+printer=$!
+
+overran=0
+while kill -0 "$step" 2>/dev/null; do
+    if (( SECONDS - start > limit )); then
+        overran=1
+        break
+    fi
+    sleep 1
+done
+
+if (( overran )); then
+    echo "== the step overran its ${limit} s limit; what it left running:"
+    ps -s "$step" -o pid,ppid,etimes,stat,wchan:28,args --forest 2>/dev/null | cut -c1-220
+    echo "== tests started and not finished:"
+    awk '
+        /^◇ Test .* started\.$/ { name = $0; sub(/^◇ Test /, "", name); sub(/ started\.$/, "", name); open[name] = 1 }
+        /^[^ ]+ Test .* (passed|failed|skipped)/ {
+            rest = $0; sub(/^[^ ]+ Test /, "", rest)
+            for (n in open) if (index(rest, n) == 1) delete open[n]
+        }
+        END { for (n in open) print "   " n }
+    ' "$log"
+    kill -TERM -- "-$step" 2>/dev/null
+    sleep 5
+    kill -KILL -- "-$step" 2>/dev/null
+    wait "$step" 2>/dev/null
+    status=124
+else
+    wait "$step"
+    status=$?
+fi
+wait "$printer" 2>/dev/null
+elapsed=$((SECONDS - start))
+if (( status == 0 )); then
+    echo "== done in ${elapsed} s"
+    rm -f "$log"
+else
+    echo "== failed (exit ${status}) after ${elapsed} s; the whole output: ${log}"
+fi
+exit "$status"
