@@ -8,6 +8,21 @@ public enum MallocArenas {
     public static func limit(to count: Int32) -> Bool {
         cqxfer_limit_malloc_arenas(count) == 1
     }
+
+    /// Keeps freed blocks of up to `largestBlock` bytes for reuse, and up to `retained` bytes of
+    /// freed memory before any goes back to the system; false if glibc refused. The
+    /// corresponding glibc calls are `mallopt(M_MMAP_THRESHOLD, largestBlock)` and
+    /// `mallopt(M_TRIM_THRESHOLD, retained)`.
+    ///
+    /// By default glibc maps blocks of 128 KiB and more afresh (its threshold rises only to
+    /// the largest block freed so far) and gives the top of the heap back once 2 × that is
+    /// free, so a program that allocates and frees a buffer of a MiB per chunk it moves touches
+    /// new pages all the time: each first touch is a page fault (zeroing, and on a VM that
+    /// hands free memory back to its host, the host's work too).
+    @discardableResult
+    public static func keepFreedBlocks(upTo largestBlock: Int32, retaining retained: Int32) -> Bool {
+        cqxfer_keep_freed_blocks(largestBlock, retained) == 1
+    }
 }
 
 /// Space a file occupies on disk.

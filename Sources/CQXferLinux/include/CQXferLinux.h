@@ -100,6 +100,12 @@ static inline int cqxfer_opt_tcp_notsent_lowat(void) { return 25; }
 /// Caps glibc's malloc arenas (`mallopt(M_ARENA_MAX, count)`); 1 on success.
 static inline int cqxfer_limit_malloc_arenas(int count) { return mallopt(M_ARENA_MAX, count); }
 
+/// Serves blocks below `mmap_threshold` bytes from the heap and returns freed heap memory to the
+/// system only past `trim_threshold` (`mallopt(M_MMAP_THRESHOLD / M_TRIM_THRESHOLD)`); 1 on success.
+static inline int cqxfer_keep_freed_blocks(int mmap_threshold, int trim_threshold) {
+    return mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1 && mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1;
+}
+
 /// Frees the blocks of `[offset, offset + length)` of a file and keeps its size
 /// (`fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`, a GNU extension); 0 on success.
 int cqxfer_punch_hole(int fd, int64_t offset, int64_t length);
