@@ -13,6 +13,11 @@ import NIOCore
     /// Whatever has arrived since the last call (at least one byte), or nil once the peer has
     /// finished sending. A single reader at a time.
     func read() async throws -> [ByteBuffer]?
+    /// Like ``read()``, but returns only once `minimum` bytes have arrived (or the stream
+    /// ended, or failed, with fewer): a framer waiting for the rest of a message asks for it
+    /// at once, and a transport that gathers it where it arrives spares the reader a wake-up
+    /// for every packet.
+    func read(atLeast minimum: Int) async throws -> [ByteBuffer]?
     /// Ends the sending direction after what was written; the peer's reads then end.
     func finish() async throws
     /// Abandons the stream in both directions with an application error code.
@@ -61,4 +66,10 @@ extension ByteStreamTransport {
     /// Closes the whole connection with an application error code and reason for the peer,
     /// once what was sent has been delivered.
     func close(errorCode: UInt64, reason: String)
+}
+
+extension ByteStreamTransport {
+    /// Returns what ``read()`` returns: transports whose reads already come in large pieces
+    /// (TCP+TLS: whole TLS records, many per socket read) need not gather.
+    public func read(atLeast minimum: Int) async throws -> [ByteBuffer]? { try await read() }
 }

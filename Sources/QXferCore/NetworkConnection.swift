@@ -334,7 +334,7 @@ actor InboundBuffer {
         busy = true
         defer { busy = false }
         while buffered < max(atLeast, 1), !finished {
-            guard let received = try await transport.read() else {
+            guard let received = try await transport.read(atLeast: max(atLeast, 1) - buffered) else {
                 finished = true
                 break
             }

@@ -17,6 +17,7 @@ struct RacedTransport: ByteStreamTransport {
     var peer: PeerIdentity { inner.peer }
     func write(_ buffer: ByteBuffer) async throws { try await inner.write(buffer) }
     func read() async throws -> [ByteBuffer]? { try await inner.read() }
+    func read(atLeast minimum: Int) async throws -> [ByteBuffer]? { try await inner.read(atLeast: minimum) }
     func finish() async throws { try await inner.finish() }
     func reset(errorCode: UInt64) { inner.reset(errorCode: errorCode) }
     func close() { inner.close() }

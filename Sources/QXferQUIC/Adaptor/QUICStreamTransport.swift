@@ -28,8 +28,12 @@ final class QUICStreamTransport: ByteStreamTransport {
     }
 
     func read() async throws -> [ByteBuffer]? {
+        try await read(atLeast: 1)
+    }
+
+    func read(atLeast minimum: Int) async throws -> [ByteBuffer]? {
         let driver = self.driver
-        return try await stream.flatMap { driver.value.read($0) }.get()
+        return try await stream.flatMap { driver.value.read($0, atLeast: minimum) }.get()
     }
 
     func finish() async throws {
