@@ -34,14 +34,6 @@ struct QXferCommand: AsyncParsableCommand {
         // receiver that drains a backlog in bursts peaked at 56–64 MiB (faults.sh, slow reader,
         // QUIC, four runs; 66 in CI) against 53–59 MiB with two arenas: the brief wants < 64.
         MallocArenas.limit(to: 2)
-        // A transfer moves its bytes in chunks of up to 1 MiB through a few buffers each
-        // (engine, reader, message; a reader's buffer is 2 MiB once NIO rounds it up): reused
-        // from the heap instead of mapped and faulted in afresh, the receiver of 1 GiB over
-        // QUIC at MTU 1500 took 5 000 page faults instead of 37 000–110 000 (docs/benchmarks.md,
-        // "Page faults"). Larger blocks (a send buffer grown to 12 MiB) are still mapped, and
-        // at most 8 MiB of freed memory is kept: with 4 and 32 MiB the QUIC sender on the lossy
-        // WAN peaked at 63–64 MiB resident instead of 59–60.
-        MallocArenas.keepFreedBlocks(upTo: 3 << 20, retaining: 8 << 20)
         // Before parsing, for usage errors; the parsed command says for sure.
         Console.json = CommandLine.arguments.contains("--json")
         do {
