@@ -91,9 +91,40 @@ struct RaceTests {
         }
     }
 
+    /// A TCP port on 127.0.0.1 bound without listening: connecting to it is refused, and no other
+    /// suite's TCP+TLS listener can take it meanwhile. TCP and UDP ports are separate, so the port
+    /// of a QUIC-only listener (or relay) may otherwise be another suite's TCP+TLS listener, whose
+    /// certificate then fails this test's pin ("REFUSED", seen once beside every other suite).
+    final class RefusedTCPPort {
+        let port: UInt16
+        private let descriptor: Int32
+
+        init() throws {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let bound = fd >= 0 && withUnsafeMutablePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
+                }
+            }
+            guard bound else {
+                if fd >= 0 { close(fd) }
+                throw QXferError(.bindFailed, "cannot hold a TCP port: errno \(errno)")
+            }
+            descriptor = fd
+            port = UInt16(bigEndian: address.sin_port)
+        }
+
+        deinit { close(descriptor) }
+    }
+
     @Test("Only QUIC listening: QUIC wins; TCP's refusal does not end the race")
     func quicWinsWhereTCPIsRefused() async throws {
-        let listener = NetworkListener(on: 0, host: "127.0.0.1") { FirstOf { QUIC() }.identity(Identities.server) }
+        let refused = try RefusedTCPPort()
+        let listener = NetworkListener(on: refused.port, host: "127.0.0.1") { FirstOf { QUIC() }.identity(Identities.server) }
         try await withListener(listener, handler: Self.echo) { port in
             // TCP+TLS remembered first: refused at once, QUIC starts then rather than 250 ms later.
             let scratch = TemporaryDirectory()
@@ -106,6 +137,7 @@ struct RaceTests {
             #expect(memory.entry(for: .hostPort(host: "127.0.0.1", port: port)) == nil)
             connection.cancel()
         }
+        withExtendedLifetime(refused) {}
     }
 
     @Test("Only QUIC listening, behind Retry on a 700 ms round trip: TCP refused at once, QUIC answered, the race waits for it")
@@ -117,7 +149,8 @@ struct RaceTests {
             retryAbovePendingHandshakes: 0)
         try await withListener(listener, handler: Self.echo) { port in
             // The relay's port has no TCP listener: TCP+TLS is refused at once.
-            let relay = try await UDPRelay.start(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)))
+            let refused = try RefusedTCPPort()
+            let relay = try await UDPRelay.start(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)), port: refused.port)
             relay.delay(.milliseconds(350))
             do {
                 let connection = try await Self.connectAndEcho(to: relay.port, Self.race())
@@ -127,6 +160,7 @@ struct RaceTests {
                 Issue.record(error)
             }
             await relay.stop()
+            withExtendedLifetime(refused) {}
         }
     }
 

@@ -29,7 +29,8 @@ final class UDPRelay: Sendable {
     /// Room for the largest datagram: QUIC sends 65 000-byte packets to loopback addresses.
     private static let wholeDatagrams = FixedSizeRecvByteBufferAllocator(capacity: 65536)
 
-    static func start(to server: SocketAddress) async throws -> UDPRelay {
+    /// A relay to `server`, taking clients on `port` of 127.0.0.1 (0: any free one).
+    static func start(to server: SocketAddress, port: UInt16 = 0) async throws -> UDPRelay {
         let box = NIOLockedValueBox<UDPRelay?>(nil)
         let inside = try await DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .channelOption(.recvAllocator, value: Self.wholeDatagrams)
@@ -40,7 +41,7 @@ final class UDPRelay: Sendable {
                     })
                 }
             }
-            .bind(host: "127.0.0.1", port: 0).get()
+            .bind(host: "127.0.0.1", port: Int(port)).get()
         let relay = UDPRelay(inside: inside, server: server)
         box.withLockedValue { $0 = relay }
         try await relay.rebind()
