@@ -78,13 +78,13 @@ struct QUICListener: BoundTransportListener {
                 connectionIDLength: template.connectionIDLength,
                 connectionIDPrefix: template.connectionIDPrefix,
                 retryAbovePendingHandshakes: request.validateAddressesAbovePendingHandshakes)
-            let trafficClass = parameters.serviceClass.trafficClass
+            let options = QUICSockets.Options(parameters)
             let bootstrap = DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .channelOption(.socketOption(.so_reuseaddr), value: 1)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try QUICSockets.tune(channel, trafficClass: trafficClass)
-                        try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: server))
+                        try QUICSockets.tune(channel, trafficClass: options.trafficClass)
+                        try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: server, coalescesReads: options.coalescesReads))
                     }
                 }
             channel = try await bindEveryAddress(host: request.host) { host in

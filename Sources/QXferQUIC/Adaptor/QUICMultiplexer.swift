@@ -37,12 +37,12 @@ struct QUICMultiplexer: StreamMultiplexer {
 
     func migrate(localHost: String?) async throws {
         let driver = self.driver
-        let (remoteIsIPv6, trafficClass) = try await driver.eventLoop.submit {
-            (driver.value.engine.path.remote.isIPv6, driver.value.trafficClass)
+        let (remoteIsIPv6, options) = try await driver.eventLoop.submit {
+            (driver.value.engine.path.remote.isIPv6, driver.value.socketOptions)
         }.get()
         // The new socket must live on the connection's own event loop: the driver is confined to it.
         let channel = try await QUICSockets.openClientSocket(
-            on: driver.eventLoop, host: localHost ?? QUICSockets.wildcardHost(ipv6: remoteIsIPv6), trafficClass: trafficClass)
+            on: driver.eventLoop, host: localHost ?? QUICSockets.wildcardHost(ipv6: remoteIsIPv6), options: options)
         do {
             try await driver.eventLoop.submit {
                 let driver = driver.value

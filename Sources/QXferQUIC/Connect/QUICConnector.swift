@@ -93,11 +93,11 @@ enum QUICConnector {
             configuration.resumption = resumption.ticket
             configuration.sessionTicketReceiver = resumption.keep
         }
-        let trafficClass = parameters.serviceClass.trafficClass
+        let socketOptions = QUICSockets.Options(parameters)
         let channel: any Channel
         do {
             channel = try await QUICSockets.openClientSocket(
-                on: MultiThreadedEventLoopGroup.singleton, host: QUICSockets.wildcardHost(ipv6: remote.protocol == .inet6), trafficClass: trafficClass)
+                on: MultiThreadedEventLoopGroup.singleton, host: QUICSockets.wildcardHost(ipv6: remote.protocol == .inet6), options: socketOptions)
         } catch {
             throw QXferError(.connectFailed, "cannot open a UDP socket: \(ChannelErrors.reason(error))", underlying: error)
         }
@@ -108,7 +108,7 @@ enum QUICConnector {
             }
             let engine = try Resumption.makeEngine(configuration, path: QUICPath(local: local, remote: remoteAddress), resumption)
             let driver = QUICConnectionDriver(engine: engine, eventLoop: channel.eventLoop, verifier: verifier, acceptedProtocols: quic.applicationProtocols)
-            driver.trafficClass = trafficClass
+            driver.socketOptions = socketOptions
             driver.peerAnswered = peerAnswered
             handler.attach(client: driver)
             driver.process()

@@ -16,8 +16,8 @@ final class QUICConnectionDriver: QUICEndpointConnection {
     /// The endpoint (UDP socket) this connection sends through; nil while it has none. Weak:
     /// the socket's pipeline owns its endpoint, which keeps this driver.
     weak var endpoint: QUICSocketHandler?
-    /// The DSCP byte its sockets carry, so a socket it migrates to is marked the same.
-    var trafficClass: Int32 = 0
+    /// What its sockets are asked for (DSCP, read coalescing), so a socket it migrates to is the same.
+    var socketOptions = QUICSockets.Options()
     /// A client's report that the server is there: called once, for the first datagram the
     /// engine accepts (an Initial, a Retry or a version negotiation), long before the handshake
     /// completes on a slow path.
@@ -442,16 +442,16 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         // Confined to the event loop, like everything here; the closures run on it.
         let bound = NIOLoopBound(self, eventLoop: eventLoop)
         let loop = eventLoop
-        let trafficClass = self.trafficClass
+        let options = socketOptions
         eventLoop.scheduleTask(in: delay) {
             let driver = bound.value
             guard !driver.terminated else { return }
             let host = QUICSockets.wildcardHost(ipv6: driver.engine.path.remote.isIPv6)
             let sameAddress = driver.engine.path.local.socketAddress.map {
-                QUICSockets.bindClientSocket(on: loop, to: $0, trafficClass: trafficClass)
+                QUICSockets.bindClientSocket(on: loop, to: $0, options: options)
             } ?? loop.makeFailedFuture(QXferError(.invalidUse, "the connection has no local address"))
             sameAddress.flatMapError { _ in
-                QUICSockets.bindClientSocket(on: loop, host: host, port: 0, trafficClass: trafficClass)
+                QUICSockets.bindClientSocket(on: loop, host: host, port: 0, options: options)
             }.whenComplete { result in
                 let driver = bound.value
                 switch result {

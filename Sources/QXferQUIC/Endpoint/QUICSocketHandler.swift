@@ -9,9 +9,11 @@ import Glibc
 
 /// One UDP socket carrying QUIC: splits GRO batches into datagrams, routes them to
 /// connections by destination connection ID, accepts new connections (server), answers
-/// unknown versions, and sends GSO batches.
-final class QUICSocketHandler: ChannelInboundHandler {
+/// unknown versions, and sends GSO batches. A bulk transfer's socket paces its own reads on a
+/// long path (``ReadCoalescing``).
+final class QUICSocketHandler: ChannelDuplexHandler {
     typealias InboundIn = AddressedEnvelope<ByteBuffer>
+    typealias OutboundIn = AddressedEnvelope<ByteBuffer>
     typealias OutboundOut = AddressedEnvelope<ByteBuffer>
 
     /// What a listening socket needs to accept connections.
@@ -104,10 +106,19 @@ final class QUICSocketHandler: ChannelInboundHandler {
     private var unusedSendBuffer: ByteBuffer?
     /// The connection of a client socket, which has exactly one.
     private var clientDriver: (any QUICEndpointConnection)?
+    /// When to read again after a small read; nil: at once, always (not a bulk transfer's socket).
+    private var readCoalescing: ReadCoalescing?
+    /// The read a pause put off, due when the pause ends.
+    private var pausedRead: Scheduled<Void>?
+    /// The last destination a batch went to, as NIO takes it: converting it costs a string
+    /// formatted and parsed, and nearly every batch goes where the one before went.
+    private var lastDestination: (QUICSocketAddress, SocketAddress)?
 
-    /// A listening socket with `server`, or a client's socket with nil.
-    init(server: Server?) {
+    /// A listening socket with `server`, or a client's socket with nil. With `coalescesReads`
+    /// (bulk transfers) the socket pauses briefly after a small read (``ReadCoalescing``).
+    init(server: Server?, coalescesReads: Bool = false) {
         self.server = server
+        self.readCoalescing = coalescesReads ? ReadCoalescing(busyReadMessages: QUICSockets.messagesPerRead) : nil
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -189,6 +200,7 @@ final class QUICSocketHandler: ChannelInboundHandler {
         let path = QUICPath(local: local, remote: remote)
         let total = envelope.data.readableBytes
         let segment = max(envelope.metadata?.segmentSize ?? total, 1)
+        readCoalescing?.receivedMessage()
         // One clock read per read message: its datagrams arrived together (GRO).
         let now = QUICClock.now
         envelope.data.withUnsafeReadableBytes { all in
@@ -201,13 +213,43 @@ final class QUICSocketHandler: ChannelInboundHandler {
         }
         // Answer after each message (a GRO batch of up to 64 KiB), not only after the whole
         // vectored read: acknowledging once per read (8 messages, about 350 packets) held back
-        // a sender whose congestion window was smaller than that.
-        processReceived()
+        // a sender whose congestion window was smaller than that. On a long path single datagrams
+        // are answered together at the read's end (``ReadCoalescing``).
+        if readCoalescing?.longPath != true || total > segment { processReceived() }
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
         processReceived()
         context.fireChannelReadComplete()
+    }
+
+    /// Beyond this many connections a socket never pauses its reads.
+    static let mostConnectionsToPauseFor = 64
+
+    /// The channel would read again: at once, or after a pause (``ReadCoalescing``).
+    func read(context: ChannelHandlerContext) {
+        guard var coalescing = readCoalescing else { return context.read() }
+        let pause = coalescing.pauseBeforeNextRead(smallestRoundTrip: smallestRoundTrip)
+        readCoalescing = coalescing
+        guard let pause else { return context.read() }
+        guard pausedRead == nil else { return }
+        pausedRead = context.eventLoop.assumeIsolated().scheduleTask(in: .nanoseconds(pause)) { [self] in
+            pausedRead = nil
+            self.context?.read()
+        }
+    }
+
+    /// The smallest smoothed RTT of this socket's connections in nanoseconds; nil while any of
+    /// them has no RTT sample yet (a handshake under way), when there is none, or when there are
+    /// so many that asking each after every small read would cost more than a pause saves.
+    private func smallestRoundTrip() -> Int64? {
+        guard drivers.count <= Self.mostConnectionsToPauseFor else { return nil }
+        var smallest: Int64?
+        for driver in drivers.values {
+            guard let roundTrip = driver.engine.measuredRoundTrip else { return nil }
+            smallest = min(smallest ?? roundTrip, roundTrip)
+        }
+        return smallest
     }
 
     private func processReceived() {
@@ -236,6 +278,8 @@ final class QUICSocketHandler: ChannelInboundHandler {
         } else {
             for driver in Array(drivers.values) { driver.socketClosed() }
         }
+        pausedRead?.cancel()
+        pausedRead = nil
         context.fireChannelInactive()
     }
 
@@ -378,13 +422,20 @@ final class QUICSocketHandler: ChannelInboundHandler {
             unusedSendBuffer = buffer
             return false
         }
-        guard let address = transmit.path.remote.socketAddress else { return true }  // unroutable: drop
+        guard let address = socketAddress(of: transmit.path.remote) else { return true }  // unroutable: drop
         let metadata = transmit.segmentCount > 1
             ? AddressedEnvelope<ByteBuffer>.Metadata(ecnState: .transportNotCapable, packetInfo: nil, segmentSize: transmit.segmentSize)
             : nil
         context.write(wrapOutboundOut(AddressedEnvelope(remoteAddress: address, data: buffer, metadata: metadata)), promise: nil)
         needsFlush = true
         return context.channel.isWritable
+    }
+
+    private func socketAddress(of remote: QUICSocketAddress) -> SocketAddress? {
+        if let (quic, nio) = lastDestination, quic == remote { return nio }
+        guard let address = remote.socketAddress else { return nil }
+        lastDestination = (remote, address)
+        return address
     }
 
     private func sendRaw(_ bytes: [UInt8], to remote: QUICSocketAddress) {

@@ -1,9 +1,32 @@
 import NIOCore
 import NIOPosix
+@_spi(Stacks) import QXferCore
 
 /// Opening and tuning the UDP sockets QUIC runs on, each with its ``QUICSocketHandler``:
 /// the only place that sets a QUIC socket's options.
 enum QUICSockets {
+    /// What a connection's parameters ask of its sockets; a migrated or rebound socket gets the same.
+    struct Options: Sendable {
+        /// The DSCP byte the socket's packets carry (IP_TOS / IPV6_TCLASS); 0 leaves the default.
+        var trafficClass: Int32 = 0
+        /// Whether the socket pauses briefly after a small read (``ReadCoalescing``): bulk transfers only.
+        var coalescesReads = false
+
+        init() {}
+
+        init<Stack>(_ parameters: NetworkParameters<Stack>) {
+            trafficClass = parameters.serviceClass.trafficClass
+            coalescesReads = parameters.performanceMode == .bulk
+        }
+    }
+
+    /// Messages (datagrams or GRO batches) one `recvmmsg` reads at most.
+    static let messagesPerVectorRead = 8
+    /// `recvmmsg` calls per readiness of the socket, before the channel asks to read again.
+    static let vectorReadsPerRead = 4
+    /// The most messages the channel reads before it asks to read again.
+    static var messagesPerRead: Int { messagesPerVectorRead * vectorReadsPerRead }
+
     /// The address a client socket binds to reach a peer of that family: any, any port.
     static func wildcardHost(ipv6: Bool) -> String { ipv6 ? "::" : "0.0.0.0" }
 
@@ -15,9 +38,10 @@ enum QUICSockets {
         try options.setOption(.writeBufferWaterMark, value: .init(low: 256 << 10, high: 1 << 20))
         try? options.setOption(.datagramReceiveOffload, value: true)
         try? options.setOption(.datagramReceiveSegmentSize, value: true)
-        // Vectored reads (recvmmsg) of up to 8 GRO batches; NIO splits one buffer evenly
-        // between the messages, so each needs room for a whole 64 KiB batch.
-        try options.setOption(.datagramVectorReadMessageCount, value: 8)
+        // Vectored reads (recvmmsg) of up to 8 GRO batches, 4 of them per readiness; NIO splits
+        // one buffer evenly between the messages, so each needs room for a whole 64 KiB batch.
+        try options.setOption(.datagramVectorReadMessageCount, value: messagesPerVectorRead)
+        try options.setOption(.maxMessagesPerRead, value: UInt(vectorReadsPerRead))
         try options.setOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: 8 * 65536))
         if trafficClass != 0 {
             try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IP), name: IP_TOS), value: SocketOptionValue(trafficClass))
@@ -26,26 +50,26 @@ enum QUICSockets {
     }
 
     /// A client's UDP socket bound to `host` (any port) on `group`, with its QUIC handler.
-    static func openClientSocket(on group: any EventLoopGroup, host: String, trafficClass: Int32) async throws -> any Channel {
-        try await bindClientSocket(on: group, host: host, port: 0, trafficClass: trafficClass).get()
+    static func openClientSocket(on group: any EventLoopGroup, host: String, options: Options) async throws -> any Channel {
+        try await bindClientSocket(on: group, host: host, port: 0, options: options).get()
     }
 
     /// A client's UDP socket bound to `host` and `port`, with its QUIC handler.
-    static func bindClientSocket(on group: any EventLoopGroup, host: String, port: Int, trafficClass: Int32) -> EventLoopFuture<any Channel> {
-        clientBootstrap(on: group, trafficClass: trafficClass).bind(host: host, port: port)
+    static func bindClientSocket(on group: any EventLoopGroup, host: String, port: Int, options: Options) -> EventLoopFuture<any Channel> {
+        clientBootstrap(on: group, options: options).bind(host: host, port: port)
     }
 
     /// A client's UDP socket bound to `address` (a socket that died, taken again), with its QUIC handler.
-    static func bindClientSocket(on group: any EventLoopGroup, to address: SocketAddress, trafficClass: Int32) -> EventLoopFuture<any Channel> {
-        clientBootstrap(on: group, trafficClass: trafficClass).bind(to: address)
+    static func bindClientSocket(on group: any EventLoopGroup, to address: SocketAddress, options: Options) -> EventLoopFuture<any Channel> {
+        clientBootstrap(on: group, options: options).bind(to: address)
     }
 
-    private static func clientBootstrap(on group: any EventLoopGroup, trafficClass: Int32) -> DatagramBootstrap {
+    private static func clientBootstrap(on group: any EventLoopGroup, options: Options) -> DatagramBootstrap {
         DatagramBootstrap(group: group)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try tune(channel, trafficClass: trafficClass)
-                    try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: nil))
+                    try tune(channel, trafficClass: options.trafficClass)
+                    try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: nil, coalescesReads: options.coalescesReads))
                 }
             }
     }
