@@ -42,7 +42,7 @@ enum QUICSockets {
         // one buffer evenly between the messages, so each needs room for a whole 64 KiB batch.
         try options.setOption(.datagramVectorReadMessageCount, value: messagesPerVectorRead)
         try options.setOption(.maxMessagesPerRead, value: UInt(vectorReadsPerRead))
-        try options.setOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: 8 * 65536))
+        try options.setOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: messagesPerVectorRead * 65536))
         if trafficClass != 0 {
             try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IP), name: IP_TOS), value: SocketOptionValue(trafficClass))
             try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IPV6), name: IPV6_TCLASS), value: SocketOptionValue(trafficClass))
