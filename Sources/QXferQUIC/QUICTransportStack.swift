@@ -83,8 +83,7 @@ struct QUICListener: BoundTransportListener {
                 .channelOption(.socketOption(.so_reuseaddr), value: 1)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try QUICSockets.tune(channel, trafficClass: options.trafficClass)
-                        try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: server, coalescesReads: options.coalescesReads))
+                        try QUICSockets.prepare(channel, options: options, server: server)
                     }
                 }
             channel = try await bindEveryAddress(host: request.host) { host in

@@ -30,8 +30,15 @@ enum QUICSockets {
     /// The address a client socket binds to reach a peer of that family: any, any port.
     static func wildcardHost(ipv6: Bool) -> String { ipv6 ? "::" : "0.0.0.0" }
 
+    /// Tunes a new QUIC socket for `options` and puts its handler on it: a listener's with
+    /// `server`, a client's with nil.
+    static func prepare(_ channel: any Channel, options: Options, server: QUICSocketHandler.Server?) throws {
+        try tune(channel, trafficClass: options.trafficClass)
+        try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: server, coalescesReads: options.coalescesReads))
+    }
+
     /// Socket options for a QUIC UDP socket: big buffers, GRO, vectored reads, DSCP.
-    static func tune(_ channel: any Channel, trafficClass: Int32) throws {
+    private static func tune(_ channel: any Channel, trafficClass: Int32) throws {
         guard let options = channel.syncOptions else { return }
         try options.setOption(.socketOption(.so_rcvbuf), value: 4 << 20)
         try options.setOption(.socketOption(.so_sndbuf), value: 4 << 20)
@@ -68,8 +75,7 @@ enum QUICSockets {
         DatagramBootstrap(group: group)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try tune(channel, trafficClass: options.trafficClass)
-                    try channel.pipeline.syncOperations.addHandler(QUICSocketHandler(server: nil, coalescesReads: options.coalescesReads))
+                    try prepare(channel, options: options, server: nil)
                 }
             }
     }
