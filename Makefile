@@ -37,6 +37,7 @@ test: deps
 	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/faults.sh
 	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/pairing.sh
 	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/race.sh
+	QXFER=$(BIN)/qxfer $(STEP) 600 Tests/e2e/paths.sh
 	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/hostile.sh
 	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/terminal.sh
 	# AddressSanitizer over the library, transfer and CLI tests (its own build folder; leak

@@ -122,7 +122,10 @@ public struct QUICConfiguration: Sendable {
     public var maxSegmentsPerTransmit: Int = 64
     /// Length of the connection IDs this endpoint issues. A server's driver needs it to parse
     /// short headers (``QUICPacketHeader/decode(datagram:shortHeaderConnectionIDLength:)``).
-    public var connectionIDLength: Int = 16
+    /// Every packet the peer sends carries one: 10 bytes leave a listener's 2-byte prefix and
+    /// 8 random bytes (64 bits: no collision among a listener's connections, nothing to guess),
+    /// 6 bytes of every packet fewer than 16 would.
+    public var connectionIDLength: Int = 10
     /// Bytes every connection ID this endpoint issues begins with (at most
     /// `connectionIDLength - 8`, so at least 8 stay random). A listener derives them from its
     /// stateless-reset secret and lets the kernel drop short-header datagrams that do not carry

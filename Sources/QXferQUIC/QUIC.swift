@@ -31,6 +31,14 @@ public struct QUIC: ByteStreamProtocol, Hashable {
     /// (one round trip of certificate exchange saved, the receiver's certificate checked again);
     /// nil: every connection makes a full handshake. Listeners always issue tickets.
     public var sessionTickets: SessionTicketStore?
+    /// Whether a client in `.performanceMode(.bulk)` first finds out how large a datagram the
+    /// path carries and sends its packets at that size: up to 1 472 bytes of UDP payload on an
+    /// Ethernet path (1 452 over IPv6), more below a jumbo-frame interface, where ngtcp2's own
+    /// discovery stops at 1 444. Two datagrams of each size go to the server before the
+    /// handshake; any QUIC server answers them (Version Negotiation), and only sizes it answered
+    /// are used. Costs one round trip before the handshake (at most 1 s if nothing answers);
+    /// not done for loopback peers or in other modes.
+    public var probesPathMTU = true
 
     public init(alpn: [String] = ["qxfer/1"]) {
         self.udp = UDP()
@@ -48,6 +56,14 @@ public struct QUIC: ByteStreamProtocol, Hashable {
     public func sessionTickets(_ store: SessionTicketStore?) -> QUIC {
         var copy = self
         copy.sessionTickets = store
+        return copy
+    }
+
+    /// Turns the probe for the path's datagram size on or off (``probesPathMTU``): off where a
+    /// round trip matters more than 2 % more data per packet, as for a few small files.
+    public func pathMTUProbe(_ enabled: Bool) -> QUIC {
+        var copy = self
+        copy.probesPathMTU = enabled
         return copy
     }
 }

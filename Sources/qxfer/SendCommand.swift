@@ -162,8 +162,13 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
 
         try await stack.run(
             Sending(command: self, tree: tree, endpoint: endpoint, trust: receiverTrust, reporter: reporter),
-            identity: identity, trust: receiverTrust.trust, tcp: transferTCP, config: global.config)
+            identity: identity, trust: receiverTrust.trust, tcp: transferTCP, config: global.config,
+            probesPathMTU: tree.totalSize >= Self.pathProbeThreshold || tree.sources.contains(.standardInput))
     }
+
+    /// From this many bytes (or from standard input, of unknown length) QUIC first finds the
+    /// path's datagram size: one round trip, against 2 % more data in every packet after it.
+    static let pathProbeThreshold: UInt64 = 16 << 20
 
     /// The transfer, over whichever stack `--stack` chose.
     private struct Sending: OverChosenStack {

@@ -16,12 +16,12 @@ enum StackChoice: String, ExpressibleByArgument, CaseIterable {
 
     /// Runs `body` over the chosen stack, presenting `identity` and trusting the peer as `trust`
     /// says; `tcp` configures TCP under TLS; `config` holds the race's per-host memory and QUIC's
-    /// session tickets. The one
-    /// place the CLI turns the choice into a stack.
+    /// session tickets; `probesPathMTU` lets QUIC spend a round trip finding the path's datagram
+    /// size (``QUIC/probesPathMTU``). The one place the CLI turns the choice into a stack.
     func run<Body: OverChosenStack>(
-        _ body: Body, identity: HostIdentity, trust: PeerTrust, tcp: TCP = TCP(), config: ConfigDirectory
+        _ body: Body, identity: HostIdentity, trust: PeerTrust, tcp: TCP = TCP(), config: ConfigDirectory, probesPathMTU: Bool = false
     ) async throws -> Body.Result {
-        let quic = QUIC().identity(identity).peerTrust(trust).sessionTickets(SessionTicketStore(in: config))
+        let quic = QUIC().identity(identity).peerTrust(trust).sessionTickets(SessionTicketStore(in: config)).pathMTUProbe(probesPathMTU)
         let tls = TLS { tcp }.identity(identity).peerTrust(trust)
         switch self {
         case .auto: return try await body.run(over: FirstOf { quic; tls }.remembering(StackMemory(in: config)))

@@ -140,7 +140,7 @@ import Testing
             return nil
         }
         #expect(issued.count > 1, "the first connection ID and at least one NEW_CONNECTION_ID")
-        #expect(issued.allSatisfy { $0.bytes.count == 16 && $0.bytes.starts(with: [0xab, 0xcd]) }, "\(issued)")
+        #expect(issued.allSatisfy { $0.bytes.count == server.connectionIDLength && $0.bytes.starts(with: [0xab, 0xcd]) }, "\(issued)")
         #expect(sim.server!.sourceConnectionIDs.allSatisfy { $0.bytes.starts(with: [0xab, 0xcd]) })
 
         var tooLong = QUICConfiguration.test(.server, expectPeer: nil)

@@ -1,6 +1,6 @@
 // libFuzzer target: the QUIC listener's datagram input, before and after the handshake — what
 // reaches a `qxfer recv` UDP port from anyone (Sources/QUICEngine: QUICPacketHeader.decode,
-// QUICVersionNegotiation, QUICInitialPacket.accept, QUICRetry.validate and a server
+// QUICVersionNegotiation, QUICPathProbe.isAnswered, QUICInitialPacket.accept, QUICRetry.validate and a server
 // QUICConnection's handle/pollTransmit/pollEvent/handleTimeout, over ngtcp2 and GnuTLS).
 //
 // Input: byte 0 picks the mode; the rest is datagrams, each a u16 length and its bytes.
@@ -47,6 +47,7 @@ let clientConfiguration: QUICConfiguration = {
     return QUICConfiguration(certificateChainPEM: identity.certificatePEM, privateKeyPEM: identity.privateKeyPEM, verifyPeer: { _ in true })
 }()
 let retrySecret = [UInt8](repeating: 0x5A, count: 32)
+let pathProbe = QUICPathProbe(size: 1200)
 let serverAddress = QUICSocketAddress(ipAddress: "10.0.0.1", port: 4433)!
 let clientAddress = QUICSocketAddress(ipAddress: "10.0.0.2", port: 50000)!
 
@@ -84,6 +85,9 @@ func beforeHandshake(_ inputs: [[UInt8]]) {
             sent += drain(server, now: now)
             continue
         }
+        // What a client's path probe (QUICPathProbe) reads before its connection: junk and
+        // answers to other probes never count as its answer.
+        precondition(!pathProbe.isAnswered(by: datagram), "a path probe took a datagram it did not cause as its answer")
         if case .unsupportedVersion(let header) = QUICPacketHeader.decode(datagram: datagram, shortHeaderConnectionIDLength: 16),
            let answer = QUICVersionNegotiation.write(for: header) {
             precondition(answer.count <= datagram.count, "a \(answer.count)-byte Version Negotiation for a \(datagram.count)-byte datagram")

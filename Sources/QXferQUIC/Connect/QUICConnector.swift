@@ -20,6 +20,11 @@ enum QUICConnector {
         let addresses = try await resolve(endpoint)
         let hostKey = KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))
         let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? quic.peerTrust
+        // Several addresses and the path probe may each hear the peer: the caller hears it once.
+        let heard = Locked(false)
+        let peerAnswered: @Sendable () -> Void = {
+            if !heard.withLock({ heard in defer { heard = true }; return heard }) { peerAnswered() }
+        }
         let resumption = quic.sessionTickets.map { store in
             // Saved beside the event loop: a file write there held up the receiver's answer that came with the ticket.
             Resumption(ticket: store.ticket(for: endpoint), keep: { ticket in Task.detached { store.save(ticket, for: endpoint) } },
@@ -92,6 +97,11 @@ enum QUICConnector {
         if let resumption {
             configuration.resumption = resumption.ticket
             configuration.sessionTicketReceiver = resumption.keep
+        }
+        if parameters.performanceMode == .bulk, quic.probesPathMTU, QUICSocketAddress(remote)?.isLoopback == false,
+           let size = await PathMTUProbe.largestDatagram(to: remote, within: timeout / 4, answered: peerAnswered) {
+            configuration.maxUDPPayloadSize = size
+            logger.info("QUIC datagrams of \(size) bytes reach \(remote)")
         }
         let socketOptions = QUICSockets.Options(parameters)
         let channel: any Channel

@@ -50,6 +50,15 @@ enum QUICSockets {
         try options.setOption(.datagramVectorReadMessageCount, value: messagesPerVectorRead)
         try options.setOption(.maxMessagesPerRead, value: UInt(vectorReadsPerRead))
         try options.setOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: messagesPerVectorRead * 65536))
+        // Don't Fragment on every datagram, and the MTU the kernel learned for the path (from
+        // ICMP) ignored: QUIC sizes its packets itself (RFC 9000 §14; ngtcp2's discovery,
+        // ``PathMTUProbe``). By default Linux fragments a datagram above a learned MTU, and
+        // fails a GSO batch whose packets are above it (EINVAL), which stalled every connection
+        // on a path narrower than the local link (docs/benchmarks.md, "Datagrams as large as
+        // the path carries"). An IPv4 socket refuses the IPv6 option and may refuse the other way.
+        let probe = SocketOptionValue(IP_PMTUDISC_PROBE)
+        try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IP), name: IP_MTU_DISCOVER), value: probe)
+        try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IPV6), name: IPV6_MTU_DISCOVER), value: SocketOptionValue(IPV6_PMTUDISC_PROBE))
         if trafficClass != 0 {
             try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IP), name: IP_TOS), value: SocketOptionValue(trafficClass))
             try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IPV6), name: IPV6_TCLASS), value: SocketOptionValue(trafficClass))

@@ -1,0 +1,81 @@
+import Foundation
+import NIOCore
+import Testing
+import QXfer
+@_spi(Stacks) import QXferCore
+@_spi(Stacks) @testable import QXferQUIC
+
+/// The probe a bulk QUIC client runs before its handshake (``PathMTUProbe``): which sizes it
+/// tries, and what it learns from a real listener, a closed port and a silent one.
+@Suite("QUIC path MTU probe")
+struct PathMTUProbeTests {
+    @Test func sizesWorthProbing() {
+        #expect(PathMTUProbe.candidates(interfaceMTU: 1500, ipv6: false) == [1472])
+        #expect(PathMTUProbe.candidates(interfaceMTU: 1500, ipv6: true) == [1452])
+        #expect(PathMTUProbe.candidates(interfaceMTU: 9000, ipv6: false) == [8972, 1472])
+        #expect(PathMTUProbe.candidates(interfaceMTU: 1492, ipv6: false) == [1464])
+        // What ngtcp2's own discovery reaches is not worth a round trip.
+        #expect(PathMTUProbe.candidates(interfaceMTU: 1472, ipv6: false) == [])
+        #expect(PathMTUProbe.candidates(interfaceMTU: 1280, ipv6: true) == [])
+        #expect(PathMTUProbe.candidates(interfaceMTU: 0, ipv6: false) == [])
+        #expect(PathMTUProbe.candidates(interfaceMTU: 1 << 20, ipv6: false) == [65_507, 1472])
+        #expect(PathMTUProbe.candidates(interfaceMTU: 1 << 20, ipv6: true) == [65_527, 1452])
+    }
+
+    @Test("A qxfer listener answers; the largest size the loopback interface carries comes back")
+    func listenerAnswers() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1", using: .parameters { QUIC().identity(Identities.server) })
+        try await withListener(listener, handler: { (_: NetworkConnection<QUIC>) in }) { port in
+            let heard = Locked(0)
+            let size = await PathMTUProbe.largestDatagram(
+                to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)), within: .seconds(5),
+                answered: { heard.withLock { $0 += 1 } })
+            // lo's MTU is 65 536: the most an IPv4 datagram holds, 65 507 bytes of UDP payload.
+            #expect(size == 65_507)
+            #expect(heard.withLock { $0 } == 1)
+        }
+    }
+
+    @Test func listenerAnswersV6() async throws {
+        let listener = NetworkListener(on: 0, host: "::1", using: .parameters { QUIC().identity(Identities.server) })
+        try await withListener(listener, handler: { (_: NetworkConnection<QUIC>) in }) { port in
+            let size = await PathMTUProbe.largestDatagram(
+                to: try SocketAddress(ipAddress: "::1", port: Int(port)), within: .seconds(5), answered: {})
+            #expect(size == 65_488)  // 65 536 less the IPv6 and UDP headers
+        }
+    }
+
+    /// A UDP socket bound to a free loopback port: the descriptor and the port.
+    static func boundSocket() throws -> (Int32, Int) {
+        let descriptor = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
+        }
+        try #require(descriptor >= 0 && bound)
+        return (descriptor, Int(UInt16(bigEndian: address.sin_port)))
+    }
+
+    @Test("A socket that never answers and a closed port: no size, nothing heard")
+    func noAnswer() async throws {
+        let heard = Locked(false)
+        let (silent, silentPort) = try Self.boundSocket()
+        defer { close(silent) }
+        #expect(await PathMTUProbe.largestDatagram(
+            to: try SocketAddress(ipAddress: "127.0.0.1", port: silentPort), within: .milliseconds(300),
+            answered: { heard.withLock { $0 = true } }) == nil)
+        let (closed, closedPort) = try Self.boundSocket()
+        close(closed)  // ICMP port unreachable from now on
+        #expect(await PathMTUProbe.largestDatagram(
+            to: try SocketAddress(ipAddress: "127.0.0.1", port: closedPort), within: .seconds(5),
+            answered: { heard.withLock { $0 = true } }) == nil)
+        #expect(!heard.withLock { $0 })
+    }
+}
+
+#if canImport(Glibc)
+import Glibc
+#endif
