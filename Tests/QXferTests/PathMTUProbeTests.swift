@@ -74,6 +74,17 @@ struct PathMTUProbeTests {
             answered: { heard.withLock { $0 = true } }) == nil)
         #expect(!heard.withLock { $0 })
     }
+
+    @Test("A cancelled probe ends without a size (a race another stack won does not wait for it)")
+    func cancelled() async throws {
+        let (silent, silentPort) = try Self.boundSocket()
+        defer { close(silent) }
+        let remote = try SocketAddress(ipAddress: "127.0.0.1", port: silentPort)
+        let probe = Task { await PathMTUProbe.largestDatagram(to: remote, within: .seconds(5), answered: {}) }
+        try await Task.sleep(for: .milliseconds(50))
+        probe.cancel()
+        #expect(await probe.value == nil)
+    }
 }
 
 #if canImport(Glibc)

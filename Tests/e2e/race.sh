@@ -5,8 +5,9 @@
 #   sudo Tests/e2e/race.sh        (root: namespaces; QXFER=path picks the binary)
 #
 #  1. UDP dropped: the default `qxfer send` of 5 MiB goes over TCP+TLS, well inside the 10 s
-#     QUIC handshake timeout it used to wait for; the host is remembered (`stacks`, 0600); a
-#     realtime `stream send` falls back too, saying that its datagrams degrade there.
+#     QUIC handshake timeout it used to wait for; the host is remembered (`stacks`, 0600); with
+#     the memory gone, 24 MiB (QUIC probes the path's datagram size first) go over TCP+TLS too;
+#     a realtime `stream send` falls back too, saying that its datagrams degrade there.
 #  2. both open, the memory fresh: TCP+TLS starts at once and wins; expired: QUIC again, and
 #     the entry is gone.
 #  3. TCP dropped: QUIC. Both open: QUIC.
@@ -68,6 +69,7 @@ RECV_CFG=$WORK/cfg-recv SEND_CFG=$WORK/cfg-send
 RECV_FP=$("$QXFER" id --config-dir "$RECV_CFG")
 mkdir -p "$WORK/in"
 head -c $((5 << 20)) /dev/urandom >"$WORK/five.bin"
+head -c $((24 << 20)) /dev/urandom >"$WORK/big.bin"  # large enough for QUIC's path probe
 
 recv_start() {
     ip netns exec "$B" "$QXFER" recv --config-dir "$RECV_CFG" --no-advertise --dir "$WORK/in" --yes --overwrite --port "$PORT" \
@@ -82,12 +84,13 @@ recv_start() {
 }
 recv_stop() { kill -9 "$RECV_PID" 2>/dev/null || true; wait "$RECV_PID" 2>/dev/null || true; RECV_PID=; }
 
-# send NAME: the default `qxfer send` (no --stack) of the 5 MiB file; sets RC, SECONDS_TAKEN, STACK.
+# send NAME [FILE]: the default `qxfer send` (no --stack) of FILE (the 5 MiB file); sets RC,
+# SECONDS_TAKEN, STACK.
 send() {
-    local started
+    local started file=${2:-$WORK/five.bin}
     started=$(now)
     RC=0
-    ip netns exec "$A" "$QXFER" send --config-dir "$SEND_CFG" "$WORK/five.bin" "$ADDR:$PORT" --fingerprint "$RECV_FP" --json \
+    ip netns exec "$A" "$QXFER" send --config-dir "$SEND_CFG" "$file" "$ADDR:$PORT" --fingerprint "$RECV_FP" --json \
         >"$WORK/$1.out" 2>"$WORK/$1.err" </dev/null || RC=$?
     SECONDS_TAKEN=$(since "$started")
     STACK=$( (grep '"event":"summary"' "$WORK/$1.out" || true) | tail -1 | jq -r '.stack // empty')
@@ -107,6 +110,16 @@ ok "UDP dropped: 5 MiB over TCP+TLS in $SECONDS_TAKEN s"
 memory_line | grep -q ' TCP+TLS ' || fail "the winner was not remembered: $(cat "$SEND_CFG/stacks" 2>/dev/null)"
 [ "$(stat -c %a "$SEND_CFG/stacks")" = 600 ] || fail "the stacks file is not 0600"
 ok "remembered: $(memory_line)"
+
+# 1a. UDP dropped, forgotten, a file for which QUIC first probes the path's datagram size: the
+#     probe gets no answer and is cancelled when TCP+TLS wins, which still wins as quickly.
+rm -f "$SEND_CFG/stacks"
+send udp-dropped-probing "$WORK/big.bin"
+[ "$RC" = 0 ] || fail "UDP dropped, probing: exit $RC: $(cat "$WORK/udp-dropped-probing.err")"
+[ "$STACK" = "TCP+TLS" ] || fail "UDP dropped, probing: carried by '$STACK', expected TCP+TLS"
+cmp -s "$WORK/big.bin" "$WORK/in/big.bin" || fail "UDP dropped, probing: the received file differs"
+below "$SECONDS_TAKEN" 8 || fail "UDP dropped, probing: took $SECONDS_TAKEN s"
+ok "UDP dropped, probing: 24 MiB over TCP+TLS in $SECONDS_TAKEN s"
 
 # 1b. UDP dropped, a realtime stream: over TCP+TLS, saying that its datagrams degrade there.
 ip netns exec "$B" "$QXFER" stream recv --config-dir "$RECV_CFG" --port "$STREAM_PORT" >"$WORK/srecv.out" 2>"$WORK/srecv.err" </dev/null &

@@ -1,6 +1,7 @@
 import NIOCore
 import NIOPosix
 import QUICEngine
+@_spi(Stacks) import QXferCore
 
 #if canImport(Glibc)
 import Glibc
@@ -23,10 +24,22 @@ enum PathMTUProbe {
 
     /// Probes the path to `remote` for at most `limit` (and ``patience``); calls `answered` when
     /// the server first answers. Runs on NIO's blocking thread pool.
+    /// Cancelling the task ends the probe within ``cancellationCheckInterval`` (a race won by
+    /// another stack must not wait out a silent path's second).
     static func largestDatagram(to remote: SocketAddress, within limit: Duration, answered: @escaping @Sendable () -> Void) async -> Int? {
         let limit = min(limit, patience)
-        return try? await NIOThreadPool.singleton.runIfActive { probe(remote, within: limit, answered: answered) }
+        let cancelled = Locked(false)
+        return await withTaskCancellationHandler {
+            try? await NIOThreadPool.singleton.runIfActive {
+                probe(remote, within: limit, answered: answered, cancelled: { cancelled.withLock { $0 } })
+            }
+        } onCancel: {
+            cancelled.withLock { $0 = true }
+        }
     }
+
+    /// How often a probe waiting for answers looks whether its task was cancelled.
+    static let cancellationCheckInterval: Duration = .milliseconds(20)
 
     /// The sizes worth probing on a route whose interface MTU is `mtu`: the most it carries and,
     /// below a jumbo interface, Ethernet's; only those above what the engine reaches alone.
@@ -39,7 +52,9 @@ enum PathMTUProbe {
         return sizes.filter { $0 > QUICPathProbe.reachedByEngine }
     }
 
-    private static func probe(_ remote: SocketAddress, within limit: Duration, answered: @Sendable () -> Void) -> Int? {
+    private static func probe(
+        _ remote: SocketAddress, within limit: Duration, answered: @Sendable () -> Void, cancelled: () -> Bool
+    ) -> Int? {
         let ipv6 = remote.protocol == .inet6
         let descriptor = socket(ipv6 ? AF_INET6 : AF_INET, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard descriptor >= 0 else { return nil }
@@ -78,8 +93,9 @@ enum PathMTUProbe {
         var largestAnswered: Int?
         var reply = [UInt8](repeating: 0, count: 2048)
         while clock.now < deadline, largestAnswered != sizes[0] {
+            if cancelled() { return nil }
             var pollDescriptor = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
-            let wait = deadline - clock.now
+            let wait = min(deadline - clock.now, cancellationCheckInterval)
             let milliseconds = Int32(clamping: wait.components.seconds * 1000 + wait.components.attoseconds / 1_000_000_000_000_000 + 1)
             guard poll(&pollDescriptor, 1, milliseconds) >= 0 || errno == EINTR else { return nil }
             while true {

@@ -93,7 +93,7 @@ enum QUICConnector {
         verifier: PeerVerifier, timeout: Duration, resumption: Resumption?, peerAnswered: @escaping @Sendable () -> Void
     ) async throws -> QUICStreamTransport {
         var configuration = QUICStackConfiguration.make(quic, identity: identity, parameters: parameters, verifier: verifier, isServer: false)
-        configuration.handshakeTimeout = min(timeout, .seconds(10))
+        let started = ContinuousClock.now
         if let resumption {
             configuration.resumption = resumption.ticket
             configuration.sessionTicketReceiver = resumption.keep
@@ -103,6 +103,9 @@ enum QUICConnector {
             configuration.maxUDPPayloadSize = size
             logger.info("QUIC datagrams of \(size) bytes reach \(remote)")
         }
+        try Task.checkCancellation()
+        // The probe's time counts against the attempt's.
+        configuration.handshakeTimeout = min(timeout - (ContinuousClock.now - started), .seconds(10))
         let socketOptions = QUICSockets.Options(parameters)
         let channel: any Channel
         do {
