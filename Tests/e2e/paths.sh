@@ -12,6 +12,7 @@
 #    probe finds nothing above what ngtcp2 reaches, and the connection uses ngtcp2's sizes;
 #  - an Ethernet path: the probe finds 1 472-byte datagrams (1 452 over IPv6);
 #  - jumbo frames end to end: 8 972; jumbo at the sender, Ethernet further on: 1 472;
+#  - a tunnel-sized sender link (1 420): no probe, and ngtcp2's own larger probes do no harm;
 #  - a small file (under the threshold) is sent without a probe.
 # The packet size is read from the sender's log (-v) and checked against the router's counters:
 # the bytes per packet it forwarded to b. Everything it creates is removed on exit.
@@ -100,6 +101,11 @@ transfer narrow-v6 "$WORK/big.bin" "[fd66:2::2]"; expect narrow-v6 ""
 # A second run on the same path: the kernel now remembers an MTU of 1 400 for b.
 ip -n "${NS}a" route get 10.66.2.2 | grep -q "mtu 1400" || fail "narrow: the kernel did not learn the path's MTU from ICMP"
 transfer narrow-again "$WORK/big.bin" 10.66.2.2; expect narrow-again ""
+
+# A tunnel-sized link at the sender (WireGuard's 1 420): nothing worth probing, and ngtcp2's own
+# probes above the interface's MTU fail at the socket (EMSGSIZE) without harm.
+topology 1420 1420
+transfer tunnel "$WORK/big.bin" 10.66.2.2; expect tunnel ""
 
 topology 1500 1500
 transfer ethernet-v4 "$WORK/big.bin" 10.66.2.2; expect ethernet-v4 1472
