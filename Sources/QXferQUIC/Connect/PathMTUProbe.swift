@@ -73,23 +73,13 @@ enum PathMTUProbe {
 
         let reference = QUICPathProbe(size: QUICPathProbe.minimumSize)
         let probes = sizes.map { QUICPathProbe(size: $0) }
-        // Smallest first: a router's "too big" for one probe is reported to the next send
-        // (EMSGSIZE, that datagram not sent), which is then tried once more.
-        for _ in 0..<2 {
-            for probe in [reference] + probes.reversed() {
-                for _ in 0..<2 {
-                    if probe.datagram.withUnsafeBytes({ send(descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) >= 0 { break }
-                    // A refusal (ICMP port unreachable) reported here is not reported again to recv.
-                    if errno == ECONNREFUSED { return nil }
-                }
-            }
-        }
+        // Smallest first (`sizes` is largest first).
+        guard send([reference] + probes.reversed(), on: descriptor) else { return nil }
 
         let clock = ContinuousClock()
         let start = clock.now
         var deadline = start + limit
         var referenceAnswered = false
-        var anyAnswer = false
         var largestAnswered: Int?
         var reply = [UInt8](repeating: 0, count: 2048)
         while clock.now < deadline, largestAnswered != sizes[0] {
@@ -110,10 +100,7 @@ enum PathMTUProbe {
                     let answer = UnsafeRawBufferPointer(rebasing: raw.prefix(count))
                     return (reference.isAnswered(by: answer), probes.first { $0.isAnswered(by: answer) }?.size)
                 }
-                if isReference || size != nil, !anyAnswer {
-                    anyAnswer = true
-                    answered()
-                }
+                if (isReference || size != nil) && !referenceAnswered && largestAnswered == nil { answered() }
                 if isReference, !referenceAnswered {
                     referenceAnswered = true
                     let now = clock.now
@@ -123,5 +110,21 @@ enum PathMTUProbe {
             }
         }
         return largestAnswered
+    }
+
+    /// Sends each probe twice, in the order given; false if the peer refused (ICMP port
+    /// unreachable), which a failed send reports once and recv then never again. A router's
+    /// "too big" for one probe is reported to the next send (EMSGSIZE, that datagram not sent),
+    /// which is therefore tried once more.
+    private static func send(_ probes: [QUICPathProbe], on descriptor: Int32) -> Bool {
+        for _ in 0..<2 {
+            for probe in probes {
+                for _ in 0..<2 {
+                    if probe.datagram.withUnsafeBytes({ Glibc.send(descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) >= 0 { break }
+                    if errno == ECONNREFUSED { return false }
+                }
+            }
+        }
+        return true
     }
 }

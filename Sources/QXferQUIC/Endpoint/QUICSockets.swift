@@ -56,12 +56,14 @@ enum QUICSockets {
         // fails a GSO batch whose packets are above it (EINVAL), which stalled every connection
         // on a path narrower than the local link (docs/benchmarks.md, "Datagrams as large as
         // the path carries"). An IPv4 socket refuses the IPv6 option and may refuse the other way.
-        let probe = SocketOptionValue(IP_PMTUDISC_PROBE)
-        try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IP), name: IP_MTU_DISCOVER), value: probe)
-        try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IPV6), name: IPV6_MTU_DISCOVER), value: SocketOptionValue(IPV6_PMTUDISC_PROBE))
+        func setIP(_ level: Int32, _ name: Int32, _ value: Int32) {
+            try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(level), name: name), value: SocketOptionValue(value))
+        }
+        setIP(Int32(IPPROTO_IP), IP_MTU_DISCOVER, IP_PMTUDISC_PROBE)
+        setIP(Int32(IPPROTO_IPV6), IPV6_MTU_DISCOVER, IPV6_PMTUDISC_PROBE)
         if trafficClass != 0 {
-            try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IP), name: IP_TOS), value: SocketOptionValue(trafficClass))
-            try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(IPPROTO_IPV6), name: IPV6_TCLASS), value: SocketOptionValue(trafficClass))
+            setIP(Int32(IPPROTO_IP), IP_TOS, trafficClass)
+            setIP(Int32(IPPROTO_IPV6), IPV6_TCLASS, trafficClass)
         }
     }
 
