@@ -15,7 +15,8 @@ import Glibc
 /// carries, and one at each size worth having: the largest the route's interface allows and,
 /// below a jumbo interface, Ethernet's. Each goes twice, so one lost datagram does not cost
 /// the answer. The 1 200-byte answer times the round trip; larger ones get half a round trip
-/// more (they take longer to cross a slow link), and the largest answered size is the result.
+/// more (they take longer to cross a slow link) and ``answerGrace``, and the largest answered
+/// size is the result.
 /// No answer, an ICMP refusal, or nothing larger answered: nil, and the connection discovers
 /// its sizes as ngtcp2 does.
 enum PathMTUProbe {
@@ -37,6 +38,11 @@ enum PathMTUProbe {
             cancelled.withLock { $0 = true }
         }
     }
+
+    /// What larger probes get beyond half a round trip after the 1 200-byte answer: a busy
+    /// receiver may answer them a scheduling slice later (at 2 ms a loaded machine's own
+    /// listener missed them). Spent only when the largest size goes unanswered.
+    static let answerGrace: Duration = .milliseconds(20)
 
     /// How often a probe waiting for answers looks whether its task was cancelled.
     static let cancellationCheckInterval: Duration = .milliseconds(20)
@@ -104,7 +110,7 @@ enum PathMTUProbe {
                 if isReference, !referenceAnswered {
                     referenceAnswered = true
                     let now = clock.now
-                    deadline = min(deadline, now + (now - start) / 2 + .milliseconds(2))
+                    deadline = min(deadline, now + (now - start) / 2 + answerGrace)
                 }
                 if let size { largestAnswered = max(largestAnswered ?? 0, size) }
             }
