@@ -280,6 +280,13 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
 
+        // Starting and watching child programs in tests, without Foundation's Process
+        // (Tests/Subprocesses/ChildProcess.swift says why).
+        .target(
+            name: "Subprocesses",
+            path: "Tests/Subprocesses",
+            swiftSettings: strictSwift6
+        ),
         .testTarget(
             name: "QXferTests",
             dependencies: [
@@ -291,6 +298,7 @@ let package = Package(
                 "QXferQUIC",
                 "QXferDiscovery",
                 "QUICEngine",
+                "Subprocesses",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
@@ -302,12 +310,12 @@ let package = Package(
         ),
         .testTarget(
             name: "QXferTransferTests",
-            dependencies: ["QXferTransfer", "QXfer", "LinuxSystem"],
+            dependencies: ["QXferTransfer", "QXfer", "LinuxSystem", "Subprocesses"],
             swiftSettings: strictSwift6
         ),
         .testTarget(
             name: "QXferStreamTests",
-            dependencies: ["QXferStream", "QXfer", "LinuxSystem"],
+            dependencies: ["QXferStream", "QXfer", "LinuxSystem", "Subprocesses"],
             swiftSettings: strictSwift6
         ),
         .testTarget(
@@ -327,7 +335,7 @@ let package = Package(
         ),
         .testTarget(
             name: "QXferCLITests",
-            dependencies: ["qxfer", "echo-tls", "echo-quic"],
+            dependencies: ["qxfer", "echo-tls", "echo-quic", "Subprocesses"],
             swiftSettings: strictSwift6
         ),
     ]

@@ -19,9 +19,16 @@ log=$(mktemp "${TMPDIR:-/tmp}/qxfer-step.XXXXXX")
 noise='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}[+-][0-9]{4} (info|notice) qxfer\.|/ld\.gold: warning: Cannot export local symbol'
 
 echo "== $* (at most ${limit} s)"
+command=("$@")
+# swift-testing's event stream is written as events happen, while the log's lines wait in
+# stdio's buffer: it says which tests were still running if the step overruns.
+events="$log.events"
+if [[ "${1##*/}" == swift && "${2:-}" == test ]]; then
+    command+=(--event-stream-output-path "$events" --event-stream-version 0)
+fi
 start=$SECONDS
 # Its own session, so everything it starts can be listed and killed together.
-setsid --wait "$@" >"$log" 2>&1 </dev/null &
+setsid --wait "${command[@]}" >"$log" 2>&1 </dev/null &
 step=$!
 tail -n +1 -F --pid="$step" "$log" 2>/dev/null | grep --line-buffered -avE "$noise" &
 printer=$!
@@ -36,17 +43,42 @@ while kill -0 "$step" 2>/dev/null; do
 done
 
 if (( overran )); then
-    echo "== the step overran its ${limit} s limit; what it left running:"
-    ps -s "$step" -o pid,ppid,etimes,stat,wchan:28,args --forest 2>/dev/null | cut -c1-220
+    echo "== the step overran its ${limit} s limit"
     echo "== tests started and not finished:"
-    awk '
-        /^◇ Test .* started\.$/ { name = $0; sub(/^◇ Test /, "", name); sub(/ started\.$/, "", name); open[name] = 1 }
-        /^[^ ]+ Test .* (passed|failed|skipped)/ {
-            rest = $0; sub(/^[^ ]+ Test /, "", rest)
-            for (n in open) if (index(rest, n) == 1) delete open[n]
-        }
-        END { for (n in open) print "   " n }
-    ' "$log"
+    if [[ -s "$events" ]]; then
+        python3 - "$events" <<'PYTHON'
+import json, sys
+running = {}
+for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
+    try:
+        payload = json.loads(line)["payload"]
+    except (ValueError, KeyError, TypeError):
+        continue
+    kind, test = payload.get("kind"), payload.get("testID")
+    case = (payload.get("_testCase") or {}).get("displayName", "")
+    text = (payload.get("messages") or [{}])[0].get("text", "")
+    if kind in ("testStarted", "testCaseStarted"):
+        running[(test, case)] = text
+    elif kind in ("testEnded", "testCaseEnded", "testSkipped"):
+        running.pop((test, case), None)
+for text in running.values():
+    print("   " + text)
+PYTHON
+    else
+        # Not swift-testing: the log's own start and end lines (a parameterized test prints a
+        # start line per case and one end line for the test).
+        awk '
+            /^◇ Test case / { next }
+            /^◇ Test .* started\.$/ { name = $0; sub(/^◇ Test /, "", name); sub(/ started\.$/, "", name); open[name] = 1 }
+            /^[^ ]+ Test .* (passed|failed|skipped)/ {
+                rest = $0; sub(/^[^ ]+ Test /, "", rest)
+                for (n in open) if (index(rest, n) == 1) delete open[n]
+            }
+            END { for (n in open) print "   " n }
+        ' "$log"
+    fi
+    echo "== what it left running:"
+    ps -s "$step" -o pid,ppid,etimes,stat,wchan:28,args --forest 2>/dev/null | cut -c1-220
     kill -TERM -- "-$step" 2>/dev/null
     sleep 5
     kill -KILL -- "-$step" 2>/dev/null
@@ -60,7 +92,7 @@ wait "$printer" 2>/dev/null
 elapsed=$((SECONDS - start))
 if (( status == 0 )); then
     echo "== done in ${elapsed} s"
-    rm -f "$log"
+    rm -f "$log" "$events"
 else
     echo "== failed (exit ${status}) after ${elapsed} s; the whole output: ${log}"
 fi

@@ -1,4 +1,5 @@
 import Foundation
+import Subprocesses
 import Testing
 
 #if canImport(Glibc)
@@ -58,36 +59,9 @@ struct CLITests {
     /// Runs a program to completion (killed after `timeout`), with output in temporary files.
     static func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil,
                     timeout: Duration = .seconds(30)) async throws -> Run {
-        let scratch = Scratch()
-        _ = FileManager.default.createFile(atPath: scratch.file("out"), contents: nil)
-        _ = FileManager.default.createFile(atPath: scratch.file("err"), contents: nil)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        if let environment { process.environment = environment }
-        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: scratch.file("out")))
-        let errors = try FileHandle(forWritingTo: URL(fileURLWithPath: scratch.file("err")))
-        defer { try? output.close(); try? errors.close() }
-        process.standardOutput = output
-        process.standardError = errors
-        process.standardInput = FileHandle(forReadingAtPath: "/dev/null")
-        let exited = AsyncStream<Void>.makeStream()
-        process.terminationHandler = { _ in exited.continuation.finish() }
-        try process.run()
-        let timer = Task {
-            try? await Task.sleep(for: timeout)
-            exited.continuation.finish()
-        }
-        for await _ in exited.stream {}
-        timer.cancel()
-        let timedOut = process.isRunning
-        if timedOut { kill(process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
-        #expect(!timedOut, "\(executable) \(arguments) did not finish and was killed")
-        return Run(
-            status: process.terminationStatus,
-            stdout: (try? String(contentsOfFile: scratch.file("out"), encoding: .utf8)) ?? "",
-            stderr: (try? String(contentsOfFile: scratch.file("err"), encoding: .utf8)) ?? "")
+        let result = try await Subprocess.run(executable, arguments, environment: environment, timeout: timeout)
+        #expect(!result.timedOut, "\(executable) \(arguments) did not finish and was killed")
+        return Run(status: result.status, stdout: result.stdout, stderr: result.stderr)
     }
 
     static func mode(_ path: String) throws -> Int {

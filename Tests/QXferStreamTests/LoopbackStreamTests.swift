@@ -1,4 +1,5 @@
 import Foundation
+import Subprocesses
 import QXfer
 import LinuxSystem
 import Synchronization
@@ -286,17 +287,8 @@ import Testing
 
     /// Runs a program to its end; returns its exit status and standard error.
     static func run(_ executable: String, _ arguments: [String]) throws -> (status: Int32, errors: String) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        let errors = Pipe()
-        process.standardError = errors
-        process.standardOutput = FileHandle.nullDevice
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        let text = errors.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return (process.terminationStatus, String(decoding: text, as: UTF8.self))
+        let result = try Subprocess.runBlocking(executable, arguments)
+        return (result.timedOut ? -1 : result.status, result.stderr)
     }
 
     /// A real VP8 stream made by ffmpeg: 2 s of test pattern, a keyframe every 10 frames.

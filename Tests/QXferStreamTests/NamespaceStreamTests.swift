@@ -1,4 +1,5 @@
 import Foundation
+import Subprocesses
 import Testing
 @testable import QXferStream
 
@@ -24,27 +25,15 @@ import Testing
         let scratch = try TemporaryDirectory()
         let results = scratch.file("results.jsonl")
         let configs = ["quic:realtime:fec", "quic:realtime:nack", "quic:stream-per-frame:-", "quic:reliable:-", "tls:reliable:-", "tls:realtime:-"]
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/bin/bash")
-        process.arguments = [Self.packageRoot + "/bench/stream.sh", "--duration", "3", "--loss", "1", "--configs", configs.joined(separator: " "),
-                             "--prefix", "qxt\(getpid() % 10000)-", "--results", results]
         var environment = ProcessInfo.processInfo.environment
         environment["QXFER_BIN"] = Self.buildFolder + "/qxfer"
         environment["LINKEMU_BIN"] = Self.buildFolder + "/qxfer-linkemu"
-        process.environment = environment
-        process.standardOutput = FileHandle.nullDevice
-        // Wait without blocking a thread of the cooperative pool (two here): other tests
-        // running meanwhile need them.
-        let errorsPath = scratch.file("errors.txt")
-        _ = FileManager.default.createFile(atPath: errorsPath, contents: nil)
-        process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: errorsPath))
-        let exited = AsyncStream<Void>.makeStream()
-        process.terminationHandler = { _ in exited.continuation.finish() }
-        try process.run()
-        for await _ in exited.stream {}
-        process.waitUntilExit()
-        let errorText = (try? String(contentsOfFile: errorsPath, encoding: .utf8)) ?? ""
-        #expect(process.terminationStatus == 0, "bench/stream.sh: \(errorText)")
+        let run = try await Subprocess.run(
+            "/bin/bash", [Self.packageRoot + "/bench/stream.sh", "--duration", "3", "--loss", "1", "--configs", configs.joined(separator: " "),
+                          "--prefix", "qxt\(getpid() % 10000)-", "--results", results],
+            environment: environment, timeout: .seconds(170))
+        let errorText = run.stderr
+        #expect(run.status == 0 && !run.timedOut, "bench/stream.sh: \(errorText)")
 
         let lines = try String(contentsOfFile: results, encoding: .utf8).split(separator: "\n")
         #expect(lines.count == configs.count, "one result per configuration: \(errorText)")

@@ -1,4 +1,5 @@
 import Foundation
+import Subprocesses
 import Testing
 @testable import QXferStream
 
@@ -9,31 +10,9 @@ import Testing
     static var built: Bool { FileManager.default.isExecutableFile(atPath: qxfer) }
 
     /// Runs qxfer to its end (killed after `limit`); returns status, standard output and error.
-    /// Waits without blocking a thread: the receiver and the sender run at the same time.
     static func run(_ arguments: [String], limit: Duration = .seconds(60)) async throws -> (status: Int32, output: String, errors: String) {
-        let scratch = try TemporaryDirectory()
-        _ = FileManager.default.createFile(atPath: scratch.file("out"), contents: nil)
-        _ = FileManager.default.createFile(atPath: scratch.file("err"), contents: nil)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: qxfer)
-        process.arguments = arguments
-        process.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: scratch.file("out")))
-        process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: scratch.file("err")))
-        process.standardInput = FileHandle.nullDevice
-        let exited = AsyncStream<Void>.makeStream()
-        process.terminationHandler = { _ in exited.continuation.finish() }
-        try process.run()
-        let timer = Task {
-            try? await Task.sleep(for: limit)
-            exited.continuation.finish()
-        }
-        for await _ in exited.stream {}
-        timer.cancel()
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
-        return (process.terminationStatus,
-                try String(contentsOfFile: scratch.file("out"), encoding: .utf8),
-                try String(contentsOfFile: scratch.file("err"), encoding: .utf8))
+        let result = try await Subprocess.run(qxfer, arguments, timeout: limit)
+        return (result.status, result.stdout, result.stderr)
     }
 
     @Test(.enabled(if: built, "qxfer is not built"))

@@ -210,12 +210,8 @@ struct DiscoveryNetworkTests {
     static func prerequisites() throws {
         try #require(getuid() == 0, "these tests create network namespaces and need root")
         try #require(FileManager.default.isExecutableFile(atPath: Zeroconf.python), "/usr/bin/python3 is missing")
-        let check = Process()
-        check.executableURL = URL(fileURLWithPath: Zeroconf.python)
-        check.arguments = ["-c", "import zeroconf"]
-        try check.run()
-        check.waitUntilExit()
-        try #require(check.terminationStatus == 0, "python3-zeroconf is missing (scripts/install-deps.sh installs it)")
+        let check = try Subprocess.runBlocking(Zeroconf.python, ["-c", "import zeroconf"], timeout: .seconds(20))
+        try #require(check.status == 0, "python3-zeroconf is missing (scripts/install-deps.sh installs it)")
     }
 
     /// Waits until `names` holds `count` distinct latest names.

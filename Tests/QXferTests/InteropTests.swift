@@ -180,14 +180,13 @@ struct InteropTests {
     // MARK: NetworkConnection against openssl s_server
 
     /// `openssl s_server` on an ephemeral port with a key and certificate OpenSSL generated.
-    final class OpenSSLServer: @unchecked Sendable {
-        // Every property is set in init; `process` is only stopped, by the owning test or deinit.
-        let process: Process
+    final class OpenSSLServer: Sendable {
+        let process: ChildProcess
         let directory: TemporaryDirectory
         let port: UInt16
         let fingerprint: Fingerprint
 
-        private init(process: Process, directory: TemporaryDirectory, port: UInt16, fingerprint: Fingerprint) {
+        private init(process: ChildProcess, directory: TemporaryDirectory, port: UInt16, fingerprint: Fingerprint) {
             self.process = process
             self.directory = directory
             self.port = port
@@ -207,17 +206,9 @@ struct InteropTests {
                 .trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
 
             let path = directory.file("out")
-            _ = FileManager.default.createFile(atPath: path, contents: nil)
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: openssl)
-            process.arguments = ["s_server", "-accept", "127.0.0.1:0", "-cert", directory.file("cert.pem"),
-                                 "-key", directory.file("key.pem"), "-rev"] + extra
-            let output = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
-            process.standardOutput = output
-            process.standardError = output
-            process.standardInput = FileHandle(forReadingAtPath: "/dev/null")
-            try process.run()
-            try? output.close()
+            let process = try ChildProcess(openssl, ["s_server", "-accept", "127.0.0.1:0", "-cert", directory.file("cert.pem"),
+                                                     "-key", directory.file("key.pem"), "-rev"] + extra,
+                                           stdout: path, stderr: path)
             var found: UInt16?
             _ = await eventually(timeout: .seconds(10)) {
                 let text = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
@@ -234,15 +225,7 @@ struct InteropTests {
             return server
         }
 
-        /// Kills the server (SIGKILL: processes started from the test runner may ignore SIGTERM).
-        func stop() {
-            if process.isRunning {
-                kill(process.processIdentifier, SIGKILL)
-                process.waitUntilExit()
-            }
-        }
-
-        deinit { stop() }
+        func stop() { process.kill() }
     }
 
     @Test("NetworkConnection to openssl s_server: pinned by OpenSSL's fingerprint, ALPN qxfer/1, data both ways",

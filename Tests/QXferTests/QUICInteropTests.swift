@@ -23,20 +23,8 @@ struct QUICInteropTests {
     /// True when `python3 -c "import aioquic"` succeeds (checked once, with a time limit).
     static let aioquicAvailable: Bool = {
         guard let python else { return false }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: python)
-        process.arguments = ["-c", "import aioquic.asyncio, aioquic.quic.configuration"]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        guard (try? process.run()) != nil else { return false }
-        let deadline = Date().addingTimeInterval(20)
-        while process.isRunning && Date() < deadline { usleep(20_000) }
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-            return false
-        }
-        return process.terminationStatus == 0
+        let check = try? Subprocess.runBlocking(python, ["-c", "import aioquic.asyncio, aioquic.quic.configuration"], timeout: .seconds(20))
+        return check?.status == 0 && check?.timedOut == false
     }()
     static let skipReason: Comment = "python3 with aioquic is not available (pip install aioquic)"
 
@@ -244,13 +232,12 @@ struct QUICInteropTests {
 
 /// The aioquic echo server as a child process: started, asked for its port, killed on `stop()`
 /// (and on deinit, so no path leaves it running; it also exits by itself after a minute).
-final class AioquicServer: @unchecked Sendable {
-    // Immutable after `start`; `process` is only signalled, which Foundation allows from any thread.
-    let process: Process
+final class AioquicServer: Sendable {
+    let process: ChildProcess
     let port: UInt16
     let logPath: String
 
-    private init(process: Process, port: UInt16, logPath: String) {
+    private init(process: ChildProcess, port: UInt16, logPath: String) {
         self.process = process
         self.port = port
         self.logPath = logPath
@@ -260,16 +247,8 @@ final class AioquicServer: @unchecked Sendable {
     var output: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
 
     static func start(python: String, script: String, certificate: String, privateKey: String, log: String) async throws -> AioquicServer {
-        _ = FileManager.default.createFile(atPath: log, contents: nil)
-        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
-        defer { try? handle.close() }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: python)
-        process.arguments = ["-u", script, "--certificate", certificate, "--private-key", privateKey, "--lifetime", "60"]
-        process.standardOutput = handle
-        process.standardError = handle
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
+        let process = try ChildProcess(python, ["-u", script, "--certificate", certificate, "--private-key", privateKey, "--lifetime", "60"],
+                                       stdout: log, stderr: log)
         let deadline = ContinuousClock.now + .seconds(20)
         while ContinuousClock.now < deadline {
             let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
@@ -280,20 +259,9 @@ final class AioquicServer: @unchecked Sendable {
             try await Task.sleep(for: .milliseconds(50))
         }
         let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
-        Self.kill(process)
+        process.kill()
         throw QXferError(.connectFailed, "the aioquic server did not start: \(text)")
     }
 
-    func stop() { Self.kill(process) }
-
-    deinit { Self.kill(process) }
-
-    private static func kill(_ process: Process) {
-        guard process.isRunning else { return }
-        process.terminate()
-        let deadline = Date().addingTimeInterval(2)
-        while process.isRunning && Date() < deadline { usleep(10_000) }
-        if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
-    }
+    func stop() { process.kill() }
 }

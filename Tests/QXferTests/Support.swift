@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import QXfer
+@_exported import Subprocesses
 @_spi(Stacks) @testable import QXferCore
 @_spi(Stacks) @testable import QXferDiscovery
 @_spi(Stacks) @testable import QXferIdentity
@@ -206,65 +207,6 @@ final class ClosedPort: Sendable {
         port = UInt16(bigEndian: address.sin_port)
     }
     deinit { close(fd) }
-}
-
-/// An external program run to completion with a time limit; killed if it overruns.
-struct Subprocess {
-    var status: Int32
-    var stdout: String
-    var stderr: String
-    var timedOut: Bool
-
-    /// The full path of `tool` on PATH, or nil.
-    static func which(_ tool: String) -> String? {
-        for directory in (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin").split(separator: ":") {
-            let path = "\(directory)/\(tool)"
-            if FileManager.default.isExecutableFile(atPath: path) { return path }
-        }
-        return nil
-    }
-
-    static func run(
-        _ executable: String, _ arguments: [String], stdin: Data? = nil, environment: [String: String]? = nil,
-        timeout: Duration = .seconds(20)
-    ) async throws -> Subprocess {
-        let scratch = TemporaryDirectory()
-        _ = FileManager.default.createFile(atPath: scratch.file("out"), contents: nil)
-        _ = FileManager.default.createFile(atPath: scratch.file("err"), contents: nil)
-        _ = FileManager.default.createFile(atPath: scratch.file("in"), contents: stdin ?? Data())
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        if let environment { process.environment = environment }
-        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: scratch.file("out")))
-        let errors = try FileHandle(forWritingTo: URL(fileURLWithPath: scratch.file("err")))
-        let input = try FileHandle(forReadingFrom: URL(fileURLWithPath: scratch.file("in")))
-        defer { try? output.close(); try? errors.close(); try? input.close() }
-        process.standardOutput = output
-        process.standardError = errors
-        process.standardInput = input
-        let exited = AsyncStream<Void>.makeStream()
-        process.terminationHandler = { _ in exited.continuation.finish() }
-        try process.run()
-        let timer = Task {
-            try? await Task.sleep(for: timeout)
-            exited.continuation.finish()
-        }
-        for await _ in exited.stream {}
-        timer.cancel()
-        var timedOut = false
-        if process.isRunning {
-            timedOut = true
-            // SIGKILL: children of the test runner may ignore SIGTERM.
-            kill(process.processIdentifier, SIGKILL)
-        }
-        process.waitUntilExit()
-        return Subprocess(
-            status: process.terminationStatus,
-            stdout: (try? String(contentsOfFile: scratch.file("out"), encoding: .utf8)) ?? "",
-            stderr: (try? String(contentsOfFile: scratch.file("err"), encoding: .utf8)) ?? "",
-            timedOut: timedOut)
-    }
 }
 
 /// The TCP sockets of this process whose local or remote port is `port`, from /proc: exact

@@ -1,4 +1,5 @@
 import Foundation
+import Subprocesses
 @testable import QXferTransfer
 
 /// A fresh temporary directory, removed by `cleanup()`.
@@ -42,17 +43,8 @@ func exists(_ path: String) -> Bool {
 
 /// Runs a command, returning its standard output, or nil if it cannot run or fails.
 func run(_ executable: String, _ arguments: [String]) -> String? {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: executable)
-    process.arguments = arguments
-    let pipe = Pipe()
-    process.standardOutput = pipe
-    process.standardError = FileHandle.nullDevice
-    do { try process.run() } catch { return nil }
-    let data = pipe.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    guard process.terminationStatus == 0 else { return nil }
-    return String(decoding: data, as: UTF8.self)
+    guard let result = try? Subprocess.runBlocking(executable, arguments), result.status == 0, !result.timedOut else { return nil }
+    return result.stdout
 }
 
 func which(_ name: String) -> String? {
