@@ -38,6 +38,20 @@ struct RaceStack: TransportStack {
     }
 
     func bind<Stack>(_ request: ListenRequest<Stack>) async throws -> any BoundTransportListener {
+        // Port 0: the first stack's free port may be taken on another stack's protocol (a UDP
+        // socket of some other program on the TCP listener's number); then another free one.
+        var attempt = 1
+        while true {
+            do {
+                return try await bindAll(request)
+            } catch let error as QXferError where error.code == .bindFailed && request.port == 0 && attempt < 8 {
+                attempt += 1
+            }
+        }
+    }
+
+    /// Binds every candidate on one port number, or none.
+    private func bindAll<Stack>(_ request: ListenRequest<Stack>) async throws -> any BoundTransportListener {
         var bound: [(any BoundTransportListener, any TransportStack)] = []
         var request = request
         do {

@@ -148,9 +148,15 @@ struct RaceTests {
             on: 0, host: "127.0.0.1", using: .parameters { FirstOf { QUIC() }.identity(Identities.server) },
             retryAbovePendingHandshakes: 0)
         try await withListener(listener, handler: Self.echo) { port in
-            // The relay's port has no TCP listener: TCP+TLS is refused at once.
-            let refused = try RefusedTCPPort()
-            let relay = try await UDPRelay.start(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)), port: refused.port)
+            // The relay's port has no TCP listener: TCP+TLS is refused at once. The kernel picks
+            // the TCP port; a UDP socket of another test may hold the same number, so try again.
+            let target = try SocketAddress(ipAddress: "127.0.0.1", port: Int(port))
+            var attempt: (refused: RefusedTCPPort, relay: UDPRelay)?
+            for _ in 0..<20 where attempt == nil {
+                let refused = try RefusedTCPPort()
+                if let relay = try? await UDPRelay.start(to: target, port: refused.port) { attempt = (refused, relay) }
+            }
+            let (refused, relay) = try #require(attempt, "no port free for both TCP and UDP in 20 tries")
             relay.delay(.milliseconds(350))
             do {
                 let connection = try await Self.connectAndEcho(to: relay.port, Self.race())
