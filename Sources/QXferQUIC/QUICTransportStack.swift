@@ -79,8 +79,9 @@ struct QUICListener: BoundTransportListener {
                 connectionIDPrefix: template.connectionIDPrefix,
                 retryAbovePendingHandshakes: request.validateAddressesAbovePendingHandshakes)
             let options = QUICSockets.Options(parameters)
+            // No SO_REUSEADDR: on UDP it lets a second socket bind a port already in use (and
+            // port 0 hand out one), and the kernel then delivers a client's packets to either.
             let bootstrap = DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-                .channelOption(.socketOption(.so_reuseaddr), value: 1)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try QUICSockets.prepare(channel, options: options, server: server)

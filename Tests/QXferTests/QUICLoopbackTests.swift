@@ -117,4 +117,25 @@ struct QUICLoopbackTests {
             chat.cancel()
         }
     }
+
+    @Test("A second QUIC listener on a UDP port in use fails with bind-failed instead of sharing the port")
+    func secondListenerOnAPortInUseFails() async throws {
+        // With SO_REUSEADDR the second bind succeeded, port 0 could hand out a port in use, and
+        // the kernel delivered a client's packets to either listener: in the suite, a test's
+        // client was served by another test's listener and its own waited forever.
+        let first = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        try await withListener(first, handler: echoUntilFinished) { port in
+            let second = NetworkListener(on: port, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+            // Bound anyway, it would serve until cancelled: 5 s, then the expectations fail.
+            let attempt = Task { await qxferError { try await second.run { _ in } } }
+            let limit = Task {
+                try? await Task.sleep(for: .seconds(5))
+                attempt.cancel()
+            }
+            let error = await attempt.value
+            limit.cancel()
+            #expect(error?.code == .bindFailed, "\(String(describing: error))")
+            #expect(error?.message.contains("cannot listen on UDP port \(port)") == true, "\(String(describing: error))")
+        }
+    }
 }
