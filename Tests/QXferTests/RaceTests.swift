@@ -123,8 +123,22 @@ struct RaceTests {
 
     @Test("Only QUIC listening: QUIC wins; TCP's refusal does not end the race")
     func quicWinsWhereTCPIsRefused() async throws {
-        let refused = try RefusedTCPPort()
-        let listener = NetworkListener(on: refused.port, host: "127.0.0.1") { FirstOf { QUIC() }.identity(Identities.server) }
+        // The kernel picks the TCP port; a UDP socket of another test may hold the same number,
+        // so try again.
+        for attempt in 1...20 {
+            let refused = try RefusedTCPPort()
+            let listener = NetworkListener(on: refused.port, host: "127.0.0.1") { FirstOf { QUIC() }.identity(Identities.server) }
+            do {
+                try await Self.quicWins(listener)
+                withExtendedLifetime(refused) {}
+                return
+            } catch let error as QXferError where error.code == .bindFailed && attempt < 20 {
+                continue
+            }
+        }
+    }
+
+    private static func quicWins(_ listener: NetworkListener<FirstOf>) async throws {
         try await withListener(listener, handler: Self.echo) { port in
             // TCP+TLS remembered first: refused at once, QUIC starts then rather than 250 ms later.
             let scratch = TemporaryDirectory()
@@ -137,7 +151,6 @@ struct RaceTests {
             #expect(memory.entry(for: .hostPort(host: "127.0.0.1", port: port)) == nil)
             connection.cancel()
         }
-        withExtendedLifetime(refused) {}
     }
 
     @Test("Only QUIC listening, behind Retry on a 700 ms round trip: TCP refused at once, QUIC answered, the race waits for it")
