@@ -44,8 +44,8 @@ done
 
 if (( overran )); then
     echo "== the step overran its ${limit} s limit"
-    echo "== tests started and not finished:"
     if [[ -s "$events" ]]; then
+        echo "== tests started and not finished:"
         python3 - "$events" <<'PYTHON'
 import json, sys
 running = {}
@@ -64,18 +64,6 @@ for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
 for text in running.values():
     print("   " + text)
 PYTHON
-    else
-        # Not swift-testing: the log's own start and end lines (a parameterized test prints a
-        # start line per case and one end line for the test).
-        awk '
-            /^◇ Test case / { next }
-            /^◇ Test .* started\.$/ { name = $0; sub(/^◇ Test /, "", name); sub(/ started\.$/, "", name); open[name] = 1 }
-            /^[^ ]+ Test .* (passed|failed|skipped)/ {
-                rest = $0; sub(/^[^ ]+ Test /, "", rest)
-                for (n in open) if (index(rest, n) == 1) delete open[n]
-            }
-            END { for (n in open) print "   " n }
-        ' "$log"
     fi
     echo "== what it left running:"
     ps -s "$step" -o pid,ppid,etimes,stat,wchan:28,args --forest 2>/dev/null | cut -c1-220
