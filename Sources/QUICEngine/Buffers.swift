@@ -4,65 +4,77 @@ internal import CNGTCP2
 ///
 /// ngtcp2 does not copy stream data: the pointers given to
 /// `ngtcp2_conn_writev_stream` must stay valid until `acked_stream_data_offset`
-/// covers them (it reports a contiguous acknowledged prefix). So each write is
-/// copied into its own heap chunk whose address never moves, and chunks are freed
-/// once wholly acknowledged. Not thread-safe; owned by one ``QUICConnection``.
+/// covers them (it reports a contiguous acknowledged prefix). So writes are copied into
+/// blocks of one fixed size whose addresses never move, filled one after another (block `k`
+/// holds stream offsets `k * blockSize ..< (k + 1) * blockSize`), and a block is freed once
+/// wholly acknowledged. One size for every block keeps the allocator from fragmenting: chunks
+/// sized like each write (up to a MiB, in every size a partial write leaves) left the sender's
+/// heap holding about 10 MiB more than it used on a lossy path (docs/benchmarks.md, "Resident
+/// memory"). Not thread-safe; owned by one ``QUICConnection``.
 final class StreamSendBuffer {
-    private struct Chunk {
-        let storage: UnsafeMutableRawBufferPointer
-        /// Stream offset of the chunk's first byte.
-        let offset: UInt64
-        var end: UInt64 { offset + UInt64(storage.count) }
-    }
+    static let blockSize = SendBlockPool.blockSize
 
-    private var chunks: [Chunk] = []
-    private var firstChunk = 0
-    /// Everything below this offset is acknowledged and freed.
+    private let pool: SendBlockPool
+    /// Blocks from `blocks[firstBlock]`, which holds block number `firstBlockNumber`.
+    private var blocks: [UnsafeMutableRawPointer] = []
+    private var firstBlock = 0
+    private var firstBlockNumber: UInt64 = 0
+
+    /// Everything below this offset is acknowledged.
     private(set) var ackedOffset: UInt64 = 0
     /// Everything below this offset has been given to ngtcp2.
     private(set) var sentOffset: UInt64 = 0
     /// Offset after the last written byte.
     private(set) var endOffset: UInt64 = 0
-    /// Index of the chunk containing `sentOffset` (or `chunks.count`).
-    private var sendChunk = 0
 
     /// Bytes held (written, not yet acknowledged).
     var bufferedBytes: Int { Int(endOffset - ackedOffset) }
     /// Bytes written but not yet given to ngtcp2.
     var unsentBytes: Int { Int(endOffset - sentOffset) }
 
+    init(pool: SendBlockPool) {
+        self.pool = pool
+    }
+
     deinit {
-        for i in firstChunk..<chunks.count { chunks[i].storage.deallocate() }
+        for i in firstBlock..<blocks.count { pool.release(blocks[i]) }
+    }
+
+    /// The block holding `offset` and the position of `offset` in it; `offset` must be held.
+    private func location(of offset: UInt64) -> (block: UnsafeMutableRawPointer, position: Int) {
+        let number = offset / UInt64(Self.blockSize)
+        return (blocks[firstBlock + Int(number - firstBlockNumber)], Int(offset % UInt64(Self.blockSize)))
     }
 
     /// Copies up to `limit - bufferedBytes` bytes of `bytes`; returns how many were taken.
     func append(_ bytes: UnsafeRawBufferPointer, limit: Int) -> Int {
         let room = max(0, limit - bufferedBytes)
-        let n = min(room, bytes.count)
-        guard n > 0 else { return 0 }
-        let storage = UnsafeMutableRawBufferPointer.allocate(byteCount: n, alignment: 1)
-        storage.copyMemory(from: UnsafeRawBufferPointer(rebasing: bytes[..<n]))
-        chunks.append(Chunk(storage: storage, offset: endOffset))
-        endOffset += UInt64(n)
-        return n
+        let total = min(room, bytes.count)
+        var copied = 0
+        while copied < total {
+            let position = Int(endOffset % UInt64(Self.blockSize))
+            if position == 0 {
+                if firstBlock == blocks.count { firstBlockNumber = endOffset / UInt64(Self.blockSize) }
+                blocks.append(pool.take())
+            }
+            let n = min(total - copied, Self.blockSize - position)
+            (blocks[blocks.count - 1] + position).copyMemory(from: bytes.baseAddress! + copied, byteCount: n)
+            copied += n
+            endOffset += UInt64(n)
+        }
+        return total
     }
 
     /// Fills `vecs` with the unsent bytes, at most `vecs.count` entries; returns how many were filled.
     func unsentVectors(into vecs: UnsafeMutableBufferPointer<ngtcp2_vec>) -> Int {
         var count = 0
-        var index = sendChunk
         var offset = sentOffset
-        while count < vecs.count && index < chunks.count {
-            let chunk = chunks[index]
-            let skip = Int(offset - chunk.offset)
-            let length = chunk.storage.count - skip
-            if length > 0 {
-                vecs[count] = ngtcp2_vec(base: chunk.storage.baseAddress!.advanced(by: skip)
-                    .assumingMemoryBound(to: UInt8.self), len: length)
-                count += 1
-            }
-            offset = chunk.end
-            index += 1
+        while count < vecs.count && offset < endOffset {
+            let (block, position) = location(of: offset)
+            let length = Int(min(endOffset - offset, UInt64(Self.blockSize - position)))
+            vecs[count] = ngtcp2_vec(base: (block + position).assumingMemoryBound(to: UInt8.self), len: length)
+            count += 1
+            offset += UInt64(length)
         }
         return count
     }
@@ -70,7 +82,6 @@ final class StreamSendBuffer {
     /// Records that ngtcp2 took `count` more bytes.
     func markSent(_ count: Int) {
         sentOffset = min(endOffset, sentOffset + UInt64(count))
-        while sendChunk < chunks.count && chunks[sendChunk].end <= sentOffset { sendChunk += 1 }
     }
 
     /// Marks every byte unsent again, for a stream whose early data the server refused; false
@@ -78,27 +89,51 @@ final class StreamSendBuffer {
     func rewind() -> Bool {
         guard ackedOffset == 0 else { return false }
         sentOffset = 0
-        sendChunk = firstChunk
         return true
     }
 
-    /// Frees chunks wholly below `offset` (from `acked_stream_data_offset`); returns the bytes released.
+    /// Frees blocks wholly below `offset` (from `acked_stream_data_offset`); returns the bytes released.
     @discardableResult
     func acknowledge(upTo offset: UInt64) -> Int {
-        guard offset > ackedOffset else { return 0 }
-        let clamped = min(offset, endOffset)
+        let clamped = min(offset, sentOffset)
+        guard clamped > ackedOffset else { return 0 }
         let released = Int(clamped - ackedOffset)
         ackedOffset = clamped
-        while firstChunk < chunks.count && chunks[firstChunk].end <= ackedOffset && firstChunk < sendChunk {
-            chunks[firstChunk].storage.deallocate()
-            firstChunk += 1
+        let wholeBlocks = ackedOffset / UInt64(Self.blockSize)
+        while firstBlock < blocks.count && firstBlockNumber < wholeBlocks {
+            pool.release(blocks[firstBlock])
+            firstBlock += 1
+            firstBlockNumber += 1
         }
-        if firstChunk > 64 && firstChunk * 2 > chunks.count {
-            chunks.removeFirst(firstChunk)
-            sendChunk -= firstChunk
-            firstChunk = 0
+        if firstBlock == blocks.count || firstBlock > 64 && firstBlock * 2 > blocks.count {
+            blocks.removeFirst(firstBlock)
+            firstBlock = 0
         }
         return released
+    }
+}
+
+/// The blocks of one connection's ``StreamSendBuffer``s: freed blocks are kept (up to a
+/// bound) for the next writes of any stream, so a steady transfer does not call the allocator
+/// and many short streams do not each allocate their own.
+final class SendBlockPool {
+    /// Small enough that a stream holding one short message costs little, large enough that a
+    /// packet rarely spans two blocks.
+    static let blockSize = 16 << 10
+    static let spareLimit = 64
+
+    private var spare: [UnsafeMutableRawPointer] = []
+
+    deinit {
+        for block in spare { block.deallocate() }
+    }
+
+    func take() -> UnsafeMutableRawPointer {
+        spare.popLast() ?? .allocate(byteCount: Self.blockSize, alignment: 16)
+    }
+
+    func release(_ block: UnsafeMutableRawPointer) {
+        if spare.count < Self.spareLimit { spare.append(block) } else { block.deallocate() }
     }
 }
 

@@ -61,6 +61,8 @@ public final class QUICConnection {
     private var carriedTransmit: QUICTransmit?
     /// Scratch space for the stream bytes offered to one packet, allocated once, not per packet.
     private let streamVectors = UnsafeMutableBufferPointer<ngtcp2_vec>.allocate(capacity: 16)
+    /// Memory of every stream's send buffer.
+    private let sendBlocks = SendBlockPool()
     private var lastExpiryHandled: QUICTime?
     /// When the bytes this connection put in flight so far have left at the pacing rate: the
     /// base for the next batch's pacing interval (see ``pollTransmit(now:into:)``).
@@ -682,7 +684,7 @@ public final class QUICConnection {
         let rv = bidirectional ? ngtcp2_conn_open_bidi_stream(conn, &id, nil) : ngtcp2_conn_open_uni_stream(conn, &id, nil)
         if rv == NGTCP2_ERR_STREAM_ID_BLOCKED { return nil }
         guard rv == 0 else { throw .library(bidirectional ? "ngtcp2_conn_open_bidi_stream" : "ngtcp2_conn_open_uni_stream", rv) }
-        streams[id] = StreamState(id: QUICStreamID(rawValue: id), canSend: true, canReceive: bidirectional)
+        streams[id] = StreamState(id: QUICStreamID(rawValue: id), canSend: true, canReceive: bidirectional, blocks: sendBlocks)
         return QUICStreamID(rawValue: id)
     }
 
@@ -1144,7 +1146,7 @@ public final class QUICConnection {
     fileprivate func onStreamOpen(_ id: Int64) {
         let sid = QUICStreamID(rawValue: id)
         let canSend = sid.isBidirectional
-        streams[id] = StreamState(id: sid, canSend: canSend, canReceive: true)
+        streams[id] = StreamState(id: sid, canSend: canSend, canReceive: true, blocks: sendBlocks)
         recordEvent(.streamOpened(sid))
     }
 
@@ -1155,7 +1157,7 @@ public final class QUICConnection {
         } else {
             // Data on a stream ngtcp2 did not announce (should not happen): track it anyway.
             let sid = QUICStreamID(rawValue: id)
-            s = StreamState(id: sid, canSend: sid.isBidirectional, canReceive: true)
+            s = StreamState(id: sid, canSend: sid.isBidirectional, canReceive: true, blocks: sendBlocks)
             streams[id] = s
         }
         guard !s.receiveDone else {

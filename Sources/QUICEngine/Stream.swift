@@ -26,9 +26,9 @@ final class StreamState {
     /// Last `ngtcp2_conn_get_stream_loss_count` seen for this stream.
     var lossCount: UInt64 = 0
 
-    init(id: QUICStreamID, canSend: Bool, canReceive: Bool) {
+    init(id: QUICStreamID, canSend: Bool, canReceive: Bool, blocks: SendBlockPool) {
         self.id = id
-        self.send = canSend ? StreamSendBuffer() : nil
+        self.send = canSend ? StreamSendBuffer(pool: blocks) : nil
         self.receiveDone = !canReceive
     }
 
