@@ -169,11 +169,15 @@ public struct QUICConfiguration: Sendable {
     /// reads. Memory stays bounded whatever the path: 12 MiB of send buffer and 16 MiB of
     /// receive window per stream (at 1 % loss on that path, 12 and 10 MiB of send buffer moved
     /// 50.6 and 47.9 MB/s, and a window of 8 MiB 33 MB/s; a sender with 16 MiB peaked at
-    /// 65 MiB resident, over the brief's 64); the windows start at 4 and 8 MiB, so a stalled
-    /// reader does not hold 8 and 16 at once (the 64 MiB resident bound of Tests/e2e/faults.sh §3).
+    /// 65 MiB resident, over the brief's 64). The windows start at their ceilings: ngtcp2 grows
+    /// a window only when its updates come within two round trips of each other, and behind a
+    /// lost packet in the first second none come, so windows starting at 4 and 8 MiB stopped the
+    /// sender on flow control for a round trip or more (docs/benchmarks.md, "Writers woken only
+    /// when the acknowledged prefix moved"). Memory is bounded by the ceilings either way: a
+    /// reader that stalls later holds as much as one that stalls at once.
     public mutating func applyBulkTransferLimits() {
-        initialStreamWindow = 4 << 20
-        initialConnectionWindow = 8 << 20
+        initialStreamWindow = 16 << 20
+        initialConnectionWindow = 32 << 20
         maxStreamWindow = 16 << 20
         maxConnectionWindow = 32 << 20
         streamSendBufferLimit = 4 << 20

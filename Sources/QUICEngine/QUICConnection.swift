@@ -63,6 +63,8 @@ public final class QUICConnection {
     private let streamVectors = UnsafeMutableBufferPointer<ngtcp2_vec>.allocate(capacity: 16)
     /// Memory of every stream's send buffer.
     private let sendBlocks = SendBlockPool()
+    /// Streams whose writer was cut short and waits for ``QUICEvent/streamWritable(_:)``.
+    private var writersWaiting: Set<Int64> = []
     private var lastExpiryHandled: QUICTime?
     /// When the bytes this connection put in flight so far have left at the pacing rate: the
     /// base for the next batch's pacing interval (see ``pollTransmit(now:into:)``).
@@ -700,6 +702,7 @@ public final class QUICConnection {
         let accepted = s.send!.append(bytes, limit: sendBufferLimit(for: s))
         if accepted < bytes.count {
             s.wantsWritable = true
+            writersWaiting.insert(stream.rawValue)
         } else if finish {
             s.finRequested = true
         }
@@ -1085,6 +1088,7 @@ public final class QUICConnection {
     /// Applies what callbacks recorded but could not do inside ngtcp2.
     private func afterLibraryCall(now: QUICTime) {
         guard let conn, case .open = state else { return }
+        wakeWaitingWriters()
         if pendingConnectionCredit > 0 {
             ngtcp2_conn_extend_max_offset(conn, pendingConnectionCredit)
             pendingConnectionCredit = 0
@@ -1176,13 +1180,34 @@ public final class QUICConnection {
     fileprivate func onAcked(_ id: Int64, upTo offset: UInt64) {
         guard let s = streams[id], let send = s.send else { return }
         send.acknowledge(upTo: offset)
-        // Wake the writer once a quarter of the limit is free: enough to be worth a write,
-        // early enough that the bytes still unsent cover the time the writer takes to answer.
-        guard s.wantsWritable else { return }
+        wakeWriterIfRoom(s)
+    }
+
+    /// Emits ``QUICEvent/streamWritable(_:)`` for a writer that was cut short once a quarter of
+    /// its limit is free: enough to be worth a write, early enough that the bytes still unsent
+    /// cover the time the writer takes to answer.
+    private func wakeWriterIfRoom(_ s: StreamState) {
+        guard s.wantsWritable, let send = s.send else { return }
         let limit = sendBufferLimit(for: s)
         if send.bufferedBytes <= limit - limit / 4 {
             s.wantsWritable = false
+            writersWaiting.remove(s.id.rawValue)
             recordEvent(.streamWritable(s.id))
+        }
+    }
+
+    /// Checks every waiting writer: a stream's limit also grows without its acknowledged
+    /// prefix moving. Behind a lost packet the prefix stays put for a round trip or more
+    /// while what is in flight drains, and the limit counts the bytes the hole pins; woken
+    /// only when the prefix moved, a writer sat idle until the retransmission was
+    /// acknowledged, the path emptied, and the first flight after it, all sent before any
+    /// acknowledgement came back, gave ngtcp2 0.12's rate sampler a rate sample of the
+    /// pacing rate rather than the link's (docs/benchmarks.md, "Writers woken only when the
+    /// acknowledged prefix moved").
+    private func wakeWaitingWriters() {
+        guard !writersWaiting.isEmpty else { return }
+        for id in writersWaiting {
+            if let s = streams[id], !s.sendClosed { wakeWriterIfRoom(s) } else { writersWaiting.remove(id) }
         }
     }
 

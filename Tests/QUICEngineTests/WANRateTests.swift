@@ -95,15 +95,17 @@ import Testing
     }
 
     /// 1 % random loss each way: the estimate still stays within 25 % of the link, and 96 MiB
-    /// take at most 2.65 s of simulated time after the handshake: 38 MB/s or more. (When the
+    /// take at most 2.40 s of simulated time after the handshake: 42 MB/s or more. (When the
     /// bytes a loss pins in the send buffer counted against its limit, the writer waited for
-    /// room while the link idled: 27-33 MB/s, and estimates up to 78 MB/s.)
+    /// room while the link idled: 27-33 MB/s, and estimates up to 78 MB/s; with receive windows
+    /// starting at 4 / 8 MiB instead of 16 / 32, a hole in the first second stalled the sender
+    /// on flow control: 41.2 MB/s.)
     @Test func holdsTheLinkRateUnderOnePercentLoss() throws {
         let size = 96 << 20
         let (sim, transfer, outcome) = try Self.run(seed: 19, loss: 0.01, size: size)
         TransferTests.check(sim, transfer, size: size)
         Self.expectEstimateNearLink(outcome)
-        #expect(outcome.goodputBytesPerSecond >= 38e6, "goodput \(outcome.goodputBytesPerSecond) B/s")
+        #expect(outcome.goodputBytesPerSecond >= 42e6, "goodput \(outcome.goodputBytesPerSecond) B/s")
     }
 
     /// bench/'s wan-lossy path (40 ms RTT, 300 Mbit/s, a 40 ms queue, 0.5 % random loss each
