@@ -73,6 +73,8 @@ public final class QUICConnection {
 
     // Recorded by callbacks, acted on after the ngtcp2 call returns.
     private var handshakeCompletedFlag = false
+    /// Stream bytes received before the handshake completed (a client's 0-RTT data).
+    private var earlyStreamBytes: UInt64 = 0
     private var handshakeReported = false
     private var statelessResetReceived = false
     private var pendingConnectionCredit: UInt64 = 0
@@ -1008,6 +1010,16 @@ public final class QUICConnection {
         reportClose(QUICCloseReason(kind: .application, code: errorCode, reason: reason, initiatedByPeer: false))
     }
 
+    /// Closes the connection when a client's early data outgrows
+    /// ``QUICConfiguration/maxEarlyStreamData`` (FLOW_CONTROL_ERROR, RFC 9000 §4.1: the
+    /// peer sent more than it may).
+    private func refuseEarlyData() {
+        guard case .open = state, pendingClose == nil else { return }
+        let reason = "early data beyond \(configuration.maxEarlyStreamData) bytes"
+        pendingClose = (NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_TRANSPORT.rawValue, UInt64(NGTCP2_FLOW_CONTROL_ERROR), Array(reason.utf8))
+        reportClose(QUICCloseReason(kind: .transport, code: UInt64(NGTCP2_FLOW_CONTROL_ERROR), reason: reason, initiatedByPeer: false))
+    }
+
     private func failConnection(libraryError rv: Int32, now: QUICTime) {
         guard let conn, case .open = state, pendingClose == nil else { return }
         var ccerr = ngtcp2_connection_close_error()
@@ -1168,6 +1180,11 @@ public final class QUICConnection {
             pendingConnectionCredit += UInt64(data.count)
             return
         }
+        if !handshakeCompletedFlag {
+            earlyStreamBytes += UInt64(data.count)
+            if earlyStreamBytes > configuration.maxEarlyStreamData { refuseEarlyData() }
+        }
+        if pendingClose != nil { return }  // closing: nothing more reaches the application
         let wasEmpty = s.receive.isEmpty
         if data.count > 0 { s.receive.append(data) }
         if wasEmpty && data.count > 0 { recordEvent(.streamReadable(s.id)) }

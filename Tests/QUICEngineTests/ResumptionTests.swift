@@ -180,6 +180,25 @@ extension ResumptionTests {
     /// Remembered limits larger than the server now grants: RFC 9000 §7.4.1 makes accepted
     /// early data under them a protocol error, so the connection fails (and qxfer's connector
     /// forgets such a ticket); with early data refused, the same ticket resumes.
+    /// Early data beyond the server's bound (``QUICConfiguration/maxEarlyStreamData``) closes
+    /// the connection with FLOW_CONTROL_ERROR; nothing of it reaches the application. Within
+    /// the bound the same request is read (``secondConnectionResumesWithEarlyData()``).
+    @Test func earlyDataBeyondTheServersBoundClosesTheConnection() throws {
+        let issuer = try QUICSessionTicketIssuer()
+        let box = TicketBox()
+        _ = try Self.connect(Self.client(ticket: nil, box: box), Self.server(issuer), seed: 86)
+        let ticket = try #require(box.latest)
+        var bounded = Self.server(issuer)
+        bounded.maxEarlyStreamData = UInt64(Self.request.count - 1)
+        let refused = try Self.connect(Self.client(ticket: ticket, box: box), bounded, seed: 87)
+        #expect(refused.received.isEmpty)
+        #expect(refused.sim.client.isClosed)
+        let reason = refused.sim.clientEvents.compactMap { event -> QUICCloseReason? in
+            if case .connectionClosed(let reason) = event { reason } else { nil }
+        }.first
+        #expect(reason?.kind == .transport && reason?.code == 0x3 && reason?.initiatedByPeer == true, "\(String(describing: reason))")
+    }
+
     @Test func rememberedLimitsAboveTheServersFailTheConnection() throws {
         let issuer = try QUICSessionTicketIssuer()
         let box = TicketBox()
