@@ -156,18 +156,20 @@ final class TransferReporter: Sendable {
                 draw(progress, metrics: current, moving: clock.elapsed)
             }
         }
-        defer {
-            drawing.cancel()
-            clearBar()
-        }
+        let outcome: Result<T, any Error>
         do {
-            let result = try await body()
+            outcome = .success(try await body())
             clock.stop(adding: progress.transferredBytes, complete: true)
-            return result
         } catch {
+            outcome = .failure(error)
             clock.stop(adding: progress.transferredBytes, complete: false)
-            throw error
         }
+        // Wait for the drawing task to end before clearing the bar: cancelled while it drew
+        // (past its checks), it put the bar back after the clear, behind the summary line.
+        drawing.cancel()
+        await drawing.value
+        clearBar()
+        return try outcome.get()
     }
 
     private func draw(_ progress: TransferProgress, metrics: ConnectionMetrics, moving elapsed: Duration) {
