@@ -152,11 +152,12 @@ public struct QUICConfiguration: Sendable {
     /// client's certificate, sealed in its ticket, is given to ``verifyPeer`` again when the
     /// handshake completes; the connection fails if it is refused. nil: no tickets, no 0-RTT.
     public var sessionTickets: QUICSessionTicketIssuer? = nil
-    /// Server: stream bytes a client may send before the handshake completes (early data of a
-    /// client resuming with a ticket); more closes the connection with FLOW_CONTROL_ERROR.
-    /// Flow control bounds early data too, but bulk windows are sized for a long fat path
-    /// (32 MiB), and early data is held before the client's certificate is checked again. An
-    /// honest client sends at most its first congestion window early (about 12 KB).
+    /// Stream bytes the peer may send before this side's handshake completes (a resuming
+    /// client's early data; on a client, anything a server sends before then); more closes
+    /// the connection with FLOW_CONTROL_ERROR. Flow control bounds such data too, but bulk
+    /// windows are sized for a long fat path (32 MiB), and it is held before the peer's
+    /// certificate is checked (again). An honest client sends at most its first congestion
+    /// window early (about 12 KB).
     public var maxEarlyStreamData: UInt64 = 1 << 20
     /// What seals, opens and masks each packet once the keys exist (see ``QUICPacketProtection``).
     public var packetProtection: QUICPacketProtection = .gnutls
