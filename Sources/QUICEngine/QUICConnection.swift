@@ -1195,36 +1195,31 @@ public final class QUICConnection {
     }
 
     fileprivate func onAcked(_ id: Int64, upTo offset: UInt64) {
-        guard let s = streams[id], let send = s.send else { return }
-        send.acknowledge(upTo: offset)
-        wakeWriterIfRoom(s)
+        streams[id]?.send?.acknowledge(upTo: offset)  // a waiting writer is woken after the call
     }
 
-    /// Emits ``QUICEvent/streamWritable(_:)`` for a writer that was cut short once a quarter of
-    /// its limit is free: enough to be worth a write, early enough that the bytes still unsent
-    /// cover the time the writer takes to answer.
-    private func wakeWriterIfRoom(_ s: StreamState) {
-        guard s.wantsWritable, let send = s.send else { return }
-        let limit = sendBufferLimit(for: s)
-        if send.bufferedBytes <= limit - limit / 4 {
-            s.wantsWritable = false
-            writersWaiting.remove(s.id.rawValue)
-            recordEvent(.streamWritable(s.id))
-        }
-    }
-
-    /// Checks every waiting writer: a stream's limit also grows without its acknowledged
-    /// prefix moving. Behind a lost packet the prefix stays put for a round trip or more
-    /// while what is in flight drains, and the limit counts the bytes the hole pins; woken
-    /// only when the prefix moved, a writer sat idle until the retransmission was
-    /// acknowledged, the path emptied, and the first flight after it, all sent before any
-    /// acknowledgement came back, gave ngtcp2 0.12's rate sampler a rate sample of the
-    /// pacing rate rather than the link's (docs/benchmarks.md, "Writers woken only when the
-    /// acknowledged prefix moved").
+    /// Emits ``QUICEvent/streamWritable(_:)`` for each writer that was cut short once a quarter
+    /// of its limit is free: enough to be worth a write, early enough that the bytes still
+    /// unsent cover the time the writer takes to answer. Checked after every ngtcp2 call, not
+    /// only when acknowledgements move a stream's acknowledged prefix: the limit also grows
+    /// without that. Behind a lost packet the prefix stays put for a round trip or more while
+    /// what is in flight drains, and the limit counts the bytes the hole pins; woken only when
+    /// the prefix moved, a writer sat idle until the retransmission was acknowledged, the path
+    /// emptied, and the first flight after it, all sent before any acknowledgement came back,
+    /// gave ngtcp2 0.12's rate sampler a rate sample of the pacing rate rather than the link's
+    /// (docs/benchmarks.md, "Writers woken only when the acknowledged prefix moved").
     private func wakeWaitingWriters() {
-        guard !writersWaiting.isEmpty else { return }
         for id in writersWaiting {
-            if let s = streams[id], !s.sendClosed { wakeWriterIfRoom(s) } else { writersWaiting.remove(id) }
+            guard let s = streams[id], s.wantsWritable, !s.sendClosed, let send = s.send else {
+                writersWaiting.remove(id)
+                continue
+            }
+            let limit = sendBufferLimit(for: s)
+            if send.bufferedBytes <= limit - limit / 4 {
+                s.wantsWritable = false
+                writersWaiting.remove(id)
+                recordEvent(.streamWritable(s.id))
+            }
         }
     }
 
