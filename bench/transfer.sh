@@ -14,7 +14,13 @@
 # veth pair, MTU 1500, nothing emulated); wan (25 ms one way, 500 Mbit/s, 50 ms queue); wan-loss
 # (the same with 1 % random loss each way); wan-long (100 ms one way, 100 Mbit/s, 100 ms queue:
 # an ocean away); wan-lossy (20 ms one way, 300 Mbit/s, 40 ms queue, 0.5 % random loss each
-# way). Receivers run in namespace b, senders in namespace a (loopback: both in a). On the
+# way); wan-far (50 ms one way, 500 Mbit/s, 100 ms queue: a fast link across a continent);
+# wan-ocean (150 ms one way, 200 Mbit/s, 150 ms queue); these two only when named in CONDITIONS
+# (1 GiB over wan-ocean takes TCP minutes). The namespaces raise TCP's buffer limits
+# to 64 MiB, so that TCP can fill every path; a condition named with -stock (wan-far-stock,
+# wan-ocean-stock, any path) keeps Linux's own defaults instead (tcp_rmem up to 6 MiB, tcp_wmem up
+# to 4 MiB: what an untuned host gives every TCP tool, a QUIC stack's windows being its own).
+# Receivers run in namespace b, senders in namespace a (loopback: both in a). On the
 # emulated paths each run records the packets the emulator's queue dropped, both directions
 # (column link_drops; random losses are not counted).
 #
@@ -106,12 +112,15 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -su
 setup() {
     LE_QUIET=1 bench/netns/linkemu-down.sh --prefix "$PREFIX" >/dev/null 2>&1 || true
     local emulate=(--delay 25ms --rate 500mbit --queue 50ms)
-    case $1 in
+    local path=${1%-stock}
+    case $path in
         loopback|veth) emulate=() ;;
         wan) ;;
         wan-loss) emulate+=(--loss 1%) ;;
         wan-long) emulate=(--delay 100ms --rate 100mbit --queue 100ms) ;;
         wan-lossy) emulate=(--delay 20ms --rate 300mbit --queue 40ms --loss 0.5%) ;;
+        wan-far) emulate=(--delay 50ms --rate 500mbit --queue 100ms) ;;
+        wan-ocean) emulate=(--delay 150ms --rate 200mbit --queue 150ms) ;;
         *) echo "bench/transfer.sh: unknown condition '$1'" >&2; exit 2 ;;
     esac
     if [ "${#emulate[@]}" -eq 0 ]; then
@@ -119,7 +128,14 @@ setup() {
     else
         LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net 10.99.77 -- "${emulate[@]}" >/dev/null
     fi
-    if [ "$1" = veth ]; then
+    if [ "$path" != "$1" ]; then
+        # Linux's own TCP buffer limits (net/ipv4/tcp.c, tcp_init) instead of lib.sh's 64 MiB.
+        local ns
+        for ns in "${PREFIX}a" "${PREFIX}b"; do
+            ip netns exec "$ns" sysctl -qw net.ipv4.tcp_rmem="4096 131072 6291456" net.ipv4.tcp_wmem="4096 16384 4194304" >/dev/null
+        done
+    fi
+    if [ "$path" = veth ]; then
         # Replace the unattached TUN devices' addresses with a veth pair between the namespaces.
         ip -n "${PREFIX}a" addr flush dev tun0
         ip -n "${PREFIX}b" addr flush dev tun0
@@ -129,7 +145,7 @@ setup() {
         ip -n "${PREFIX}a" link set "${PREFIX}va" up
         ip -n "${PREFIX}b" link set "${PREFIX}vb" up
     fi
-    if [ "$1" = loopback ]; then RECV_NS=${PREFIX}a; HOST=127.0.0.1; SEND_HOST=127.0.0.1
+    if [ "$path" = loopback ]; then RECV_NS=${PREFIX}a; HOST=127.0.0.1; SEND_HOST=127.0.0.1
     else RECV_NS=${PREFIX}b; HOST=10.99.77.2; SEND_HOST=10.99.77.1; fi
     SEND_NS=${PREFIX}a
     ip netns exec "$RECV_NS" ip link set lo up

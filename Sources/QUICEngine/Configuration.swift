@@ -181,7 +181,9 @@ public struct QUICConfiguration: Sendable {
     /// lost packet in the first second none come, so windows starting at 4 and 8 MiB stopped the
     /// sender on flow control for a round trip or more (docs/benchmarks.md, "Writers woken only
     /// when the acknowledged prefix moved"). Memory is bounded by the ceilings either way: a
-    /// reader that stalls later holds as much as one that stalls at once.
+    /// reader that stalls later holds as much as one that stalls at once. (Towards a loopback
+    /// peer QXferQUIC starts them lower: there ngtcp2's doubling keeps up with a fast reader,
+    /// and a lagging one holds less.)
     public mutating func applyBulkTransferLimits() {
         initialStreamWindow = 16 << 20
         initialConnectionWindow = 32 << 20

@@ -5,10 +5,11 @@ import QUICEngine
 
 /// The engine configuration a ``QUIC`` stack and its parameters describe.
 enum QUICStackConfiguration {
-    /// The engine configuration for a stack and its parameters.
+    /// The engine configuration for a stack and its parameters, for a connection with a peer
+    /// on this host's loopback interface or elsewhere.
     static func make<Stack>(
         _ quic: QUIC, identity: HostIdentity, parameters: NetworkParameters<Stack>, verifier: PeerVerifier, isServer: Bool,
-        resetSecret: [UInt8]? = nil
+        peerIsLoopback: Bool, resetSecret: [UInt8]? = nil
     ) -> QUICConfiguration {
         var configuration = QUICConfiguration(
             certificateChainPEM: identity.certificatePEM, privateKeyPEM: identity.privateKeyPEM,
@@ -46,7 +47,17 @@ enum QUICStackConfiguration {
             configuration.idleTimeout = .seconds(30)
             configuration.keepAliveInterval = .seconds(10)
         }
-        if parameters.performanceMode == .bulk { configuration.applyBulkTransferLimits() }
+        if parameters.performanceMode == .bulk {
+            configuration.applyBulkTransferLimits()
+            if peerIsLoopback {
+                // The bulk windows start at their ceilings for a path where a loss stalls them
+                // for round trips; on loopback a round trip is a tenth of a millisecond, the
+                // windows grow from 4 and 8 MiB as the reader keeps up, and a receiver whose disk
+                // lags holds 7 MiB less (docs/benchmarks.md, "Receive windows on loopback").
+                configuration.initialStreamWindow = 4 << 20
+                configuration.initialConnectionWindow = 8 << 20
+            }
+        }
         if let resetSecret {
             configuration.statelessResetSecret = resetSecret
             if isServer { configuration.connectionIDPrefix = connectionIDPrefix(resetSecret: resetSecret) }

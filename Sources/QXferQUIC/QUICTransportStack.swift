@@ -49,14 +49,15 @@ struct QUICListener: BoundTransportListener {
             let secret = identity.statelessResetSecret
             // Tickets from the same identity's secret: a restarted receiver still resumes its senders' sessions.
             let tickets = try QUICSessionTicketIssuer(secret: secret)
-            let makeConfiguration: @Sendable () -> (QUICConfiguration, PeerVerifier) = {
+            let makeConfiguration: @Sendable (_ peerIsLoopback: Bool) -> (QUICConfiguration, PeerVerifier) = { peerIsLoopback in
                 let verifier = PeerVerifier(.server(quic.clientAuthentication))
                 var configuration = QUICStackConfiguration.make(
-                    quic, identity: identity, parameters: parameters, verifier: verifier, isServer: true, resetSecret: secret)
+                    quic, identity: identity, parameters: parameters, verifier: verifier, isServer: true,
+                    peerIsLoopback: peerIsLoopback, resetSecret: secret)
                 configuration.sessionTickets = tickets
                 return (configuration, verifier)
             }
-            let template = makeConfiguration().0
+            let template = makeConfiguration(false).0
             let server = QUICSocketHandler.Server(
                 makeConfiguration: makeConfiguration,
                 makeConnection: { engine, verifier, eventLoop in

@@ -92,13 +92,15 @@ enum QUICConnector {
         _ remote: SocketAddress, quic: QUIC, identity: HostIdentity, parameters: NetworkParameters<Stack>,
         verifier: PeerVerifier, timeout: Duration, resumption: Resumption?, peerAnswered: @escaping @Sendable () -> Void
     ) async throws -> QUICStreamTransport {
-        var configuration = QUICStackConfiguration.make(quic, identity: identity, parameters: parameters, verifier: verifier, isServer: false)
+        let peerIsLoopback = QUICSocketAddress(remote)?.isLoopback == true
+        var configuration = QUICStackConfiguration.make(
+            quic, identity: identity, parameters: parameters, verifier: verifier, isServer: false, peerIsLoopback: peerIsLoopback)
         let started = ContinuousClock.now
         if let resumption {
             configuration.resumption = resumption.ticket
             configuration.sessionTicketReceiver = resumption.keep
         }
-        if parameters.performanceMode == .bulk, quic.probesPathMTU, QUICSocketAddress(remote)?.isLoopback == false,
+        if parameters.performanceMode == .bulk, quic.probesPathMTU, !peerIsLoopback, QUICSocketAddress(remote) != nil,
            let size = await PathMTUProbe.largestDatagram(to: remote, within: timeout / 4, answered: peerAnswered) {
             configuration.maxUDPPayloadSize = size
             logger.info("QUIC datagrams of \(size) bytes reach \(remote)")

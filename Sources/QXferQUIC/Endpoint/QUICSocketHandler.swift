@@ -19,7 +19,7 @@ final class QUICSocketHandler: ChannelDuplexHandler {
     /// What a listening socket needs to accept connections.
     struct Server: Sendable {
         /// A configuration (with a fresh verifier) for each new connection.
-        var makeConfiguration: @Sendable () -> (QUICConfiguration, PeerVerifier)
+        var makeConfiguration: @Sendable (_ peerIsLoopback: Bool) -> (QUICConfiguration, PeerVerifier)
         /// The connection (its driver) for a new client's engine, on the socket's event loop.
         /// It reports itself to the listener once its handshake completes.
         var makeConnection: @Sendable (QUICConnection, PeerVerifier, any EventLoop) -> any QUICEndpointConnection
@@ -348,7 +348,7 @@ final class QUICSocketHandler: ChannelDuplexHandler {
         _ initial: QUICInitialPacket, datagram: UnsafeRawBufferPointer, path: QUICPath, server: Server, retriedFrom original: QUICConnectionID?
     ) {
         guard let context else { return }
-        let (configuration, verifier) = server.makeConfiguration()
+        let (configuration, verifier) = server.makeConfiguration(path.remote.isLoopback)
         let engine: QUICConnection
         do {
             engine = try QUICConnection(
