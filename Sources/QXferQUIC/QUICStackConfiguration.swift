@@ -47,17 +47,7 @@ enum QUICStackConfiguration {
             configuration.idleTimeout = .seconds(30)
             configuration.keepAliveInterval = .seconds(10)
         }
-        if parameters.performanceMode == .bulk {
-            configuration.applyBulkTransferLimits()
-            if peerIsLoopback {
-                // The bulk windows start at their ceilings for a path where a loss stalls them
-                // for round trips; on loopback a round trip is a tenth of a millisecond, the
-                // windows grow from 4 and 8 MiB as the reader keeps up, and a receiver whose disk
-                // lags holds 7 MiB less (docs/benchmarks.md, "Receive windows on loopback").
-                configuration.initialStreamWindow = 4 << 20
-                configuration.initialConnectionWindow = 8 << 20
-            }
-        }
+        if parameters.performanceMode == .bulk { configuration.applyBulkTransferLimits(overLoopback: peerIsLoopback) }
         if let resetSecret {
             configuration.statelessResetSecret = resetSecret
             if isServer { configuration.connectionIDPrefix = connectionIDPrefix(resetSecret: resetSecret) }

@@ -92,15 +92,16 @@ enum QUICConnector {
         _ remote: SocketAddress, quic: QUIC, identity: HostIdentity, parameters: NetworkParameters<Stack>,
         verifier: PeerVerifier, timeout: Duration, resumption: Resumption?, peerAnswered: @escaping @Sendable () -> Void
     ) async throws -> QUICStreamTransport {
-        let peerIsLoopback = QUICSocketAddress(remote)?.isLoopback == true
+        let remoteAddress = QUICSocketAddress(remote)
         var configuration = QUICStackConfiguration.make(
-            quic, identity: identity, parameters: parameters, verifier: verifier, isServer: false, peerIsLoopback: peerIsLoopback)
+            quic, identity: identity, parameters: parameters, verifier: verifier, isServer: false,
+            peerIsLoopback: remoteAddress?.isLoopback == true)
         let started = ContinuousClock.now
         if let resumption {
             configuration.resumption = resumption.ticket
             configuration.sessionTicketReceiver = resumption.keep
         }
-        if parameters.performanceMode == .bulk, quic.probesPathMTU, !peerIsLoopback, QUICSocketAddress(remote) != nil,
+        if parameters.performanceMode == .bulk, quic.probesPathMTU, remoteAddress?.isLoopback == false,
            let size = await PathMTUProbe.largestDatagram(to: remote, within: timeout / 4, answered: peerAnswered) {
             configuration.maxUDPPayloadSize = size
             logger.info("QUIC datagrams of \(size) bytes reach \(remote)")
@@ -116,9 +117,9 @@ enum QUICConnector {
         } catch {
             throw QXferError(.connectFailed, "cannot open a UDP socket: \(ChannelErrors.reason(error))", underlying: error)
         }
-        let setup = channel.eventLoop.submit { [configuration] () throws -> (NIOLoopBound<QUICConnectionDriver>, EventLoopFuture<String>) in
+        let setup = channel.eventLoop.submit { [configuration, remoteAddress] () throws -> (NIOLoopBound<QUICConnectionDriver>, EventLoopFuture<String>) in
             let handler = try channel.pipeline.syncOperations.handler(type: QUICSocketHandler.self)
-            guard let local = handler.localAddress, let remoteAddress = QUICSocketAddress(remote) else {
+            guard let local = handler.localAddress, let remoteAddress else {
                 throw QXferError(.connectFailed, "cannot use the address \(remote)")
             }
             let engine = try Resumption.makeEngine(configuration, path: QUICPath(local: local, remote: remoteAddress), resumption)
