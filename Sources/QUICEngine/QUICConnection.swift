@@ -365,6 +365,18 @@ public final class QUICConnection {
         return true
     }
 
+    /// A keep-alive holds the path open for this side's own idle timeout. A peer that advertised a
+    /// shorter one asked for idle connections to close sooner; PINGs every `keepAliveInterval`
+    /// would overrule it whenever the interval is under three probe timeouts (a long path, a
+    /// loaded machine) and not otherwise. So they stop, and the smaller timeout holds on both sides.
+    private func stopKeepAliveIfPeerIdlesSooner(_ conn: OpaquePointer) {
+        guard configuration.keepAliveInterval != nil,
+              let remote = ngtcp2_conn_get_remote_transport_params(conn)?.pointee,
+              remote.max_idle_timeout != 0,
+              remote.max_idle_timeout < configuration.idleTimeout.quicNanoseconds else { return }
+        ngtcp2_conn_set_keep_alive_timeout(conn, 0) // 0 disables it (ngtcp2 0.12)
+    }
+
     /// Whether the TLS handshake has completed (`ngtcp2_conn_get_handshake_completed`).
     public var isHandshakeComplete: Bool { handshakeReported }
 
@@ -1119,6 +1131,7 @@ public final class QUICConnection {
                 return
             }
             handshakeReported = true
+            stopKeepAliveIfPeerIdlesSooner(conn)
             let alpn = tls?.selectedALPN
             negotiatedALPN = alpn
             peerCertificate = verifiedPeerCertificate

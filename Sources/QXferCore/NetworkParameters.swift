@@ -15,6 +15,12 @@ public struct NetworkParameters<Stack: NetworkProtocolStack>: Sendable {
     /// The congestion controller; nil lets the performance mode choose.
     public var congestionControl: CongestionControl?
     /// Closes a connection on which nothing was sent or received for this long; nil never does.
+    ///
+    /// On QUIC, nil keeps the path alive with a PING every 10 s and ends the connection when the
+    /// peer has been silent for 30 s; a peer that asks for a shorter idle timeout gets it (the
+    /// PINGs stop). The effective timeout is never under three probe timeouts, and on QUIC it
+    /// also bounds silence during the handshake (RFC 9000 §10.1); on TCP+TLS it starts once the
+    /// handshake is done.
     public var idleTimeout: Duration?
     /// How long a connection may take to become ready, retries included, before it fails.
     public var connectTimeout: Duration = .seconds(10)

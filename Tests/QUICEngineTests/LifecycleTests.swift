@@ -23,6 +23,49 @@ import Testing
         #expect(sim.client.nextTimeout == nil)
     }
 
+    /// A keep-alive holds the path open for this side's own idle timeout, never past a shorter one
+    /// the peer asked for. The server pings every 5 s; the client asked to close after 2 s without
+    /// traffic. On a 2 s round trip three probe timeouts exceed 5 s, and the server's PINGs held
+    /// the client open for as long as they came (CI saw 132 s instead of 2-18 s on a loaded
+    /// machine, where the probe timeout grew the same way).
+    @Test(arguments: [95, 96] as [UInt64])
+    func peersKeepAliveDoesNotOutliveAShorterIdleTimeout(seed: UInt64) throws {
+        let sim = try Self.keepAliveSimulation(seed: seed, clientIdleTimeout: .seconds(2))
+        let stats = sim.client.stats
+        let probeTimeout = stats.smoothedRTT + max(stats.rttVariance * 4, .milliseconds(1)) + .milliseconds(25)
+        let idlePeriod = max(Duration.seconds(2), probeTimeout * 3)
+        #expect(idlePeriod > .seconds(6), "seed \(seed): the path must make 3 PTO exceed the peer's keep-alive")
+        let idleStart = sim.now
+        sim.run(for: 300_000 * ms) { sim.client.isTerminated && sim.server!.isTerminated }
+        for side in [Side.client, .server] {
+            let reason = try #require(sim.closeReason(side), "seed \(seed): \(side) never closed")
+            #expect(reason.kind == .idleTimeout, "seed \(seed): \(side) \(reason)")
+        }
+        let closedAfter = Duration.nanoseconds(Int64(sim.now - idleStart))
+        #expect(closedAfter <= idlePeriod + .seconds(2), "seed \(seed): closed after \(closedAfter), idle period \(idlePeriod)")
+    }
+
+    /// The same path with a peer whose idle timeout is not shorter: the PINGs keep both sides open.
+    @Test func keepAliveHoldsAnEqualIdleTimeout() throws {
+        let sim = try Self.keepAliveSimulation(seed: 97, clientIdleTimeout: .seconds(30))
+        sim.run(for: 300_000 * ms) { sim.client.isTerminated || sim.server!.isTerminated }
+        #expect(sim.closeReason(.client) == nil && sim.closeReason(.server) == nil)
+    }
+
+    /// A handshake over a 2 s round trip to a server that keeps its path alive every 5 s.
+    private static func keepAliveSimulation(seed: UInt64, clientIdleTimeout: Duration) throws -> Simulation {
+        var client = QUICConfiguration.test(.client, expectPeer: .server)
+        client.idleTimeout = clientIdleTimeout
+        var server = QUICConfiguration.test(.server, expectPeer: nil)
+        server.idleTimeout = .seconds(30)
+        server.keepAliveInterval = .seconds(5)
+        let sim = try Simulation(seed: seed, client: client, server: server)
+        sim.up.delay = 1_000 * ms
+        sim.down.delay = 1_000 * ms
+        #expect(sim.runHandshake(timeLimit: 60_000 * ms), "seed \(seed)")
+        return sim
+    }
+
     @Test(arguments: [93, 94] as [UInt64])
     func applicationCloseDeliversCodeAndReason(seed: UInt64) throws {
         let sim = try Simulation(seed: seed, client: .test(.client, expectPeer: .server), server: .test(.server, expectPeer: nil))

@@ -178,6 +178,23 @@ struct QUICStreamTests {
         }
     }
 
+    /// A client with a short idle timeout that has sent its server one byte. QUIC's idle timeout
+    /// also bounds silence during the handshake (RFC 9000 §10.1), and a loaded machine (sanitizers
+    /// beside every suite) can take longer than that to answer one: such an attempt ends with
+    /// idle-timeout before the test has begun, so a fresh connection is tried, three at most.
+    func connectedClient(_ port: UInt16, idleTimeout: Duration) async throws -> NetworkConnection<QUIC> {
+        var attempt = 1
+        while true {
+            let connection = client(port) { $0.idleTimeout(idleTimeout) }
+            do {
+                try await connection.send(Data("x".utf8))
+                return connection
+            } catch let error as QXferError where error.code == .idleTimeout && attempt < 3 {
+                attempt += 1
+            }
+        }
+    }
+
     /// When an idle connection must have ended: QUIC's idle period is at least three probe
     /// timeouts (RFC 9000 §10.1), and a loaded machine (sanitizers, parallel suites) measures
     /// RTTs of seconds; then 7 s of slack for scheduling. A hang still fails. Taken before the
@@ -200,8 +217,7 @@ struct QUICStreamTests {
             // must be its own timeout, never this side closing.
             try? await Task.sleep(for: .seconds(180))
         }) { port in
-            let connection = client(port) { $0.idleTimeout(.seconds(2)) }
-            try await connection.send(Data("x".utf8))
+            let connection = try await connectedClient(port, idleTimeout: .seconds(2))
             let deadline = await Self.idleDeadline(of: connection, idleTimeout: .seconds(2))
             let clock = ContinuousClock()
             let started = clock.now
@@ -219,8 +235,7 @@ struct QUICStreamTests {
             while true { try await connection.send(try await connection.receive(atLeast: 1, atMost: 100).content) }
         }) { port in
             let relay = try await UDPRelay.start(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)))
-            let connection = client(relay.port) { $0.idleTimeout(.seconds(3)) }
-            try await connection.send(Data("x".utf8))
+            let connection = try await connectedClient(relay.port, idleTimeout: .seconds(3))
             _ = try await connection.receive(exactly: 1)
             let deadline = await Self.idleDeadline(of: connection, idleTimeout: .seconds(3))
             relay.blackhole()
