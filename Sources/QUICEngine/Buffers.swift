@@ -31,6 +31,8 @@ final class StreamSendBuffer {
     var bufferedBytes: Int { Int(endOffset - ackedOffset) }
     /// Bytes written but not yet given to ngtcp2.
     var unsentBytes: Int { Int(endOffset - sentOffset) }
+    /// Memory the blocks of this buffer take.
+    var heldBlockBytes: Int { (blocks.count - firstBlock) * Self.blockSize }
 
     init(pool: SendBlockPool) {
         self.pool = pool
@@ -123,16 +125,23 @@ final class SendBlockPool {
     static let spareLimit = 64
 
     private var spare: [UnsafeMutableRawPointer] = []
+    /// Blocks taken and not yet released: what all the connection's send buffers hold.
+    private(set) var blocksInUse = 0
+
+    /// Memory the connection's send buffers hold together.
+    var bytesInUse: Int { blocksInUse * Self.blockSize }
 
     deinit {
         for block in spare { block.deallocate() }
     }
 
     func take() -> UnsafeMutableRawPointer {
-        spare.popLast() ?? .allocate(byteCount: Self.blockSize, alignment: 16)
+        blocksInUse += 1
+        return spare.popLast() ?? .allocate(byteCount: Self.blockSize, alignment: 16)
     }
 
     func release(_ block: UnsafeMutableRawPointer) {
+        blocksInUse -= 1
         if spare.count < Self.spareLimit { spare.append(block) } else { block.deallocate() }
     }
 }

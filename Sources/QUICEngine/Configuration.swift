@@ -81,10 +81,11 @@ public struct QUICConfiguration: Sendable {
     /// How many unidirectional streams the peer may open (`initial_max_streams_uni`), replenished as they close.
     public var maxIncomingUnidirectionalStreams: UInt64 = 128
 
-    /// Unacknowledged bytes the engine keeps per stream before ``QUICConnection/write(stream:bytes:finish:)``
+    /// Unacknowledged bytes the engine keeps before ``QUICConnection/write(stream:bytes:finish:)``
     /// accepts less than offered: the floor when ``maxStreamSendBuffer`` lets it follow the path.
+    /// The connection's streams share it (each may hold 64 KiB whatever the others hold).
     public var streamSendBufferLimit: Int = 1 << 20
-    /// When set, the per-stream send buffer follows the path between ``streamSendBufferLimit``
+    /// When set, the send buffer follows the path between ``streamSendBufferLimit``
     /// and this ceiling: the congestion window plus one measured bandwidth-delay product
     /// (delivery rate × smoothed RTT), so that what is in flight and what waits for the pacer
     /// both fit on a long fat path, while memory stays bounded. nil keeps the fixed limit.

@@ -69,6 +69,13 @@ public final class QUICConnection {
     /// When the bytes this connection put in flight so far have left at the pacing rate: the
     /// base for the next batch's pacing interval (see ``pollTransmit(now:into:)``).
     private var pacedUntil = QUICTime(nanoseconds: 0)
+    /// Whether the delivery-rate estimate has stopped growing (see ``pacingRateUnderInFlightCap(_:now:)``).
+    private var pipeFilled = false
+    /// The estimate growth is measured against, the rounds it has not grown 25 % over it, and
+    /// when the current round (one smoothed RTT) ends.
+    private var fullRateEstimate: UInt64 = 0
+    private var roundsWithoutGrowth = 0
+    private var roundEnds = QUICTime(nanoseconds: 0)
     private var currentPath: QUICPath
 
     // Recorded by callbacks, acted on after the ngtcp2 call returns.
@@ -519,8 +526,9 @@ public final class QUICConnection {
         let paced = s.bytes_in_flight > inFlightBefore ? s.bytes_in_flight - inFlightBefore : 0
         guard paced > 0 else { return }
         // ngtcp2's own fallback when the controller sets no rate (RFC 9002 §7.7): cwnd / srtt × 1.25.
-        let bytesPerNanosecond = s.pacing_rate > 0
+        var bytesPerNanosecond = s.pacing_rate > 0
             ? s.pacing_rate : Double(s.cwnd) / Double(max(s.smoothed_rtt, 1)) * 1.25
+        if let limit = pacingRateUnderInFlightCap(s, now: now) { bytesPerNanosecond = min(bytesPerNanosecond, limit) }
         guard bytesPerNanosecond > 0, bytesPerNanosecond.isFinite else { return }
         pacedUntil = start.advanced(by: .nanoseconds(Int64(min(Double(paced) / bytesPerNanosecond, 1e12))))
     }
@@ -531,11 +539,43 @@ public final class QUICConnection {
 
     /// Whether ``QUICConfiguration/maxInFlightBandwidthDelayProducts`` holds new stream data back now.
     private func inFlightCapReached(_ conn: OpaquePointer) -> Bool {
-        guard let products = configuration.maxInFlightBandwidthDelayProducts else { return false }
         let s = Self.statistics(conn)
-        guard s.delivery_rate_sec > 0, s.min_rtt != UInt64.max else { return false }
-        let cap = max(Double(Self.minimumInFlightCap), products * Double(s.delivery_rate_sec) * Double(s.min_rtt) / 1e9)
+        guard let cap = inFlightCap(s) else { return false }
         return Double(s.bytes_in_flight) >= cap
+    }
+
+    /// With the in-flight cap, once the delivery-rate estimate has stopped growing: the cap's
+    /// bytes spread over one minimum RTT (bytes per nanosecond); nil before, and without the cap.
+    ///
+    /// The cap holds new data back while cwnd has room, so ngtcp2 0.12 ends each flight with an
+    /// undersized packet and marks the connection application-limited; BBR v2 ignores such
+    /// rounds when it looks for a full pipe, so it never left start-up and paced every capped
+    /// flight at start-up's 2.77 times the estimate. On a path whose queue holds less than about
+    /// 0.64 of that flight (300 ms at 200 Mbit/s with a 150 ms queue) the burst overflowed it:
+    /// 8 % of the packets dropped (docs/benchmarks.md, "QUIC's drops on the 300 ms path").
+    /// This finds the full pipe as BBR would (three rounds without 25 % growth) and then paces
+    /// at the cap's rate; before it, start-up's pacing is what lets the estimate grow quickly.
+    private func pacingRateUnderInFlightCap(_ s: ngtcp2_conn_stat, now: QUICTime) -> Double? {
+        guard let cap = inFlightCap(s) else { return nil }
+        if !pipeFilled && now >= roundEnds {
+            roundEnds = now.advanced(by: .nanoseconds(Int64(clamping: max(s.smoothed_rtt, s.min_rtt))))
+            if Double(s.delivery_rate_sec) >= 1.25 * Double(fullRateEstimate) {
+                fullRateEstimate = s.delivery_rate_sec
+                roundsWithoutGrowth = 0
+            } else {
+                roundsWithoutGrowth += 1
+                pipeFilled = roundsWithoutGrowth >= 3
+            }
+        }
+        return pipeFilled ? cap / Double(s.min_rtt) : nil
+    }
+
+    /// The bytes ``QUICConfiguration/maxInFlightBandwidthDelayProducts`` lets be in flight, once
+    /// there is a rate sample and a minimum RTT; nil without them or without the setting.
+    private func inFlightCap(_ s: ngtcp2_conn_stat) -> Double? {
+        guard let products = configuration.maxInFlightBandwidthDelayProducts,
+              s.delivery_rate_sec > 0, s.min_rtt != UInt64.max, s.min_rtt > 0 else { return nil }
+        return max(Double(Self.minimumInFlightCap), products * Double(s.delivery_rate_sec) * Double(s.min_rtt) / 1e9)
     }
 
     private static func statistics(_ conn: OpaquePointer) -> ngtcp2_conn_stat {
@@ -707,7 +747,8 @@ public final class QUICConnection {
     /// Queues bytes on a stream; returns how many were accepted.
     ///
     /// The engine keeps at most ``QUICConfiguration/streamSendBufferLimit`` unacknowledged bytes
-    /// per stream (more on a path that needs it, see ``QUICConfiguration/maxStreamSendBuffer``).
+    /// (more on a path that needs it, see ``QUICConfiguration/maxStreamSendBuffer``), shared by
+    /// the connection's streams, of which each may hold 64 KiB whatever the others hold.
     /// When fewer than `bytes.count` are accepted, wait for ``QUICEvent/streamWritable(_:)``
     /// and offer the rest. With `finish`, the stream's
     /// sending side ends after these bytes, but only if all of them were accepted.
@@ -734,7 +775,23 @@ public final class QUICConnection {
         return path >= Double(ceiling) ? ceiling : max(floor, Int(path))
     }
 
-    /// What `s` may hold: the path's limit, plus what a loss pins, but no further than the
+    /// What `s` may hold: what one stream alone may (``ownSendBufferLimit(for:)``) less what the
+    /// connection's other streams hold, but never less than ``sendBufferFloorPerStream``. So the
+    /// streams of a connection share one stream's worth of memory, where each had its own: a
+    /// sender of many small files keeps 8 streams busy, and with a receiver slower than the
+    /// network each filled its 4 MiB, 32 MiB in all (the sender's peak went from 57 to 74 MiB).
+    /// The floor lets every stream move (a control message never waits for file data to be
+    /// acknowledged), and bounds what the sharing can add to the limit: a floor per stream.
+    private func sendBufferLimit(for s: StreamState) -> Int {
+        let own = ownSendBufferLimit(for: s)
+        let othersHold = sendBlocks.bytesInUse - (s.send?.heldBlockBytes ?? 0)
+        return min(own, max(Self.sendBufferFloorPerStream, own - othersHold))
+    }
+
+    /// What a stream may always hold, whatever the others hold: four blocks.
+    static let sendBufferFloorPerStream = 4 * StreamSendBuffer.blockSize
+
+    /// What `s` alone may hold: the path's limit, plus what a loss pins, but no further than the
     /// peer's flow control admits.
     ///
     /// The buffer spans from the lowest unacknowledged byte, so after a loss everything sent
@@ -743,7 +800,7 @@ public final class QUICConnection {
     /// buffer filled with acknowledged bytes while nothing new could be queued: the sender went
     /// idle for want of data (docs/benchmarks.md, "QUIC under random loss"). A slow reader stops
     /// the peer's window, so what is sent plus the credit left holds the sender at the floor.
-    private func sendBufferLimit(for s: StreamState) -> Int {
+    private func ownSendBufferLimit(for s: StreamState) -> Int {
         guard let conn, let ceiling = configuration.maxStreamSendBuffer else { return configuration.streamSendBufferLimit }
         let statistics = Self.statistics(conn)
         let path = pathSendBufferLimit(statistics, ceiling: ceiling)

@@ -17,6 +17,8 @@ final class BulkTransfer {
     var maxBufferedAtServer = 0
     /// Largest number of unacknowledged bytes the client engine held for one stream.
     var maxBufferedAtClient = 0
+    /// Largest number of unacknowledged bytes the client engine held for all streams together.
+    var maxBufferedAtClientInAll = 0
     /// Server application reads at most this many bytes per virtual second (nil = as fast as data comes).
     var readRate: UInt64?
     private var readCredit: Double = 0
@@ -70,6 +72,7 @@ final class BulkTransfer {
             sent[id] = o
         }
         for id in sent.keys { maxBufferedAtClient = max(maxBufferedAtClient, client.bufferedSendBytes(stream: id)) }
+        maxBufferedAtClientInAll = max(maxBufferedAtClientInAll, sent.keys.reduce(0) { $0 + client.bufferedSendBytes(stream: $1) })
         guard let server = sim.server else { return }
         maxBufferedAtServer = max(maxBufferedAtServer, server.totalReadableBytes)
         var budget = readBudgetPerStep ?? .max
