@@ -27,8 +27,12 @@ import Testing
         let store = try makeStore(temp.path)
         let data = pattern(200_000, seed: 1)
         let file = try target("sub/dir/data.bin", data, algorithm)
-        #expect(try store.resumeOffset(for: file).offset == 0)
-        let writer = try store.openWriter(for: file)
+        let resume = try store.resumeOffset(for: file)
+        #expect(resume.offset == 0)
+        // A file planned to start from nothing holds no hash state until it is opened: a
+        // receiver plans every file of an offer at once.
+        #expect(resume.hasher == nil)
+        let writer = try store.openWriter(for: file, resumingAt: resume)
         try write(writer, data, from: 0, chunk: 7_000, checkFinalAbsent: temp.sub("sub/dir/data.bin"))
         #expect(exists(temp.sub("sub/dir/.data.bin.qxfer-partial")))
         #expect(exists(temp.sub("sub/dir/.data.bin.qxfer-journal")))

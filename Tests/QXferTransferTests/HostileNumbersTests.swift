@@ -81,7 +81,7 @@ struct HostileNumbersTests {
         defer { scratch.cleanup() }
         let store = FileStore(directory: try TargetDirectory(path: dst))
         let target = FileTarget(path: try SafePath(validating: ["huge"]), size: .max, mode: 0o644, modificationTime: 0, algorithm: .xxh3_128)
-        let resume = ResumePoint(offset: (1 << 63) + 1, prefixDigest: [UInt8](repeating: 0, count: 16), hasher: XXH3Hasher())
+        let resume = ResumePoint(offset: (1 << 63) + 1, prefixDigest: [UInt8](repeating: 0, count: 16), algorithm: .xxh3_128, hasher: XXH3Hasher())
         #expect(throws: TransferError(.limitExceeded, "")) { try store.openWriter(for: target, resumingAt: resume) }
     }
 
