@@ -266,7 +266,7 @@ final class QUICConnectionDriver: QUICEndpointConnection {
     }
 
     private static let allocator = ByteBufferAllocator()
-    private static let maximumRead = 1 << 20
+    private static let maximumRead = 256 << 10
 
     private func serveReader(_ id: QUICStreamID) {
         // Taken out of the table while it is filled: a copy left there would share the
@@ -276,9 +276,12 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         // The engine copies straight into the buffers handed to the reader, gathered until
         // the reader's minimum: one wake-up of the reader per message, not per packet (on a
         // path that delivers packets one at a time, a wake-up per 1.4 KB cost the receiver
-        // more CPU than the packets). At most 1 MiB per buffer: a repaired loss can release a
+        // more CPU than the packets). At most 256 KiB per buffer: a repaired loss can release a
         // whole window at once, and the reader's copy of it adds to the peak memory (the
-        // window is already extended as the engine's queue drains).
+        // window is already extended as the engine's queue drains); and the messages decoded
+        // from a buffer keep all of its storage until each is handled, on every busy stream (a
+        // receiver of many small files, 8 streams of Batches: 16 MiB of its peak heap with
+        // buffers of up to 1 MiB, docs/benchmarks.md, "Send buffers shared by a connection's streams").
         var isFinished = false
         var forgotten = false
         while state.gatheredBytes < state.readMinimum {
