@@ -36,8 +36,8 @@ esac
 if [ -z "${QXFER:-}" ]; then
     scratch=${SCRATCH:-.build-bench}
     echo "building qxfer and qxfer-linkemu (release, --scratch-path $scratch)" >&2
-    swift build -c release --scratch-path "$scratch" --product qxfer >&2
-    swift build -c release --scratch-path "$scratch" --product qxfer-linkemu >&2
+    swift build -c release --static-swift-stdlib --scratch-path "$scratch" --product qxfer >&2
+    swift build -c release --static-swift-stdlib --scratch-path "$scratch" --product qxfer-linkemu >&2
     QXFER="$(swift build -c release --scratch-path "$scratch" --show-bin-path)/qxfer"
 fi
 export QXFER QXFER_BIN=$QXFER LINKEMU_BIN=${LINKEMU_BIN:-$(dirname "$QXFER")/qxfer-linkemu}

@@ -73,8 +73,8 @@ fi
 
 if [ -z "${QXFER:-}" ]; then
     echo "building qxfer and qxfer-linkemu (release, --scratch-path $SCRATCH)" >&2
-    swift build -c release --scratch-path "$SCRATCH" --product qxfer >&2
-    swift build -c release --scratch-path "$SCRATCH" --product qxfer-linkemu >&2
+    swift build -c release --static-swift-stdlib --scratch-path "$SCRATCH" --product qxfer >&2
+    swift build -c release --static-swift-stdlib --scratch-path "$SCRATCH" --product qxfer-linkemu >&2
     QXFER="$(swift build -c release --scratch-path "$SCRATCH" --show-bin-path)/qxfer"
 fi
 export LINKEMU_BIN=${LINKEMU_BIN:-$(dirname "$QXFER")/qxfer-linkemu}
