@@ -152,6 +152,9 @@ public struct QUICConfiguration: Sendable {
     /// (within ``initialConnectionWindow`` bytes, as flow control bounds any data). A resumed
     /// client's certificate, sealed in its ticket, is given to ``verifyPeer`` again when the
     /// handshake completes; the connection fails if it is refused. nil: no tickets, no 0-RTT.
+    /// Early data waits unread until the handshake completes, unless the issuer has a
+    /// ``QUICSessionTicketIssuer/register``: then the handshake is reported as soon as the
+    /// early data was taken and the certificate passed, half a round trip sooner.
     public var sessionTickets: QUICSessionTicketIssuer? = nil
     /// Stream bytes the peer may send before this side's handshake completes (a resuming
     /// client's early data; on a client, anything a server sends before then); more closes

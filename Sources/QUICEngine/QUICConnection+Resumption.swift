@@ -12,6 +12,16 @@ extension QUICConnection {
     /// Whether the completed handshake resumed an earlier session; false until it completes.
     public var isResumed: Bool { isHandshakeComplete && tls?.isResumed == true }
 
+    /// Server: the client resumed, its early data was taken and the issuer's register makes
+    /// that data single-use (``QUICSessionTicketIssuer/register``): the handshake is reported
+    /// now, before the client's Finished, so the application reads the early data at once and
+    /// answers in 0.5-RTT packets. The resumed client's certificate is checked first, as at
+    /// completion (``settleResumption(_:)``). Not while closing: a refused certificate is final.
+    var takesEarlyDataAtOnce: Bool {
+        guard isServer, pendingClose == nil, configuration.sessionTickets?.register != nil, let tls else { return false }
+        return tls.earlyDataAccepted && tls.isResumed
+    }
+
     /// Client: when the offered ticket carries the server's transport parameters, lets streams
     /// open and send before the handshake completes, within those limits
     /// (`ngtcp2_conn_set_early_remote_transport_params`). Unreadable parameters leave the

@@ -1184,7 +1184,7 @@ public final class QUICConnection {
             ngtcp2_conn_extend_max_streams_uni(conn, pendingRemoteUniCredit)
             pendingRemoteUniCredit = 0
         }
-        if handshakeCompletedFlag && !handshakeReported {
+        if !handshakeReported && (handshakeCompletedFlag || takesEarlyDataAtOnce) {
             guard settleResumption(conn) else {
                 handshakeCompletedFlag = false  // closing: the handshake is never reported
                 return

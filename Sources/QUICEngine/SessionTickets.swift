@@ -41,13 +41,26 @@ public enum QUICEarlyData: Hashable, Sendable {
     case rejected
 }
 
+/// Where a server records the ClientHellos whose early data it took, so that each is taken
+/// once (RFC 8446 §8.2): shared by every process that holds the same ticket key and kept
+/// across their restarts, for as long as GnuTLS could still take a copy (its replay window).
+///
+/// A server whose issuer has a register hands a resumed client's connection to the
+/// application as soon as it took the early data (``QUICSessionTicketIssuer/register``).
+public protocol QUICEarlyDataRegister: Sendable {
+    /// Records `key` until `expiry` (seconds since 1970); false if it was recorded already,
+    /// or cannot be recorded now: the server then refuses that early data.
+    func record(_ key: [UInt8], until expiry: Int64) -> Bool
+}
+
 /// A server's session-ticket key and 0-RTT replay filter, shared by all its connections.
 ///
 /// Tickets are sealed with a key derived from `secret` (GnuTLS rotates working keys from it
 /// over time), so a server that derives the same secret after a restart still accepts the
 /// tickets of its previous run. The replay filter (`gnutls_anti_replay`) remembers each
 /// ClientHello that carried early data within GnuTLS's time window and refuses early data
-/// from a second copy; the handshake then goes on without it (RFC 8446 §8).
+/// from a second copy; the handshake then goes on without it (RFC 8446 §8). In memory that
+/// holds within one process only; with a ``register`` it holds across processes and restarts.
 ///
 /// `@unchecked Sendable`: the key and the filter are written only in `init` and freed in
 /// `deinit`; GnuTLS reads them from any thread; the set of seen ClientHellos is guarded by
@@ -56,6 +69,13 @@ public enum QUICEarlyData: Hashable, Sendable {
 public final class QUICSessionTicketIssuer: @unchecked Sendable {
     /// ClientHellos remembered at once; beyond this, early data is refused (never memory).
     public static let replayMemoryLimit = 65_536
+    /// GnuTLS's replay window: how far a ClientHello's ticket age may stray from the server's
+    /// view (and how long each is remembered), and how often the filter starts a new period,
+    /// refusing early data on tickets issued before it. A client that sends early data is gone
+    /// before its next ticket arrives (the server sends it after the client's Finished), so it
+    /// resumes with the same ticket until a new period refuses it; GnuTLS's 10 s would refuse
+    /// every other send of someone sending twice a minute, ten minutes refuses about one an hour.
+    public static let replayWindow = Duration.seconds(600)
 
     private let key: UnsafeMutablePointer<UInt8>
     private let keyLength: Int
@@ -68,12 +88,19 @@ public final class QUICSessionTicketIssuer: @unchecked Sendable {
     }()
     private var seen: (entries: [[UInt8]: time_t], oldest: time_t) = ([:], 0)
 
+    /// Where taken early data is recorded beyond this process. With one, early data is
+    /// single-use across every server of the same secret and their restarts, so a server hands
+    /// a connection whose early data it took to the application at once, before the client's
+    /// Finished (0.5-RTT): ``QUICConnection/isHandshakeComplete`` is true from then.
+    public let register: (any QUICEarlyDataRegister)?
+
     /// GnuTLS's ticket master key length (`gnutls_session_ticket_key_generate` makes 64 bytes).
     static let masterKeyLength = 64
 
     /// Creates an issuer whose ticket key is derived from `secret` (at least 32 bytes), or a
-    /// random key when `secret` is nil.
-    public init(secret: [UInt8]? = nil) throws(QUICEngineError) {
+    /// random key when `secret` is nil; `register` records taken early data beyond this process.
+    public init(secret: [UInt8]? = nil, register: (any QUICEarlyDataRegister)? = nil) throws(QUICEngineError) {
+        self.register = register
         var material = [UInt8](repeating: 0, count: Self.masterKeyLength)
         if let secret {
             guard secret.count >= 32 else {
@@ -97,6 +124,7 @@ public final class QUICSessionTicketIssuer: @unchecked Sendable {
             throw .gnutls("gnutls_anti_replay_init", rv)
         }
         antiReplay = filter
+        gnutls_anti_replay_set_window(filter, UInt32(Self.replayWindow.components.seconds * 1000))
         gnutls_anti_replay_set_add_function(filter, antiReplayAdd)
         gnutls_anti_replay_set_ptr(filter, Unmanaged.passUnretained(self).toOpaque())
     }
@@ -122,10 +150,17 @@ public final class QUICSessionTicketIssuer: @unchecked Sendable {
             seen.entries = seen.entries.filter { $0.value >= now }
             seen.oldest = seen.entries.values.min() ?? 0
         }
-        guard seen.entries[entry] == nil, seen.entries.count < Self.replayMemoryLimit else { return false }
+        guard seen.entries[entry] == nil, seen.entries.count < Self.replayMemoryLimit,
+              register?.record(Self.clientHelloID(entry), until: Int64(expiry)) ?? true else { return false }
         seen.entries[entry] = expiry
         seen.oldest = seen.oldest == 0 ? expiry : min(seen.oldest, expiry)
         return true
+    }
+
+    /// GnuTLS's replay key is its filter's window start (12 bytes) and then the ClientHello's
+    /// PSK binder; a register shared by several filters keys on the binder alone.
+    static func clientHelloID(_ key: [UInt8]) -> [UInt8] {
+        key.count > 12 ? Array(key.dropFirst(12)) : key
     }
 
     private static func hmacSHA256(key: [UInt8], message: [UInt8]) -> [UInt8] {

@@ -29,9 +29,18 @@
     /// Binds the listening socket(s) a listener asks for; throws a ``QXferError`` when it cannot.
     func bind<Stack>(_ request: ListenRequest<Stack>) async throws -> any BoundTransportListener
 
+    /// This stack as one candidate of a race: `connect` must not return before the peer has
+    /// answered, or the race would pick it unheard (QUIC otherwise returns a resumed connection
+    /// at once, to send early data).
+    func racing() -> any TransportStack
+
     /// One line a user understands for an error this stack's I/O raised during `what`
     /// ("the connection"); a ``QXferError`` is returned as it is.
     func describe(_ error: any Error, during what: String) -> QXferError
+}
+
+extension TransportStack {
+    @_spi(Stacks) public func racing() -> any TransportStack { self }
 }
 
 /// What a ``NetworkListener`` asks of a stack's ``TransportStack/bind(_:)``.

@@ -44,11 +44,23 @@
         }
     }
 
+    /// Decides on a fingerprint known before the handshake (the one a session ticket was
+    /// issued under), without recording anything: the trust it would be given, or nil if it
+    /// would be refused or is only a first contact. The certificate itself is still evaluated
+    /// when the handshake completes.
+    @_spi(Stacks) public func presumedTrust(for fingerprint: Fingerprint) -> TrustDecision? {
+        guard case .success(let trust) = decide(fingerprint, recordsFirstUse: false) else { return nil }
+        switch trust {
+        case .pinned, .knownHost, .paired: return trust
+        default: return nil
+        }
+    }
+
     @_spi(Stacks) public func record(failure: QXferError) {
         outcome.withLock { $0.failure = failure }
     }
 
-    private func decide(_ presented: Fingerprint) -> Result<TrustDecision, QXferError> {
+    private func decide(_ presented: Fingerprint, recordsFirstUse: Bool = true) -> Result<TrustDecision, QXferError> {
         switch role {
         case .client(let trust, let hostKey):
             if let name = trust.pairedDevices[presented] { return .success(.paired(name: name)) }
@@ -85,7 +97,7 @@
                         .untrustedPeer,
                         "\(hostKey) (fingerprint \(presented)) is not in \(file.path) and trust on first use is off"))
                 }
-                outcome.withLock { $0.pendingFirstUse = (file, hostKey) }
+                if recordsFirstUse { outcome.withLock { $0.pendingFirstUse = (file, hostKey) } }
                 return .success(.firstUse(recordedIn: file.path))
             }
         case .server(let authentication):

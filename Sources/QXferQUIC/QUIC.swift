@@ -39,6 +39,19 @@ public struct QUIC: ByteStreamProtocol, Hashable {
     /// are used. Costs one round trip before the handshake (at most 1 s if nothing answers);
     /// not done for loopback peers or in other modes.
     public var probesPathMTU = true
+    /// Client: whether a connection resuming with a ticket from a receiver this client trusts
+    /// (by pin, `known_hosts` or pairing: the fingerprint kept with the ticket) is handed to the
+    /// program before its handshake completes, so that the first bytes written travel as
+    /// 0-RTT early data. A listener with an ``earlyDataRegister`` answers them at once: the
+    /// reply comes one round trip after the first packet instead of two. Early bytes are not
+    /// forward secret (docs/SECURITY.md, "What early data may carry"). Never in a race
+    /// (``FirstOf``): whether UDP reaches the peer is known only once it answers.
+    public var sendsEarlyData = true
+    /// Listener: where the ClientHellos whose early data it took are recorded, so that each is
+    /// taken once by every listener of this identity, in this process or another; with one, a
+    /// resumed client's early data is read as soon as it arrives, half a round trip before the
+    /// handshake completes. nil: early data waits for the handshake (then it cannot be replayed).
+    public var earlyDataRegister: EarlyDataRegister?
 
     public init(alpn: [String] = ["qxfer/1"]) {
         self.udp = UDP()
@@ -56,6 +69,20 @@ public struct QUIC: ByteStreamProtocol, Hashable {
     public func sessionTickets(_ store: SessionTicketStore?) -> QUIC {
         var copy = self
         copy.sessionTickets = store
+        return copy
+    }
+
+    /// Sends a resumed connection's first bytes as early data, or not (``sendsEarlyData``).
+    public func earlyData(_ enabled: Bool) -> QUIC {
+        var copy = self
+        copy.sendsEarlyData = enabled
+        return copy
+    }
+
+    /// Reads resumed clients' early data at once, recording it in `register` (``earlyDataRegister``).
+    public func earlyDataRegister(_ register: EarlyDataRegister?) -> QUIC {
+        var copy = self
+        copy.earlyDataRegister = register
         return copy
     }
 

@@ -23,6 +23,8 @@ struct QUICTransportStack: TransportStack {
         try await QUICListener.bind(quic, request)
     }
 
+    func racing() -> any TransportStack { QUICTransportStack(quic: quic.earlyData(false)) }
+
     /// The driver already words QUIC's close reasons; what reaches here is a socket's error.
     func describe(_ error: any Error, during what: String) -> QXferError {
         ChannelErrors.lost(error, during: what)
@@ -48,7 +50,7 @@ struct QUICListener: BoundTransportListener {
             // that their connection is gone (RFC 9000 section 10.3).
             let secret = identity.statelessResetSecret
             // Tickets from the same identity's secret: a restarted receiver still resumes its senders' sessions.
-            let tickets = try QUICSessionTicketIssuer(secret: secret)
+            let tickets = try QUICSessionTicketIssuer(secret: secret, register: quic.earlyDataRegister)
             let makeConfiguration: @Sendable (_ peerIsLoopback: Bool) -> (QUICConfiguration, PeerVerifier) = { peerIsLoopback in
                 let verifier = PeerVerifier(.server(quic.clientAuthentication))
                 var configuration = QUICStackConfiguration.make(

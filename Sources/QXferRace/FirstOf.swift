@@ -54,7 +54,7 @@ public struct FirstOf: SecureTransport {
     }
 
     public var transport: TransportDescription {
-        TransportDescription(RaceStack(candidates: stacks.map(\.transport.stack), attemptDelay: attemptDelay, memory: memory))
+        TransportDescription(RaceStack(candidates: stacks.map { $0.transport.stack.racing() }, attemptDelay: attemptDelay, memory: memory))
     }
 
     /// The first stack's identity; setting it sets every stack's.

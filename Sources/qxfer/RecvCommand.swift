@@ -163,7 +163,9 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             // QUIC takes the same number on UDP (the one TCP got, when asked for any port).
             let boundPort = try await tls.port
             let quic = NetworkListener(on: boundPort, host: host, using: .parameters {
-                TLV { QUIC().identity(identity).clientAuthentication(authentication) }
+                // A known sender's early data is read at once, taken once per ClientHello by
+                // every receiver of this configuration folder (docs/SECURITY.md).
+                TLV { QUIC().identity(identity).clientAuthentication(authentication).earlyDataRegister(EarlyDataRegister(in: global.config)) }
             }.performanceMode(.bulk))
             group.addTask {
                 try await quic.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, finished) }

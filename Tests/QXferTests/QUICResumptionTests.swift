@@ -45,12 +45,64 @@ struct QUICResumptionTests {
 
         // The same receiver identity (so the ticket opens) with a list that no longer names the client.
         try await withListener(Self.listener(allowing: [Identities.stranger.fingerprint]), handler: Self.echo) { port in
-            // Carry the ticket over to the new port.
-            store.save(store.ticket(for: .hostPort(host: "127.0.0.1", port: first)), for: .hostPort(host: "127.0.0.1", port: port))
+            // Carry the ticket over to the new port, with the receiver's fingerprint: the ping goes early.
+            store.save(store.ticket(for: .hostPort(host: "127.0.0.1", port: first)), for: .hostPort(host: "127.0.0.1", port: port),
+                       fingerprint: Identities.server.fingerprint)
             #expect(store.ticket(for: .hostPort(host: "127.0.0.1", port: port)) != nil)
             let error = await #expect(throws: QXferError.self) { try await Self.ping(port: port, store: store) }
             #expect(error?.code == .untrustedPeer)
         }
+    }
+
+    @Test("A trusted receiver's ticket carries its fingerprint; the next connection's first bytes are early data, taken once and recorded")
+    func earlyDataToAKnownReceiver() async throws {
+        let client = TemporaryDirectory()
+        let server = TemporaryDirectory()
+        let store = SessionTicketStore(in: ConfigDirectory(path: client.path))
+        let register = EarlyDataRegister(in: ConfigDirectory(path: server.path))
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") {
+            QUIC().identity(Identities.server).clientAuthentication(.required(allowing: [Identities.client.fingerprint]))
+                .earlyDataRegister(register)
+        }
+        try await withListener(listener, handler: Self.echo) { port in
+            let endpoint = Endpoint.hostPort(host: "127.0.0.1", port: port)
+            try await Self.ping(port: port, store: store)
+            #expect(await eventually { store.entry(for: endpoint)?.fingerprint == Identities.server.fingerprint },
+                    "the ticket was not kept with the receiver's fingerprint")
+            #expect(((try? FileManager.default.contentsOfDirectory(atPath: register.path)) ?? []).isEmpty)
+            try await Self.ping(port: port, store: store)
+            // The listener took the ping as early data: one ClientHello recorded.
+            #expect(try FileManager.default.contentsOfDirectory(atPath: register.path).count == 1)
+        }
+        // A stack in a race sends nothing early: it has not heard the peer yet.
+        let raced = try #require(QUIC().transport.stack.racing() as? QUICTransportStack)
+        #expect(raced.quic.sendsEarlyData == false && QUIC().sendsEarlyData)
+    }
+
+    @Test("The early-data register takes a ClientHello once, across processes' registers, and forgets old entries")
+    func earlyDataRegisterTakesOnce() throws {
+        let directory = TemporaryDirectory()
+        let register = EarlyDataRegister(in: ConfigDirectory(path: directory.path))
+        let other = EarlyDataRegister(in: ConfigDirectory(path: directory.path))  // another receiver process
+        let binder = (0..<32).map { UInt8($0) }
+        let expiry = Int64(time(nil)) + 600
+        #expect(register.record(binder, until: expiry))
+        #expect(!register.record(binder, until: expiry))
+        #expect(!other.record(binder, until: expiry))
+        #expect(!register.record([], until: 0))
+        #expect(!register.record(Array(repeating: 1, count: EarlyDataRegister.maximumKeyLength + 1), until: 0))
+        let mode = try #require(try FileManager.default.attributesOfItem(atPath: register.path)[.posixPermissions] as? Int)
+        #expect(mode & 0o777 == 0o700)
+        // An entry is kept until its moment passed, then goes at the next pruning.
+        let later = TemporaryDirectory()
+        let fresh = EarlyDataRegister(in: ConfigDirectory(path: later.path))
+        #expect(fresh.record([7], until: Int64(time(nil)) - 1))
+        #expect(fresh.record([6], until: expiry))
+        EarlyDataRegister.forgetPruneTimes()
+        #expect(fresh.record([8], until: expiry))
+        #expect(!FileManager.default.fileExists(atPath: fresh.path + "/07"))
+        #expect(FileManager.default.fileExists(atPath: fresh.path + "/06"), "an entry went before its moment")
+        #expect(fresh.record([7], until: expiry), "an expired entry still refused its ClientHello")
     }
 
     @Test("A damaged ticket costs a full handshake, never the connection, and is replaced")
@@ -83,6 +135,7 @@ struct QUICResumptionTests {
             "example:7447 99999999999 \(huge) AAAA\n",              // a part over the bound
             "example:7447 -5 AQID BA==\n",                          // a negative expiry
             "example:7447 99999999999  BA==\n",                     // an empty session
+            good.dropLast() + " 12ab\n",                            // a fingerprint that is none
             String(repeating: good, count: 400),                    // larger than any file qxfer writes
         ] {
             try text.write(toFile: store.path, atomically: false, encoding: .utf8)

@@ -132,6 +132,24 @@ for where in loopback namespaces; do
     done
 done
 
+# --- 1b. A known receiver over QUIC: the second send's offer and file travel as early data --
+dst=$WORK/dst-early; mkdir -p "$dst"
+head -c 2048 /dev/urandom >"$WORK/early1.bin"; head -c 4096 /dev/urandom >"$WORK/early2.bin"
+recv_start "r-early" "${NS}b" --dir "$dst" --yes --port 7447
+rm -f "$WORK/cfg-send/session-tickets"  # tickets of the receivers above: this one never issued them
+send_run "s-early1" "${NS}a" "$WORK/early1.bin" 10.98.7.2 --stack quic -v
+[ "$SEND_RC" = 0 ] || fail "early: first send exit $SEND_RC: $(cat "$WORK/s-early1.serr")"
+! grep -q "as early data" "$WORK/s-early1.serr" || fail "early: a sender without a ticket claimed early data"
+send_run "s-early2" "${NS}a" "$WORK/early2.bin" 10.98.7.2 --stack quic -v
+[ "$SEND_RC" = 0 ] || fail "early: second send exit $SEND_RC: $(cat "$WORK/s-early2.serr")"
+grep -q "QUIC sends its first bytes as early data" "$WORK/s-early2.serr" || fail "early: the known receiver's send was not early: $(cat "$WORK/s-early2.serr")"
+kill -INT "$RECV_PID"; wait_recv
+cmp "$WORK/early1.bin" "$dst/early1.bin" && cmp "$WORK/early2.bin" "$dst/early2.bin" || fail "early: a file differs"
+entries=$(find "$WORK/cfg-recv/early-data" -type f | wc -l)
+[ "$entries" = 1 ] || fail "early: the receiver recorded $entries early ClientHellos, not 1"
+ok "a known receiver over QUIC took the second send's offer and file as early data, recorded once"
+rm -rf "$dst"
+
 # --- 2. Discovery across the namespaces: send --to NAME ----------------------------------
 dst=$WORK/dst-mdns; mkdir -p "$dst"
 ip netns exec "${NS}b" "$QXFER" recv --config-dir "$WORK/cfg-recv" --dir "$dst" --yes --once --port 7447 --name "e2e box" >"$WORK/mdns.out" 2>"$WORK/mdns.err" </dev/null &

@@ -26,9 +26,12 @@ enum QUICConnector {
             if !heard.withLock({ heard in defer { heard = true }; return heard }) { peerAnswered() }
         }
         let resumption = quic.sessionTickets.map { store in
+            let stored = store.entry(for: endpoint)
             // Saved beside the event loop: a file write there held up the receiver's answer that came with the ticket.
-            Resumption(ticket: store.ticket(for: endpoint), keep: { ticket in Task.detached { store.save(ticket, for: endpoint) } },
-                       forget: { store.save(nil, for: endpoint) })
+            return Resumption(
+                ticket: stored?.ticket, fingerprint: stored?.fingerprint,
+                keep: { ticket, fingerprint in Task.detached { store.save(ticket, for: endpoint, fingerprint: fingerprint) } },
+                forget: { store.save(nil, for: endpoint) })
         }
 
         let winner: (QUICStreamTransport, PeerVerifier) = try await withThrowingTaskGroup(of: (QUICStreamTransport, PeerVerifier)?.self) { group in
@@ -99,7 +102,7 @@ enum QUICConnector {
         let started = ContinuousClock.now
         if let resumption {
             configuration.resumption = resumption.ticket
-            configuration.sessionTicketReceiver = resumption.keep
+            configuration.sessionTicketReceiver = { ticket in resumption.keep(ticket, verifier.result.fingerprint) }
         }
         if parameters.performanceMode == .bulk, quic.probesPathMTU, remoteAddress?.isLoopback == false,
            let size = await PathMTUProbe.largestDatagram(to: remote, within: timeout / 4, answered: peerAnswered) {
@@ -134,6 +137,9 @@ enum QUICConnector {
         let alpn: String
         do {
             let (bound, handshake) = try await setup.get()
+            if let early = try await earlyTransport(bound, handshake, quic: quic, verifier: verifier, resumption: resumption) {
+                return early
+            }
             driver = bound
             alpn = try await withTaskCancellationHandler {
                 try await handshake.get()
@@ -167,6 +173,40 @@ enum QUICConnector {
         let outcome = verifier.result
         let peer = PeerIdentity(fingerprint: outcome.fingerprint, trust: outcome.trust, applicationProtocol: alpn)
         return QUICStreamTransport(driver: driver, stream: channel.eventLoop.makeSucceededFuture(stream), peer: peer)
+    }
+
+    /// The connection before its handshake completes, when it resumes with a ticket whose
+    /// receiver this client trusts and the ticket carries the limits for early data: what the
+    /// program writes first then travels as 0-RTT (``QUIC/sendsEarlyData``). The peer's identity
+    /// is the one the ticket was issued under; the certificate sealed in the session is checked
+    /// against the trust again when the handshake completes, and a refusal fails the connection.
+    /// nil: wait for the handshake.
+    private static func earlyTransport(
+        _ driver: NIOLoopBound<QUICConnectionDriver>, _ handshake: EventLoopFuture<String>, quic: QUIC,
+        verifier: PeerVerifier, resumption: Resumption?
+    ) async throws -> QUICStreamTransport? {
+        guard quic.sendsEarlyData, quic.applicationProtocols.count == 1, let resumption, resumption.ticket != nil,
+              let fingerprint = resumption.fingerprint, let trust = verifier.presumedTrust(for: fingerprint) else { return nil }
+        let eventLoop = driver.eventLoop
+        let stream = try await eventLoop.submit { () throws -> QUICStreamID? in
+            guard driver.value.engine.earlyData == .attempted else { return nil }
+            return try driver.value.openStream()
+        }.get()
+        guard let stream else { return nil }
+        handshake.whenComplete { result in
+            switch result {
+            case .success:
+                let resumed = driver.value.engine.isResumed
+                logger.info("QUIC session resumed with early data \(resumed ? driver.value.engine.earlyData == .accepted ? "taken" : "refused (sent again)" : "refused: the receiver refused its ticket")")
+            case .failure(let error):
+                // As a failed handshake with a ticket: the next connection starts afresh.
+                resumption.forget()
+                logger.info("QUIC handshake after early data failed: \(verifier.result.failure?.message ?? "\(error)")")
+            }
+        }
+        logger.info("QUIC sends its first bytes as early data (resuming with the ticket of \(fingerprint))")
+        let peer = PeerIdentity(fingerprint: fingerprint, trust: trust, applicationProtocol: quic.applicationProtocols[0])
+        return QUICStreamTransport(driver: driver, stream: eventLoop.makeSucceededFuture(stream), peer: peer)
     }
 
     /// Why the kernel has no route to `remote` ("Network is unreachable"), or nil if it has one:

@@ -4,11 +4,13 @@ import QUICEngine
 import QXferIdentity
 
 /// The session tickets a QUIC client keeps per receiver, so that its next connection there
-/// resumes the TLS session (the engine could send early data with it; qxfer sends none).
+/// resumes the TLS session, and sends its first bytes as early data (0-RTT) when the ticket's
+/// receiver is one the client trusts by pin, `known_hosts` or pairing.
 ///
 /// Kept in `session-tickets` in the configuration folder beside `known_hosts`, one line per
-/// host: `host:port expiry session parameters` (expiry in seconds since 1970, the other two
-/// base64), written atomically with mode 0600: a ticket lets its holder resume as this client.
+/// host: `host:port expiry session parameters [fingerprint]` (expiry in seconds since 1970,
+/// session and parameters base64, the fingerprint of the receiver that issued the ticket as
+/// verified then), written atomically with mode 0600: a ticket lets its holder resume as this client.
 /// Entries expire after six hours, as GnuTLS's servers stop accepting them. A file that cannot
 /// be read or parsed is ignored whole (the next connection makes a full handshake), never
 /// trusted in part. A ticket is no trust anchor: the receiver's certificate sealed in it is
@@ -33,17 +35,27 @@ public struct SessionTicketStore: Sendable, Hashable {
         let host: String
         let expiry: Int64
         let ticket: QUICSessionTicket
+        /// The certificate fingerprint of the receiver that issued it, as verified then.
+        var fingerprint: Fingerprint? = nil
     }
 
     /// The unexpired ticket for `endpoint`, if any.
     public func ticket(for endpoint: Endpoint, now: Date = Date()) -> QUICSessionTicket? {
+        entry(for: endpoint, now: now)?.ticket
+    }
+
+    /// The unexpired entry for `endpoint`, with the fingerprint its ticket was issued under.
+    func entry(for endpoint: Endpoint, now: Date = Date()) -> Entry? {
         let key = Self.key(endpoint)
-        return load().first { $0.host == key && $0.expiry > Int64(now.timeIntervalSince1970) }?.ticket
+        return load().first { $0.host == key && $0.expiry > Int64(now.timeIntervalSince1970) }
     }
 
     /// Keeps `ticket` for `endpoint` in place of the one before; nil forgets the host's ticket.
+    /// `fingerprint` is the receiver's, as verified in the connection that brought the ticket:
+    /// with it, the next connection may send its first bytes as early data
+    /// (docs/SECURITY.md, "What early data may carry").
     /// A failure to write is ignored: a ticket saves a round trip, nothing depends on it.
-    public func save(_ ticket: QUICSessionTicket?, for endpoint: Endpoint, now: Date = Date()) {
+    public func save(_ ticket: QUICSessionTicket?, for endpoint: Endpoint, fingerprint: Fingerprint? = nil, now: Date = Date()) {
         let key = Self.key(endpoint)
         let seconds = Int64(now.timeIntervalSince1970)
         let before = load()
@@ -51,12 +63,13 @@ public struct SessionTicketStore: Sendable, Hashable {
         if let ticket, Self.fits(ticket) {
             let lifetime = max(lifetime.components.seconds, 1)
             let expiry = seconds.addingReportingOverflow(lifetime).overflow ? .max : seconds + lifetime
-            entries.append(Entry(host: key, expiry: expiry, ticket: ticket))
+            entries.append(Entry(host: key, expiry: expiry, ticket: ticket, fingerprint: fingerprint))
         }
         guard entries != before else { return }
         entries.sort { $0.expiry > $1.expiry }
         MemoryFile.write(entries.prefix(Self.capacity).map {
-            "\($0.host) \($0.expiry) \(Data($0.ticket.tlsSession).base64EncodedString()) \(Data($0.ticket.transportParameters).base64EncodedString())\n"
+            "\($0.host) \($0.expiry) \(Data($0.ticket.tlsSession).base64EncodedString()) \(Data($0.ticket.transportParameters).base64EncodedString())"
+                + ($0.fingerprint.map { " \($0)" } ?? "") + "\n"
         }.joined(), to: path)
     }
 
@@ -66,14 +79,19 @@ public struct SessionTicketStore: Sendable, Hashable {
         var entries: [Entry] = []
         for line in text.split(separator: "\n", omittingEmptySubsequences: true) {
             let fields = line.split(separator: " ", omittingEmptySubsequences: false)
-            guard fields.count == 4, entries.count < Self.capacity, let expiry = Int64(fields[1]), expiry > 0,
+            guard fields.count == 4 || fields.count == 5, entries.count < Self.capacity, let expiry = Int64(fields[1]), expiry > 0,
                   Self.isPrintable(fields[0]),
                   let session = Data(base64Encoded: String(fields[2])), let parameters = Data(base64Encoded: String(fields[3])) else {
                 return []
             }
             let ticket = QUICSessionTicket(tlsSession: Array(session), transportParameters: Array(parameters))
             guard Self.fits(ticket), !ticket.tlsSession.isEmpty else { return [] }
-            entries.append(Entry(host: String(fields[0]), expiry: expiry, ticket: ticket))
+            var fingerprint: Fingerprint?
+            if fields.count == 5 {
+                guard let parsed = Fingerprint(parsing: fields[4]) else { return [] }
+                fingerprint = parsed
+            }
+            entries.append(Entry(host: String(fields[0]), expiry: expiry, ticket: ticket, fingerprint: fingerprint))
         }
         return entries
     }
@@ -94,7 +112,10 @@ public struct SessionTicketStore: Sendable, Hashable {
 /// next one or drops a ticket the engine cannot use.
 struct Resumption: Sendable {
     let ticket: QUICSessionTicket?
-    let keep: @Sendable (QUICSessionTicket) -> Void
+    /// The receiver's fingerprint when `ticket` was issued, if the store knew it.
+    let fingerprint: Fingerprint?
+    /// Keeps a new ticket with the fingerprint of the receiver that issued it.
+    let keep: @Sendable (QUICSessionTicket, Fingerprint?) -> Void
     let forget: @Sendable () -> Void
 
     /// A client engine offering `configuration`'s ticket; one the engine refuses as damaged is
