@@ -79,7 +79,7 @@ enum QUICConnector {
             throw lastError ?? QXferError(.connectFailed, "cannot connect to \(endpoint)")
         }
         let (transport, verifier) = winner
-        logger.info("QUIC handshake with \(endpoint) done: ALPN \(transport.peer.applicationProtocol), peer \(transport.peer.fingerprint?.description ?? "-") trusted as \(transport.peer.trust)")
+        logger.info("QUIC connection to \(endpoint) ready: ALPN \(transport.peer.applicationProtocol), peer \(transport.peer.fingerprint?.description ?? "-") trusted as \(transport.peer.trust)")
         if let (file, key) = verifier.result.pendingFirstUse, let fingerprint = transport.peer.fingerprint {
             do {
                 try file.add(key, fingerprint)
@@ -196,8 +196,11 @@ enum QUICConnector {
         handshake.whenComplete { result in
             switch result {
             case .success:
-                let resumed = driver.value.engine.isResumed
-                logger.info("QUIC session resumed with early data \(resumed ? driver.value.engine.earlyData == .accepted ? "taken" : "refused (sent again)" : "refused: the receiver refused its ticket")")
+                let engine = driver.value.engine
+                let outcome = !engine.isResumed ? "the receiver refused the ticket; the early bytes went again after a full handshake"
+                    : engine.earlyData == .accepted ? "the receiver took the early data"
+                    : "the receiver refused the early data; the bytes went again"
+                logger.info("QUIC handshake after early data done: \(outcome)")
             case .failure(let error):
                 // As a failed handshake with a ticket: the next connection starts afresh.
                 resumption.forget()

@@ -69,7 +69,12 @@ enum QUICSockets {
 
     /// A client's UDP socket bound to `host` (any port) on `group`, with its QUIC handler.
     static func openClientSocket(on group: any EventLoopGroup, host: String, options: Options) async throws -> any Channel {
-        try await bindClientSocket(on: group, host: host, port: 0, options: options).get()
+        // A literal address binds without getaddrinfo, which asks the kernel for every
+        // interface address first (a netlink dump at the start of every connection).
+        if let literal = try? SocketAddress(ipAddress: host, port: 0) {
+            return try await bindClientSocket(on: group, to: literal, options: options).get()
+        }
+        return try await bindClientSocket(on: group, host: host, port: 0, options: options).get()
     }
 
     /// A client's UDP socket bound to `host` and `port`, with its QUIC handler.
