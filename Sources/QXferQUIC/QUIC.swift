@@ -66,31 +66,21 @@ public struct QUIC: ByteStreamProtocol, Hashable {
     public var transport: TransportDescription { TransportDescription(QUICTransportStack(quic: self)) }
 
     /// Keeps session tickets in `store` and resumes with them (``sessionTickets``).
-    public func sessionTickets(_ store: SessionTicketStore?) -> QUIC {
-        var copy = self
-        copy.sessionTickets = store
-        return copy
-    }
+    public func sessionTickets(_ store: SessionTicketStore?) -> QUIC { with { $0.sessionTickets = store } }
 
     /// Sends a resumed connection's first bytes as early data, or not (``sendsEarlyData``).
-    public func earlyData(_ enabled: Bool) -> QUIC {
-        var copy = self
-        copy.sendsEarlyData = enabled
-        return copy
-    }
+    public func earlyData(_ enabled: Bool) -> QUIC { with { $0.sendsEarlyData = enabled } }
 
     /// Reads resumed clients' early data at once, recording it in `register` (``earlyDataRegister``).
-    public func earlyDataRegister(_ register: EarlyDataRegister?) -> QUIC {
-        var copy = self
-        copy.earlyDataRegister = register
-        return copy
-    }
+    public func earlyDataRegister(_ register: EarlyDataRegister?) -> QUIC { with { $0.earlyDataRegister = register } }
 
     /// Turns the probe for the path's datagram size on or off (``probesPathMTU``): off where a
     /// round trip matters more than 2 % more data per packet, as for a few small files.
-    public func pathMTUProbe(_ enabled: Bool) -> QUIC {
+    public func pathMTUProbe(_ enabled: Bool) -> QUIC { with { $0.probesPathMTU = enabled } }
+
+    private func with(_ change: (inout QUIC) -> Void) -> QUIC {
         var copy = self
-        copy.probesPathMTU = enabled
+        change(&copy)
         return copy
     }
 }
