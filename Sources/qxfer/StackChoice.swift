@@ -24,6 +24,18 @@ enum StackChoice: String, ExpressibleByArgument, CaseIterable {
     ) async throws -> Body.Result {
         let quic = QUIC().identity(identity).peerTrust(trust).sessionTickets(SessionTicketStore(in: config)).pathMTUProbe(probesPathMTU)
         let tls = TLS { tcp }.identity(identity).peerTrust(trust)
+        // The last session ticket often arrives just before the answer the command waited for.
+        do {
+            let result = try await run(body, quic: quic, tls: tls, config: config)
+            await SessionTicketStore.finishPendingSaves()
+            return result
+        } catch {
+            await SessionTicketStore.finishPendingSaves()
+            throw error
+        }
+    }
+
+    private func run<Body: OverChosenStack>(_ body: Body, quic: QUIC, tls: TLS, config: ConfigDirectory) async throws -> Body.Result {
         switch self {
         case .auto: return try await body.run(over: FirstOf { quic; tls }.remembering(StackMemory(in: config)))
         case .quic: return try await body.run(over: quic)

@@ -142,7 +142,8 @@ send_run "s-early1" "${NS}a" "$WORK/early1.bin" 10.98.7.2 --stack quic -v
 ! grep -q "as early data" "$WORK/s-early1.serr" || fail "early: a sender without a ticket claimed early data"
 send_run "s-early2" "${NS}a" "$WORK/early2.bin" 10.98.7.2 --stack quic -v
 [ "$SEND_RC" = 0 ] || fail "early: second send exit $SEND_RC: $(cat "$WORK/s-early2.serr")"
-grep -q "QUIC sends its first bytes as early data" "$WORK/s-early2.serr" || fail "early: the known receiver's send was not early: $(cat "$WORK/s-early2.serr")"
+grep -q "QUIC sends its first bytes as early data" "$WORK/s-early2.serr" \
+    || fail "early: the known receiver's send was not early: $(cat "$WORK/s-early2.serr"); the ticket file's fields: $(awk '{ print NF }' "$WORK/cfg-send/session-tickets" 2>&1); the first send: $(cat "$WORK/s-early1.serr")"
 kill -INT "$RECV_PID"; wait_recv
 cmp "$WORK/early1.bin" "$dst/early1.bin" && cmp "$WORK/early2.bin" "$dst/early2.bin" || fail "early: a file differs"
 entries=$(find "$WORK/cfg-recv/early-data" -type f | wc -l)

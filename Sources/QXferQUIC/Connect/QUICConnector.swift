@@ -30,7 +30,7 @@ enum QUICConnector {
             // Saved beside the event loop: a file write there held up the receiver's answer that came with the ticket.
             return Resumption(
                 ticket: stored?.ticket, fingerprint: stored?.fingerprint,
-                keep: { ticket, fingerprint in Task.detached { store.save(ticket, for: endpoint, fingerprint: fingerprint) } },
+                keep: { ticket, fingerprint in store.saveSoon(ticket, for: endpoint, fingerprint: fingerprint) },
                 forget: { store.save(nil, for: endpoint) })
         }
 
@@ -120,7 +120,8 @@ enum QUICConnector {
         } catch {
             throw QXferError(.connectFailed, "cannot open a UDP socket: \(ChannelErrors.reason(error))", underlying: error)
         }
-        let setup = channel.eventLoop.submit { [configuration, remoteAddress] () throws -> (NIOLoopBound<QUICConnectionDriver>, EventLoopFuture<String>) in
+        let early = earlyPeer(quic: quic, verifier: verifier, resumption: resumption)
+        let setup = channel.eventLoop.submit { [configuration, remoteAddress] () throws -> (NIOLoopBound<QUICConnectionDriver>, EventLoopFuture<String>, QUICStreamID?) in
             let handler = try channel.pipeline.syncOperations.handler(type: QUICSocketHandler.self)
             guard let local = handler.localAddress, let remoteAddress else {
                 throw QXferError(.connectFailed, "cannot use the address \(remote)")
@@ -130,15 +131,18 @@ enum QUICConnector {
             driver.socketOptions = socketOptions
             driver.peerAnswered = peerAnswered
             handler.attach(client: driver)
+            // The early stream opens before the first packet leaves, while the engine still
+            // holds its 0-RTT keys unused (on a LAN the answer may come before the next turn).
+            let firstStream = early != nil ? try earlyStream(of: driver) : nil
             driver.process()
-            return (NIOLoopBound(driver, eventLoop: channel.eventLoop), driver.handshake.futureResult)
+            return (NIOLoopBound(driver, eventLoop: channel.eventLoop), driver.handshake.futureResult, firstStream)
         }
         let driver: NIOLoopBound<QUICConnectionDriver>
         let alpn: String
         do {
-            let (bound, handshake) = try await setup.get()
-            if let early = try await earlyTransport(bound, handshake, quic: quic, verifier: verifier, resumption: resumption) {
-                return early
+            let (bound, handshake, earlyStream) = try await setup.get()
+            if let early, let earlyStream, let resumption {
+                return earlyTransport(bound, handshake, stream: earlyStream, peer: early, verifier: verifier, resumption: resumption)
             }
             driver = bound
             alpn = try await withTaskCancellationHandler {
@@ -175,24 +179,39 @@ enum QUICConnector {
         return QUICStreamTransport(driver: driver, stream: channel.eventLoop.makeSucceededFuture(stream), peer: peer)
     }
 
-    /// The connection before its handshake completes, when it resumes with a ticket whose
-    /// receiver this client trusts and the ticket carries the limits for early data: what the
-    /// program writes first then travels as 0-RTT (``QUIC/sendsEarlyData``). The peer's identity
-    /// is the one the ticket was issued under; the certificate sealed in the session is checked
-    /// against the trust again when the handshake completes, and a refusal fails the connection.
-    /// nil: wait for the handshake.
+    /// Who the receiver is, when this connection may hand its first bytes over as early data
+    /// (``QUIC/sendsEarlyData``): it resumes with a ticket kept with the fingerprint of a
+    /// receiver this client trusts now (pin, known_hosts, pairing; never a first contact).
+    /// The certificate sealed in the session is checked against the trust again when the
+    /// handshake completes, and a refusal fails the connection. nil: wait for the handshake.
+    private static func earlyPeer(quic: QUIC, verifier: PeerVerifier, resumption: Resumption?) -> PeerIdentity? {
+        guard quic.sendsEarlyData, quic.applicationProtocols.count == 1, let resumption, resumption.ticket != nil else { return nil }
+        guard let fingerprint = resumption.fingerprint, let trust = verifier.presumedTrust(for: fingerprint) else {
+            logger.info("QUIC sends nothing early: the ticket's receiver is not one this host trusts by pin, known_hosts or pairing")
+            return nil
+        }
+        return PeerIdentity(fingerprint: fingerprint, trust: trust, applicationProtocol: quic.applicationProtocols[0])
+    }
+
+    /// The stream the program's first bytes go on as 0-RTT, or nil if the ticket allows none.
+    private static func earlyStream(of driver: QUICConnectionDriver) throws -> QUICStreamID? {
+        guard driver.engine.earlyData == .attempted else {
+            logger.info("QUIC sends nothing early: the ticket carries no usable limits for early data")
+            return nil
+        }
+        guard let stream = try driver.openStream() else {
+            logger.info("QUIC sends nothing early: the ticket's limits allow no stream")
+            return nil
+        }
+        return stream
+    }
+
+    /// The connection before its handshake completes, its first stream open: what the program
+    /// writes first travels as 0-RTT.
     private static func earlyTransport(
-        _ driver: NIOLoopBound<QUICConnectionDriver>, _ handshake: EventLoopFuture<String>, quic: QUIC,
-        verifier: PeerVerifier, resumption: Resumption?
-    ) async throws -> QUICStreamTransport? {
-        guard quic.sendsEarlyData, quic.applicationProtocols.count == 1, let resumption, resumption.ticket != nil,
-              let fingerprint = resumption.fingerprint, let trust = verifier.presumedTrust(for: fingerprint) else { return nil }
-        let eventLoop = driver.eventLoop
-        let stream = try await eventLoop.submit { () throws -> QUICStreamID? in
-            guard driver.value.engine.earlyData == .attempted else { return nil }
-            return try driver.value.openStream()
-        }.get()
-        guard let stream else { return nil }
+        _ driver: NIOLoopBound<QUICConnectionDriver>, _ handshake: EventLoopFuture<String>, stream: QUICStreamID,
+        peer: PeerIdentity, verifier: PeerVerifier, resumption: Resumption
+    ) -> QUICStreamTransport {
         handshake.whenComplete { result in
             switch result {
             case .success:
@@ -207,9 +226,8 @@ enum QUICConnector {
                 logger.info("QUIC handshake after early data failed: \(verifier.result.failure?.message ?? "\(error)")")
             }
         }
-        logger.info("QUIC sends its first bytes as early data (resuming with the ticket of \(fingerprint))")
-        let peer = PeerIdentity(fingerprint: fingerprint, trust: trust, applicationProtocol: quic.applicationProtocols[0])
-        return QUICStreamTransport(driver: driver, stream: eventLoop.makeSucceededFuture(stream), peer: peer)
+        logger.info("QUIC sends its first bytes as early data (resuming with the ticket of \(peer.fingerprint?.description ?? "-"))")
+        return QUICStreamTransport(driver: driver, stream: driver.eventLoop.makeSucceededFuture(stream), peer: peer)
     }
 
     /// Why the kernel has no route to `remote` ("Network is unreachable"), or nil if it has one:

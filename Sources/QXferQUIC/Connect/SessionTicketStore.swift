@@ -73,6 +73,29 @@ public struct SessionTicketStore: Sendable, Hashable {
         }.joined(), to: path)
     }
 
+    /// Saves `ticket` off the caller's thread (an event loop must not wait for a file write),
+    /// remembered until written, so that ``finishPendingSaves()`` can wait for it.
+    func saveSoon(_ ticket: QUICSessionTicket, for endpoint: Endpoint, fingerprint: Fingerprint?) {
+        Self.pending.withLock { pending in
+            let id = pending.next
+            pending.next += 1
+            // Removes itself once written; it cannot before this lock is released.
+            pending.tasks[id] = Task.detached {
+                save(ticket, for: endpoint, fingerprint: fingerprint)
+                _ = Self.pending.withLock { $0.tasks.removeValue(forKey: id) }
+            }
+        }
+    }
+
+    /// Waits until every ticket of this process's connections is written: a program about to
+    /// exit calls it, or the ticket that arrived last (often just before the answer it waited
+    /// for) may never reach the file, and the next connection resumes nothing.
+    public static func finishPendingSaves() async {
+        for task in pending.withLock({ Array($0.tasks.values) }) { await task.value }
+    }
+
+    private static let pending = Locked<(next: Int, tasks: [Int: Task<Void, Never>])>((0, [:]))
+
     /// The file's entries; none if it is missing, too large, not a regular file, or malformed anywhere.
     func load() -> [Entry] {
         guard let text = MemoryFile.read(path, maximumSize: Self.maximumFileSize) else { return [] }
