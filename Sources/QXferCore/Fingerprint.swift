@@ -49,10 +49,13 @@ public struct Fingerprint: Hashable, Sendable, CustomStringConvertible, Codable 
     }
 
     /// 64 lowercase hex digits.
-    public var description: String {
+    public var description: String { Self.hex(bytes) }
+
+    /// `bytes` as lowercase hex digit pairs (the inverse of ``bytes(hex:)``).
+    @_spi(Stacks) public static func hex(_ bytes: [UInt8]) -> String {
         let digits = Array("0123456789abcdef".utf8)
         var out = [UInt8]()
-        out.reserveCapacity(64)
+        out.reserveCapacity(bytes.count * 2)
         for byte in bytes {
             out.append(digits[Int(byte >> 4)])
             out.append(digits[Int(byte & 0x0f)])

@@ -38,7 +38,7 @@ public struct EarlyDataRegister: Sendable, Hashable, QUICEarlyDataRegister {
     public func record(_ key: [UInt8], until expiry: Int64) -> Bool {
         guard !key.isEmpty, key.count <= Self.maximumKeyLength else { return false }
         if mkdir(path, 0o700) != 0 && errno != EEXIST { return false }
-        let name = key.map { String(format: "%02x", $0) }.joined()
+        let name = Fingerprint.hex(key)
         let descriptor = open(path + "/" + name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { return false }
         var until = [timespec(tv_sec: time_t(clamping: expiry), tv_nsec: 0), timespec(tv_sec: time_t(clamping: expiry), tv_nsec: 0)]
