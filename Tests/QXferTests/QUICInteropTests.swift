@@ -47,7 +47,7 @@ struct QUICInteropTests {
     func runAioquicClient(port: UInt16, bytes: Int, extra: [String] = []) async throws -> (Subprocess, ClientReport?) {
         let result = try await Subprocess.run(
             Self.python!, ["-u", Self.script("aioquic_client.py"), "127.0.0.1", "\(port)", "--bytes", "\(bytes)", "--timeout", "15"] + extra,
-            timeout: .seconds(60))
+            timeout: .seconds(100))
         let line = result.stdout.split(separator: "\n").first(where: { $0.hasPrefix("{") })
         let report = line.flatMap { try? JSONDecoder().decode(ClientReport.self, from: Data($0.utf8)) }
         return (result, report)
