@@ -177,11 +177,16 @@ public struct QUICConfiguration: Sendable {
     /// 50 ms is 3.1 MB). The send buffer grows with the measured path, and with what losses pin,
     /// up to 12 MiB; what is in flight stays within 1.25 of them; one acknowledgement per 8
     /// packets instead of 2 spares three quarters of the receiver's packets and of the sender's
-    /// reads. Memory stays bounded whatever the path: 12 MiB of send buffer and 16 MiB of
-    /// receive window per stream (at 1 % loss on that path, 12 and 10 MiB of send buffer moved
-    /// 50.6 and 47.9 MB/s, and a window of 8 MiB 33 MB/s; a sender with 16 MiB peaked at
-    /// 65 MiB resident, over the brief's 64). The windows start at their ceilings: ngtcp2 grows
-    /// a window only when its updates come within two round trips of each other, and behind a
+    /// reads. Memory stays bounded whatever the path: 12 MiB of send buffer, and 32 MiB of
+    /// receive window for the connection, which one stream may use alone (at 1 % loss on that
+    /// path, 12 and 10 MiB of send buffer moved 50.6 and 47.9 MB/s; a sender with 16 MiB peaked
+    /// at 65 MiB resident, over the brief's 64). A stream's window is the connection's because
+    /// ngtcp2 0.12 announces more credit only once half a window was read: behind a hole the
+    /// sender may run as little as half a window ahead, and a stream window of 16 MiB (8 MiB
+    /// then, 2.7 bandwidth-delay products) stopped it on flow control every few hundred
+    /// milliseconds at 1 % loss (docs/benchmarks.md, "Flow control behind a hole"). The windows
+    /// start at their ceilings: ngtcp2 grows a window only when its updates come within two
+    /// round trips of each other, and behind a
     /// lost packet in the first second none come, so windows starting at 4 and 8 MiB stopped the
     /// sender on flow control for a round trip or more (docs/benchmarks.md, "Writers woken only
     /// when the acknowledged prefix moved"). Memory is bounded by the ceilings either way: a
@@ -190,9 +195,9 @@ public struct QUICConfiguration: Sendable {
     /// there is a tenth of a millisecond, so ngtcp2's doubling keeps up with a fast reader,
     /// and a reader whose disk lags holds less (docs/benchmarks.md, "Receive windows on loopback").
     public mutating func applyBulkTransferLimits(overLoopback: Bool = false) {
-        initialStreamWindow = overLoopback ? 4 << 20 : 16 << 20
+        initialStreamWindow = overLoopback ? 4 << 20 : 32 << 20
         initialConnectionWindow = overLoopback ? 8 << 20 : 32 << 20
-        maxStreamWindow = 16 << 20
+        maxStreamWindow = 32 << 20
         maxConnectionWindow = 32 << 20
         streamSendBufferLimit = 4 << 20
         maxStreamSendBuffer = 12 << 20

@@ -1271,8 +1271,9 @@ public final class QUICConnection {
     }
 
     /// Emits ``QUICEvent/streamWritable(_:)`` for each writer that was cut short once a quarter
-    /// of its limit is free: enough to be worth a write, early enough that the bytes still
-    /// unsent cover the time the writer takes to answer. Checked after every ngtcp2 call, not
+    /// of its limit is free (or any of it, once nothing is left unsent): enough to be worth a
+    /// write, early enough that the bytes still unsent cover the time the writer takes to
+    /// answer. Checked after every ngtcp2 call, not
     /// only when acknowledgements move a stream's acknowledged prefix: the limit also grows
     /// without that. Behind a lost packet the prefix stays put for a round trip or more while
     /// what is in flight drains, and the limit counts the bytes the hole pins; woken only when
@@ -1287,7 +1288,10 @@ public final class QUICConnection {
                 continue
             }
             let limit = sendBufferLimit(for: s)
-            if send.bufferedBytes <= limit - limit / 4 {
+            // Or any room at all once everything written was sent: behind a hole the peer's
+            // credit can leave less than a quarter, and a writer kept waiting for a quarter
+            // left the path idle while the credit it had went unused.
+            if send.bufferedBytes <= limit - limit / 4 || (send.unsentBytes == 0 && send.bufferedBytes < limit) {
                 s.wantsWritable = false
                 writersWaiting.remove(id)
                 recordEvent(.streamWritable(s.id))
