@@ -537,6 +537,16 @@ public final class QUICConnection {
     /// is not throttled; small enough to sit under a 40 ms, 300 Mbit/s path's BDP plus queue.
     static let minimumInFlightCap = 1 << 20
 
+    /// The cap's bandwidth-delay products until the pipe is found full (when the configured
+    /// ones are fewer). In start-up the delivery-rate estimate trails what is sent by a round
+    /// trip, so a cap of 1.25 estimates let what is in flight grow by only 1.25 a round once
+    /// past ``minimumInFlightCap``: six round trips from 1 MiB to a 500 Mbit/s × 50 ms path's
+    /// 3.9 MB, where start-up's doubling takes two. 1.5 takes three or four, and ends start-up
+    /// at most half a bandwidth-delay product over the pipe, which a queue of half a BDP
+    /// (bench/'s 300 ms path) still holds; 2 overflowed the 50 ms path's queue
+    /// (docs/benchmarks.md, "Start-up under the in-flight cap").
+    static let startUpInFlightProducts = 1.5
+
     /// Whether ``QUICConfiguration/maxInFlightBandwidthDelayProducts`` holds new stream data back now.
     private func inFlightCapReached(_ conn: OpaquePointer) -> Bool {
         let s = Self.statistics(conn)
@@ -574,8 +584,9 @@ public final class QUICConnection {
     /// The bytes ``QUICConfiguration/maxInFlightBandwidthDelayProducts`` lets be in flight, once
     /// there is a rate sample and a minimum RTT; nil without them or without the setting.
     private func inFlightCap(_ s: ngtcp2_conn_stat) -> Double? {
-        guard let products = configuration.maxInFlightBandwidthDelayProducts,
+        guard var products = configuration.maxInFlightBandwidthDelayProducts,
               s.delivery_rate_sec > 0, s.min_rtt != UInt64.max, s.min_rtt > 0 else { return nil }
+        if !pipeFilled { products = max(products, Self.startUpInFlightProducts) }
         return max(Double(Self.minimumInFlightCap), products * Double(s.delivery_rate_sec) * Double(s.min_rtt) / 1e9)
     }
 
@@ -1449,3 +1460,4 @@ private let getConnThunk: @convention(c) (UnsafeMutablePointer<ngtcp2_crypto_con
     guard let userData = ref?.pointee.user_data else { return nil }
     return Unmanaged<QUICConnection>.fromOpaque(userData).takeUnretainedValue().conn
 }
+
