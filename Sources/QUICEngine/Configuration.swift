@@ -187,10 +187,9 @@ public struct QUICConfiguration: Sendable {
     /// then, 2.7 bandwidth-delay products) stopped it on flow control every few hundred
     /// milliseconds at 1 % loss (docs/benchmarks.md, "Flow control behind a hole"). The windows
     /// start at their ceilings: ngtcp2 grows a window only when its updates come within two
-    /// round trips of each other, and behind a
-    /// lost packet in the first second none come, so windows starting at 4 and 8 MiB stopped the
-    /// sender on flow control for a round trip or more (docs/benchmarks.md, "Writers woken only
-    /// when the acknowledged prefix moved"). Memory is bounded by the ceilings either way: a
+    /// round trips of each other, and behind a lost packet in the first second none come, so
+    /// windows starting at 4 and 8 MiB stopped the sender on flow control for a round trip or
+    /// more (docs/benchmarks.md, "Writers woken only when the acknowledged prefix moved"). Memory is bounded by the ceilings either way: a
     /// reader that stalls later holds as much as one that stalls at once. Towards a peer on
     /// this host's loopback interface (`overLoopback`) they start at 4 and 8 MiB: a round trip
     /// there is a tenth of a millisecond, so ngtcp2's doubling keeps up with a fast reader,

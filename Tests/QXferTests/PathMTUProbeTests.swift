@@ -22,26 +22,40 @@ struct PathMTUProbeTests {
         #expect(PathMTUProbe.candidates(interfaceMTU: 1 << 20, ipv6: true) == [65_527, 1452])
     }
 
+    /// Up to three probes until one learns `expected`: a probe waits for the larger answers only
+    /// ``PathMTUProbe/answerGrace`` past half a round trip, and on a loaded machine (every suite
+    /// at once, in a debug build) the listener can be descheduled for longer between answering
+    /// the 1 200-byte probe and the largest; the probe then rightly settles for less. What this
+    /// checks is that the listener answers the largest size at all.
+    static func probeUntil(_ expected: Int, _ remote: SocketAddress, answered: @escaping @Sendable () -> Void) async -> [Int?] {
+        var results: [Int?] = []
+        for _ in 0..<3 {
+            let size = await PathMTUProbe.largestDatagram(to: remote, within: .seconds(5), answered: answered)
+            results.append(size)
+            if size == expected { break }
+        }
+        return results
+    }
+
     @Test("A qxfer listener answers; the largest size the loopback interface carries comes back")
     func listenerAnswers() async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1", using: .parameters { QUIC().identity(Identities.server) })
         try await withListener(listener, handler: { (_: NetworkConnection<QUIC>) in }) { port in
             let heard = Locked(0)
-            let size = await PathMTUProbe.largestDatagram(
-                to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)), within: .seconds(5),
-                answered: { heard.withLock { $0 += 1 } })
             // lo's MTU is 65 536: the most an IPv4 datagram holds, 65 507 bytes of UDP payload.
-            #expect(size == 65_507)
-            #expect(heard.withLock { $0 } == 1)
+            let sizes = await Self.probeUntil(65_507, try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)),
+                                              answered: { heard.withLock { $0 += 1 } })
+            #expect(sizes.last == 65_507, "probes learned \(sizes)")
+            #expect(heard.withLock { $0 } == sizes.count, "each probe reports the first answer once")
         }
     }
 
     @Test func listenerAnswersV6() async throws {
         let listener = NetworkListener(on: 0, host: "::1", using: .parameters { QUIC().identity(Identities.server) })
         try await withListener(listener, handler: { (_: NetworkConnection<QUIC>) in }) { port in
-            let size = await PathMTUProbe.largestDatagram(
-                to: try SocketAddress(ipAddress: "::1", port: Int(port)), within: .seconds(5), answered: {})
-            #expect(size == 65_488)  // 65 536 less the IPv6 and UDP headers
+            // 65 536 less the IPv6 and UDP headers.
+            let sizes = await Self.probeUntil(65_488, try SocketAddress(ipAddress: "::1", port: Int(port)), answered: {})
+            #expect(sizes.last == 65_488, "probes learned \(sizes)")
         }
     }
 
