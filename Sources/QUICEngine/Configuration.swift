@@ -189,11 +189,12 @@ public struct QUICConfiguration: Sendable {
     /// start at their ceilings: ngtcp2 grows a window only when its updates come within two
     /// round trips of each other, and behind a lost packet in the first second none come, so
     /// windows starting at 4 and 8 MiB stopped the sender on flow control for a round trip or
-    /// more (docs/benchmarks.md, "Writers woken only when the acknowledged prefix moved"). Memory is bounded by the ceilings either way: a
-    /// reader that stalls later holds as much as one that stalls at once. Towards a peer on
-    /// this host's loopback interface (`overLoopback`) they start at 4 and 8 MiB: a round trip
-    /// there is a tenth of a millisecond, so ngtcp2's doubling keeps up with a fast reader,
-    /// and a reader whose disk lags holds less (docs/benchmarks.md, "Receive windows on loopback").
+    /// more (docs/benchmarks.md, "Writers woken only when the acknowledged prefix moved").
+    /// Memory is bounded by the ceilings either way: a reader that stalls later holds as much
+    /// as one that stalls at once. Towards a peer on this host's loopback interface
+    /// (`overLoopback`) they start at 4 and 8 MiB: a round trip there is a tenth of a
+    /// millisecond, so ngtcp2's doubling keeps up with a fast reader, and a reader whose disk
+    /// lags holds less (docs/benchmarks.md, "Receive windows on loopback").
     public mutating func applyBulkTransferLimits(overLoopback: Bool = false) {
         initialStreamWindow = overLoopback ? 4 << 20 : 32 << 20
         initialConnectionWindow = overLoopback ? 8 << 20 : 32 << 20

@@ -540,10 +540,10 @@ public final class QUICConnection {
     /// The cap's bandwidth-delay products until the pipe is found full (when the configured
     /// ones are fewer). In start-up the delivery-rate estimate trails what is sent by a round
     /// trip, so a cap of 1.25 estimates let what is in flight grow by only a quarter a round
-    /// once past ``minimumInFlightCap``: six round trips from 1 MiB to a 500 Mbit/s × 50 ms path's
-    /// 3.9 MB, where start-up's doubling takes two. 1.5 takes three or four, and ends start-up
-    /// at most half a bandwidth-delay product over the pipe, which a queue of half a BDP
-    /// (bench/'s 300 ms path) still holds; 2 overflowed the 50 ms path's queue
+    /// once past ``minimumInFlightCap``: six round trips from 1 MiB to a 500 Mbit/s × 50 ms
+    /// path's 3.9 MB, where start-up's doubling takes two. 1.5 takes three or four, and ends
+    /// start-up at most half a bandwidth-delay product over the pipe, which a queue of half a
+    /// BDP (bench/'s 300 ms path) still holds; 2 overflowed the 50 ms path's queue
     /// (docs/benchmarks.md, "Start-up under the in-flight cap").
     static let startUpInFlightProducts = 1.5
 
@@ -1285,12 +1285,13 @@ public final class QUICConnection {
     /// of its limit is free (or any of it, once nothing is left unsent): enough to be worth a
     /// write, early enough that the bytes still unsent cover the time the writer takes to
     /// answer. Checked after every ngtcp2 call, not only when acknowledgements move a stream's
-    /// acknowledged prefix: the limit also grows without that. Behind a lost packet the prefix stays put for a round trip or more while
-    /// what is in flight drains, and the limit counts the bytes the hole pins; woken only when
-    /// the prefix moved, a writer sat idle until the retransmission was acknowledged, the path
-    /// emptied, and the first flight after it, all sent before any acknowledgement came back,
-    /// gave ngtcp2 0.12's rate sampler a rate sample of the pacing rate rather than the link's
-    /// (docs/benchmarks.md, "Writers woken only when the acknowledged prefix moved").
+    /// acknowledged prefix: the limit also grows without that. Behind a lost packet the prefix
+    /// stays put for a round trip or more while what is in flight drains, and the limit counts
+    /// the bytes the hole pins; woken only when the prefix moved, a writer sat idle until the
+    /// retransmission was acknowledged, the path emptied, and the first flight after it, all
+    /// sent before any acknowledgement came back, gave ngtcp2 0.12's rate sampler a rate sample
+    /// of the pacing rate rather than the link's (docs/benchmarks.md, "Writers woken only when
+    /// the acknowledged prefix moved").
     private func wakeWaitingWriters() {
         for id in writersWaiting {
             guard let s = streams[id], s.wantsWritable, !s.sendClosed, let send = s.send else {

@@ -17,8 +17,9 @@ enum StackChoice: String, ExpressibleByArgument, CaseIterable {
     /// Runs `body` over the chosen stack, presenting `identity` and trusting the peer as `trust`
     /// says; `tcp` configures TCP under TLS; `config` holds the race's per-host memory and QUIC's
     /// session tickets (over `--stack quic` a sender resuming with one sends its first bytes as
-    /// early data to a receiver it trusts); `probesPathMTU` lets QUIC spend a round trip finding the path's datagram
-    /// size (``QUIC/probesPathMTU``). The one place the CLI turns the choice into a stack.
+    /// early data to a receiver it trusts); `probesPathMTU` lets QUIC spend a round trip
+    /// finding the path's datagram size (``QUIC/probesPathMTU``). The one place the CLI turns
+    /// the choice into a stack.
     func run<Body: OverChosenStack>(
         _ body: Body, identity: HostIdentity, trust: PeerTrust, tcp: TCP = TCP(), config: ConfigDirectory, probesPathMTU: Bool = false
     ) async throws -> Body.Result {

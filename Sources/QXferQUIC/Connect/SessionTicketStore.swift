@@ -10,7 +10,8 @@ import QXferIdentity
 /// Kept in `session-tickets` in the configuration folder beside `known_hosts`, one line per
 /// host: `host:port expiry session parameters [fingerprint]` (expiry in seconds since 1970,
 /// session and parameters base64, the fingerprint of the receiver that issued the ticket as
-/// verified then), written atomically with mode 0600: a ticket lets its holder resume as this client.
+/// verified then), written atomically with mode 0600: a ticket lets its holder resume as this
+/// client.
 /// Entries expire after six hours, as GnuTLS's servers stop accepting them. A file that cannot
 /// be read or parsed is ignored whole (the next connection makes a full handshake), never
 /// trusted in part. A ticket is no trust anchor: the receiver's certificate sealed in it is

@@ -17,8 +17,8 @@ import Glibc
 /// a ClientHello's early data only within its replay window of the ticket's age
 /// (`QUICSessionTicketIssuer.replayWindow`) and names the moment a copy can no longer be
 /// taken; the entry's modification time is set to that moment, and an entry past it can go.
-/// An entry that cannot be made (a full disk, a
-/// read-only folder) refuses that early data; the handshake then goes on without it.
+/// An entry that cannot be made (a full disk, a read-only folder) refuses that early data; the
+/// handshake then goes on without it.
 /// Nothing is synced: a replay has to arrive within the window, and a machine that lost its
 /// page cache has restarted its receivers, whose replay filters refuse tickets issued before
 /// they started.
@@ -41,8 +41,9 @@ public struct EarlyDataRegister: Sendable, Hashable, QUICEarlyDataRegister {
         let name = Fingerprint.hex(key)
         let descriptor = open(path + "/" + name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { return false }
-        var until = [timespec(tv_sec: time_t(clamping: expiry), tv_nsec: 0), timespec(tv_sec: time_t(clamping: expiry), tv_nsec: 0)]
-        futimens(descriptor, &until)
+        let moment = timespec(tv_sec: time_t(clamping: expiry), tv_nsec: 0)
+        var times = [moment, moment]  // access and modification
+        futimens(descriptor, &times)
         close(descriptor)
         prune(keeping: name)
         return true
@@ -71,4 +72,3 @@ public struct EarlyDataRegister: Sendable, Hashable, QUICEarlyDataRegister {
     /// Lets the next record prune at once (tests).
     static func forgetPruneTimes() { lastPrune.withLock { $0 = [:] } }
 }
-
