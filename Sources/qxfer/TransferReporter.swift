@@ -113,7 +113,7 @@ final class TransferReporter: Sendable {
         if style == .json {
             emit("reconnecting", ["reason": reason, "delay_s": delay.seconds, "attempt": attempt])
         } else {
-            printLine("connection lost (\(reason)); reconnecting in \(String(format: "%.2f", delay.seconds)) s to resume (attempt \(attempt))")
+            printLine("connection lost (\(reason)); reconnecting in \(fixed(delay.seconds, places: 2)) s to resume (attempt \(attempt))")
         }
     }
 
@@ -177,7 +177,7 @@ final class TransferReporter: Sendable {
         let total = progress.totalBytes
         let seconds = max(elapsed.seconds, 0.001)
         let rate = Double(done) / seconds
-        let rtt = metrics.smoothedRTT.map { String(format: "%.1f ms", $0.seconds * 1000) }
+        let rtt = metrics.smoothedRTT.map { fixed($0.seconds * 1000, places: 1) + " ms" }
         let eta: String? = total > done && rate > 0 ? formatDuration(Double(total - done) / rate) : nil
         switch style {
         case .json:
@@ -195,7 +195,8 @@ final class TransferReporter: Sendable {
             let width = 24
             let filled = Int(fraction * Double(width))
             let bar = String(repeating: "=", count: filled) + (filled < width ? ">" + String(repeating: " ", count: width - filled - 1) : "")
-            var line = String(format: "[%@] %3d%%  %@ / %@  %@", bar, Int(fraction * 100), formatBytes(done), formatBytes(total), formatRate(rate))
+            let percent = String(Int(fraction * 100))
+            var line = "[\(bar)] \(String(repeating: " ", count: max(0, 3 - percent.count)))\(percent)%  \(formatBytes(done)) / \(formatBytes(total))  \(formatRate(rate))"
             if let eta { line += "  ETA \(eta)" }
             if let rtt { line += "  RTT \(rtt)" }
             Console.drawBar(line)
@@ -226,7 +227,7 @@ final class TransferReporter: Sendable {
             return
         }
         let verb = role == .sender ? "sent" : "received"
-        var line = "\(verb) \(formatBytes(bytes)) in \(String(format: "%.2f", seconds)) s (\(formatRate(rate)))"
+        var line = "\(verb) \(formatBytes(bytes)) in \(fixed(seconds, places: 2)) s (\(formatRate(rate)))"
         if let carrier { line += " over \(carrier)" }
         if summary.resumedBytes > 0 { line += ", \(formatBytes(summary.resumedBytes)) resumed" }
         line += "; \(count(summary.digests.count, "file", "files")) verified with \(summary.algorithm.name)"
@@ -326,11 +327,29 @@ func formatBytes(_ bytes: UInt64) -> String {
         value /= 1000
         unit += 1
     }
-    return unit == 0 ? "\(bytes) B" : String(format: "%.1f %@", value, units[unit])
+    return unit == 0 ? "\(bytes) B" : "\(fixed(value, places: 1)) \(units[unit])"
 }
 
 func formatRate(_ bytesPerSecond: Double) -> String {
-    String(format: "%.1f MB/s", bytesPerSecond / 1e6)
+    fixed(bytesPerSecond / 1e6, places: 1) + " MB/s"
+}
+
+/// `value` with `places` decimals (0 ... 9) as printf's "%.Nf" prints it, but for exact ties,
+/// which it rounds away from zero. Not `String(format:)`: Foundation's formatter costs over a
+/// millisecond the first time it runs (locale data, dynamic casts of its arguments), and a small
+/// send prints its first sizes between its packets (docs/benchmarks.md, "Process start").
+func fixed(_ value: Double, places: Int) -> String {
+    guard value.isFinite else { return value.isNaN ? "nan" : value < 0 ? "-inf" : "inf" }
+    var scale: UInt64 = 1
+    for _ in 0..<min(max(places, 0), 9) { scale *= 10 }
+    let scaled = (value.magnitude * Double(scale)).rounded()
+    guard scaled < 9e18 else { return "\(value.rounded())" }  // beyond any size, rate or time shown
+    let whole = UInt64(scaled)
+    let sign = value.sign == .minus ? "-" : ""
+    guard scale > 1 else { return sign + String(whole) }
+    let fraction = String(whole % scale)
+    let padding = String(repeating: "0", count: String(scale).count - 1 - fraction.count)
+    return sign + String(whole / scale) + "." + padding + fraction
 }
 
 /// A Double as an Int, rounded and clamped: rates and times computed from a peer's sizes may be
@@ -342,8 +361,9 @@ func wholeNumber(_ value: Double) -> Int {
 
 func formatDuration(_ seconds: Double) -> String {
     let total = max(0, wholeNumber(seconds))
-    let tail = String(format: "%02d", total % 60)  // %d is 32 bits: only for numbers below 60
-    return total >= 3600 ? "\(total / 3600):" + String(format: "%02d", total / 60 % 60) + ":" + tail : "\(total / 60):" + tail
+    func twoDigits(_ n: Int) -> String { n < 10 ? "0\(n)" : "\(n)" }
+    let tail = twoDigits(total % 60)
+    return total >= 3600 ? "\(total / 3600):" + twoDigits(total / 60 % 60) + ":" + tail : "\(total / 60):" + tail
 }
 
 extension Duration {

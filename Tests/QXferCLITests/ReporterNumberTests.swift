@@ -14,6 +14,26 @@ struct ReporterNumberTests {
         #expect(wholeNumber(2.5) == 3)
         #expect(formatDuration(Double(UInt64.max)).hasPrefix(String(Int.max / 3600)))
         #expect(formatDuration(75) == "1:15")
+        #expect(formatDuration(3_725) == "1:02:05")
+    }
+
+    /// Sizes, rates and times are printed without Foundation's formatter, as it would print them.
+    @Test func fixedDecimalsMatchPrintf() {
+        let values: [Double] = [0, 0.04, 0.96, 1, 9.99, 12.3456, 999.94, 999.96, 1_234.5678, 56.7, 1e9 + 0.3, -0.04, -3.21, 123_456_789.987]
+        for value in values {
+            for places in 0...3 {
+                let reference = String(format: "%.\(places)f", value)
+                // printf rounds the binary value exactly and ties to even; none of these is
+                // near a tie, where the two may differ in the last digit.
+                #expect(fixed(value, places: places) == reference, "\(value), \(places) places")
+            }
+        }
+        #expect(fixed(.infinity, places: 1) == "inf")
+        #expect(fixed(.nan, places: 1) == "nan")
+        #expect(fixed(1e30, places: 1).hasPrefix("1e+30"))
+        #expect(formatBytes(1_536) == "1.5 kB")
+        #expect(formatBytes(999) == "999 B")
+        #expect(formatRate(56_749_000) == "56.7 MB/s")
     }
 }
 
