@@ -337,7 +337,8 @@ func formatRate(_ bytesPerSecond: Double) -> String {
 /// `value` with `places` decimals (0 ... 9) as printf's "%.Nf" prints it, but for exact ties,
 /// which it rounds away from zero. Not `String(format:)`: Foundation's formatter costs over a
 /// millisecond the first time it runs (locale data, dynamic casts of its arguments), and a small
-/// send prints its first sizes between its packets (docs/benchmarks.md, "Process start").
+/// send prints its first sizes between its packets (docs/benchmarks.md, "Process start and CPU
+/// per GB on a slower machine").
 func fixed(_ value: Double, places: Int) -> String {
     guard value.isFinite else { return value.isNaN ? "nan" : value < 0 ? "-inf" : "inf" }
     var scale: UInt64 = 1
