@@ -121,10 +121,7 @@ enum Console {
         var seconds = time_t(remainder < 0 ? quotient - 1 : quotient)
         var parts = tm()
         guard gmtime_r(&seconds, &parts) != nil else { return "" }
-        func digits(_ value: Int32, _ width: Int) -> String {
-            let text = String(value)
-            return String(repeating: "0", count: max(0, width - text.count)) + text
-        }
+        func digits(_ value: Int32, _ width: Int) -> String { zeroPadded(value, width: width) }
         return "\(digits(parts.tm_year + 1900, 4))-\(digits(parts.tm_mon + 1, 2))-\(digits(parts.tm_mday, 2))"
             + "T\(digits(parts.tm_hour, 2)):\(digits(parts.tm_min, 2)):\(digits(parts.tm_sec, 2))"
             + ".\(digits(Int32(milliseconds - Int64(seconds) * 1000), 3))Z"

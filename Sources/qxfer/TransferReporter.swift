@@ -341,16 +341,21 @@ func formatRate(_ bytesPerSecond: Double) -> String {
 /// per GB on a slower machine").
 func fixed(_ value: Double, places: Int) -> String {
     guard value.isFinite else { return value.isNaN ? "nan" : value < 0 ? "-inf" : "inf" }
+    let places = min(max(places, 0), 9)
     var scale: UInt64 = 1
-    for _ in 0..<min(max(places, 0), 9) { scale *= 10 }
+    for _ in 0..<places { scale *= 10 }
     let scaled = (value.magnitude * Double(scale)).rounded()
     guard scaled < 9e18 else { return "\(value.rounded())" }  // beyond any size, rate or time shown
     let whole = UInt64(scaled)
     let sign = value.sign == .minus ? "-" : ""
-    guard scale > 1 else { return sign + String(whole) }
-    let fraction = String(whole % scale)
-    let padding = String(repeating: "0", count: String(scale).count - 1 - fraction.count)
-    return sign + String(whole / scale) + "." + padding + fraction
+    guard places > 0 else { return sign + String(whole) }
+    return sign + String(whole / scale) + "." + zeroPadded(whole % scale, width: places)
+}
+
+/// `value` in decimal, with leading zeros up to `width` digits.
+func zeroPadded(_ value: some BinaryInteger, width: Int) -> String {
+    let text = String(value)
+    return String(repeating: "0", count: max(0, width - text.count)) + text
 }
 
 /// A Double as an Int, rounded and clamped: rates and times computed from a peer's sizes may be
@@ -362,9 +367,8 @@ func wholeNumber(_ value: Double) -> Int {
 
 func formatDuration(_ seconds: Double) -> String {
     let total = max(0, wholeNumber(seconds))
-    func twoDigits(_ n: Int) -> String { n < 10 ? "0\(n)" : "\(n)" }
-    let tail = twoDigits(total % 60)
-    return total >= 3600 ? "\(total / 3600):" + twoDigits(total / 60 % 60) + ":" + tail : "\(total / 60):" + tail
+    let tail = zeroPadded(total % 60, width: 2)
+    return total >= 3600 ? "\(total / 3600):" + zeroPadded(total / 60 % 60, width: 2) + ":" + tail : "\(total / 60):" + tail
 }
 
 extension Duration {
