@@ -53,11 +53,14 @@ public enum MemoryFile {
     }
 
     /// Replaces the file's text atomically with mode 0600, in a folder created 0700 when missing;
-    /// a failure is ignored.
+    /// a failure is ignored. Not synced: a memory is a cache, and a program's last act is often
+    /// to write one (a first send's new session ticket), where two fsyncs cost it about 2 ms
+    /// before it can exit. After a crash the file may be old, empty or partial, which ``read``'s
+    /// callers ignore whole.
     public static func write(_ text: String, to path: String) {
         let folder = (path as NSString).deletingLastPathComponent
         try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        try? OutputFile.replaceContents(of: path, with: Array(text.utf8), permissions: 0o600, allowsDirectWrites: false)
+        try? OutputFile.replaceContents(of: path, with: Array(text.utf8), permissions: 0o600, allowsDirectWrites: false, durably: false)
     }
 }
 

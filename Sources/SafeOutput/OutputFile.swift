@@ -98,13 +98,17 @@ public final class OutputFile {
 
     /// Ends the output: a regular file is synced and renamed into place (then its folder
     /// synced); anything else is closed (standard output stays open). Idempotent.
-    public func finish() throws(OutputError) {
+    ///
+    /// `durably: false` renames without either sync, for a cache that nothing depends on: the
+    /// path still holds the old file or the whole new one while the system runs, but after a
+    /// crash it may hold the old one, or an empty or partial file its reader must ignore.
+    public func finish(durably: Bool = true) throws(OutputError) {
         guard !finished else { return }
         finished = true
         defer { if closesDescriptor { close(descriptor) } }
         guard let (temporary, final) = pending else { return }
         pending = nil
-        guard fsync(descriptor) == 0 else {
+        guard !durably || fsync(descriptor) == 0 else {
             let err = errno
             unlink(temporary)
             throw OutputError("cannot save \(path)", errno: err)
@@ -114,7 +118,7 @@ public final class OutputFile {
             unlink(temporary)
             throw OutputError("cannot save \(path)", errno: err)
         }
-        OutputFile.syncFolder(of: final)
+        if durably { OutputFile.syncFolder(of: final) }
     }
 
     /// Ends the output without keeping it: a regular file's temporary is removed and the path
@@ -266,14 +270,14 @@ extension OutputFile {
     }
 
     /// Replaces the whole content of `path` with `bytes` (see ``init(path:permissions:allowsDirectWrites:)``
-    /// for what each kind of path gets).
+    /// for what each kind of path gets); `durably: false` skips the syncs (``finish(durably:)``).
     public static func replaceContents(
-        of path: String, with bytes: [UInt8], permissions: mode_t? = nil, allowsDirectWrites: Bool = true
+        of path: String, with bytes: [UInt8], permissions: mode_t? = nil, allowsDirectWrites: Bool = true, durably: Bool = true
     ) throws(OutputError) {
         let output = try OutputFile(path: path, permissions: permissions, allowsDirectWrites: allowsDirectWrites)
         do {
             try output.write(bytes)
-            try output.finish()
+            try output.finish(durably: durably)
         } catch {
             output.discard()
             throw error

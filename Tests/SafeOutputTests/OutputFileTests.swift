@@ -45,6 +45,24 @@ func makedev(_ major: UInt64, _ minor: UInt64) -> dev_t { dev_t((major << 8) | m
         #expect(leftovers().isEmpty)
     }
 
+    /// A cache's replacement skips the syncs but not the atomic rename: the path goes from the
+    /// whole old file to the whole new one, with the mode asked for and no temporary left.
+    @Test func aCacheIsReplacedWholeWithoutSyncing() throws {
+        let path = folder + "/cache"
+        try Data("old entries".utf8).write(to: URL(fileURLWithPath: path))
+        let output = try OutputFile(path: path, permissions: 0o600, allowsDirectWrites: false)
+        try output.write(Array("new".utf8))
+        #expect(contents(path) == Array("old entries".utf8))
+        try output.finish(durably: false)
+        #expect(contents(path) == Array("new".utf8))
+        try OutputFile.replaceContents(of: path, with: Array("newer".utf8), permissions: 0o600, allowsDirectWrites: false, durably: false)
+        #expect(contents(path) == Array("newer".utf8))
+        var info = stat()
+        stat(path, &info)
+        #expect(info.st_mode & 0o777 == 0o600)
+        #expect(leftovers().isEmpty)
+    }
+
     @Test func discardingLeavesTheOldFile() throws {
         let path = folder + "/keep"
         try Data("old".utf8).write(to: URL(fileURLWithPath: path))
