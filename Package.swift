@@ -43,7 +43,8 @@ let package = Package(
         // P-256 point arithmetic for the pairing PAKE, from OpenSSL's libcrypto.
         .target(
             name: "CP256",
-            linkerSettings: [.linkedLibrary("crypto")]
+            // libcrypto itself is loaded on first use (dlopen), not linked.
+            linkerSettings: [.linkedLibrary("dl")]
         ),
         // CP256 behind a Swift type (P256Group), so the pairing module reaches no C.
         .target(
@@ -53,6 +54,12 @@ let package = Package(
         ),
         // The Linux calls the applications need (malloc arenas, punching holes, a pthread lock
         // ThreadSanitizer sees) behind Swift types.
+        // Numbers and JSON lines as text, without Foundation's formatters.
+        .target(
+            name: "PlainText",
+            swiftSettings: strictSwift6
+        ),
+
         .target(
             name: "LinuxSystem",
             dependencies: ["CQXferLinux"],
@@ -108,9 +115,10 @@ let package = Package(
         .target(
             name: "QXferCore",
             dependencies: [
+                "PlainText",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-                .product(name: "NIOFoundationCompat", package: "swift-nio"),
+                .product(name: "NIOFoundationEssentialsCompat", package: "swift-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -123,6 +131,7 @@ let package = Package(
             name: "QXferIdentity",
             dependencies: [
                 "QXferCore",
+                "PlainText",
                 "SafeOutput",
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -215,7 +224,7 @@ let package = Package(
         // File transfer (qxfer/1 send/recv), written only against the public API.
         .target(
             name: "QXferTransfer",
-            dependencies: ["QXfer", "FastHash", "SafeOutput", "LinuxSystem", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["QXfer", "FastHash", "SafeOutput", "LinuxSystem", "PlainText", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strictSwift6
         ),
 
@@ -223,7 +232,7 @@ let package = Package(
         // realtime modes, loss repair and latency statistics, over the public API only.
         .target(
             name: "QXferStream",
-            dependencies: ["QXfer", "SafeOutput", "LinuxSystem", .product(name: "Histogram", package: "hdrhistogram-swift")],
+            dependencies: ["QXfer", "SafeOutput", "LinuxSystem", "PlainText", .product(name: "Histogram", package: "hdrhistogram-swift")],
             swiftSettings: strictSwift6
         ),
 
@@ -231,7 +240,7 @@ let package = Package(
         // over the public API only.
         .target(
             name: "QXferPairing",
-            dependencies: ["QXfer", "PairingGroup", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["QXfer", "PairingGroup", "PlainText", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strictSwift6
         ),
 
@@ -240,6 +249,7 @@ let package = Package(
             name: "qxfer",
             dependencies: [
                 "LinuxSystem",
+                "PlainText",
                 "QXfer",
                 "QXferTransfer",
                 "QXferStream",
@@ -334,8 +344,13 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
         .testTarget(
+            name: "PlainTextTests",
+            dependencies: ["PlainText"],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
             name: "QXferCLITests",
-            dependencies: ["qxfer", "echo-tls", "echo-quic", "Subprocesses"],
+            dependencies: ["qxfer", "PlainText", "echo-tls", "echo-quic", "Subprocesses"],
             swiftSettings: strictSwift6
         ),
     ]

@@ -2,7 +2,7 @@
 # Builds and runs qxfer's libFuzzer targets (fuzz/harness/*.swift), one binary per parser,
 # each compiled with swiftc -sanitize=fuzzer,address together with the project's own source
 # files it exercises (no SwiftPM: the parsers need only the standard library, Foundation, Glibc,
-# libxxhash for the journal's check line (FastHash's, SafeOutput's and LinuxSystem's few Swift files are compiled
+# libxxhash for the journal's check line (FastHash's, SafeOutput's, LinuxSystem's and PlainText's few Swift files are compiled
 # into the same module, hence `#if canImport` around their imports), and for the QUIC engine its C shim, ngtcp2 and GnuTLS).
 #
 #   fuzz/run.sh [TARGET...]        build, then run each target for $FUZZ_SECONDS (default 60)
@@ -31,8 +31,8 @@ WIRE="$T/Wire/MessageCodec.swift $T/Wire/Messages.swift $T/Limits.swift $T/Trans
 SESSION="$T/Receiver/OfferPlanner.swift $T/Receiver/ReceivingSession.swift $T/Sender/SenderLedger.swift $T/Session/InboundFunnel.swift
   $T/Session/TransferProgress.swift $T/Store/FileStore.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift
   $T/Paths/SafePath.swift $T/Hashing/Digest.swift $T/Store/FileCommitter.swift Sources/LinuxSystem/Locked.swift
-  Sources/FastHash/XXH3.swift Sources/SafeOutput/RenameAt.swift fuzz/support/SessionSupport.swift"
-STREAM="$S/WireFormat.swift $S/Bytes.swift $S/Frame.swift $S/RealtimeDatagrams.swift $S/ReedSolomon.swift"
+  Sources/LinuxSystem/DetachedThread.swift Sources/PlainText/TextFormat.swift Sources/FastHash/XXH3.swift Sources/SafeOutput/RenameAt.swift fuzz/support/SessionSupport.swift"
+STREAM="$S/WireFormat.swift $S/Bytes.swift $S/Frame.swift $S/RealtimeDatagrams.swift $S/ReedSolomon.swift Sources/PlainText/TextFormat.swift"
 CXXHASH=(-Xcc -fmodule-map-file=fuzz/support/CXXHash.modulemap -I Sources/CXXHash/include -lxxhash
   -Xcc -fmodule-map-file=fuzz/support/CFileSystemLinux.modulemap -I Sources/CFileSystemLinux/include)
 # The QUIC engine's C shim is compiled apart (as SwiftPM does) and linked with ngtcp2 and GnuTLS.
@@ -43,7 +43,7 @@ sources() {
         codec)   echo "fuzz/harness/FuzzCodec.swift $WIRE" ;;
         frames)  echo "fuzz/harness/FuzzFrames.swift $WIRE" ;;
         paths)   echo "fuzz/harness/FuzzPaths.swift $T/Paths/SafePath.swift $T/Limits.swift $T/TransferError.swift" ;;
-        journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $WIRE fuzz/support/JournalSupport.swift" ;;
+        journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $WIRE fuzz/support/JournalSupport.swift Sources/PlainText/TextFormat.swift" ;;
         dns)     echo "fuzz/harness/FuzzDNS.swift $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift" ;;
         framers) echo "fuzz/harness/FuzzFramers.swift Sources/QXferCore/FrameRules.swift Sources/QXferCore/QXferError.swift" ;;
         media)   echo "fuzz/harness/FuzzMedia.swift $S/MediaFiles.swift $STREAM Sources/SafeOutput/OutputFile.swift Sources/SafeOutput/OutputKind.swift" ;;

@@ -11,7 +11,10 @@ Reads the manifest (`swift package dump-package`, no build) and every source fil
     no engine, and see the library only through the umbrella `QXfer`;
   - a source file imports only modules its target declares (SwiftPM lets a file import any
     module already built), and only the library's layers and tests use `@_spi(Stacks)`;
-  - inside QXferQUIC, arrows point down: Connect → Adaptor → Driver → Endpoint, never back.
+  - inside QXferQUIC, arrows point down: Connect → Adaptor → Driver → Endpoint, never back;
+  - the library and the tool (everything under Sources/) import FoundationEssentials, never
+    all of Foundation, which the tool would link (docs/benchmarks.md, "Process start without
+    Foundation"); samples, benchmarks, fuzzers and tests may.
 Exit status 1 with one line per violation.
 """
 import json
@@ -37,7 +40,7 @@ LAYERS = {
 # Swift wrappers that keep a C module (or Glibc work) away from the applications.
 WRAPPERS = {"SafeOutput", "PairingGroup", "LinuxSystem", "FastHash"}
 # What the core API may use of NIO: the I/O-free buffer and lock types, never sockets or TLS.
-CORE_PRODUCTS = {"NIOCore", "NIOConcurrencyHelpers", "NIOFoundationCompat", "Crypto", "Logging"}
+CORE_PRODUCTS = {"NIOCore", "NIOConcurrencyHelpers", "NIOFoundationEssentialsCompat", "Crypto", "Logging"}
 # Edges that other branches remove; each names where it goes.
 KNOWN_EXCEPTIONS: dict = {}
 # Inside a target, folders in layers, lowest first: a file names no type declared in a higher
@@ -207,13 +210,17 @@ def main():
     for name, target in targets.items():
         deps, products = dependencies(target)
         allowed = set(deps) | set(products) | SYSTEM_MODULES | {name}
+        if folders[name].startswith(os.path.join(ROOT, "Sources") + os.sep):
+            allowed.discard("Foundation")
         nested = {folder for other, folder in folders.items() if other != name and folder.startswith(folders[name] + os.sep)}
         exclude = nested | {os.path.join(folders[name], e) for e in target.get("exclude", [])}
         for path, module, line in imports(folders[name], exclude):
             if module not in allowed:
                 if (name, module) in KNOWN_EXCEPTIONS:
                     continue
-                problems.append(f"{path}: imports {module}, which target {name} does not declare")
+                why = ("the tool links FoundationEssentials only" if module == "Foundation"
+                       else f"which target {name} does not declare")
+                problems.append(f"{path}: imports {module}, {why}")
             if "@_spi(" in line and name not in LAYERS and target["type"] != "test":
                 problems.append(f"{path}: `{line}`: only the library's layers use its stacks' SPI")
 

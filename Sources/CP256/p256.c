@@ -1,9 +1,67 @@
 #include "CP256.h"
 
+#include <dlfcn.h>
+#include <pthread.h>
+
 #include <openssl/bn.h>
 #include <openssl/ec.h>
 #include <openssl/obj_mac.h>
 #include <openssl/rand.h>
+
+// libcrypto is loaded when a pairing first needs it, not linked: a linked library is loaded
+// and bound (OpenSSL's is built with BIND_NOW) at the start of every qxfer command, ~1.4 ms of
+// each start on a slow machine, for the one command that pairs (docs/benchmarks.md, "Process
+// start without Foundation").
+#define CP256_LIBCRYPTO_FUNCTIONS(F) \
+    F(EC_GROUP_new_by_curve_name) F(EC_GROUP_free) F(EC_GROUP_get0_order) \
+    F(EC_POINT_new) F(EC_POINT_free) F(EC_POINT_oct2point) F(EC_POINT_point2oct) \
+    F(EC_POINT_is_at_infinity) F(EC_POINT_mul) F(EC_POINT_invert) F(EC_POINT_add) \
+    F(BN_CTX_new) F(BN_CTX_free) F(BN_new) F(BN_clear_free) F(BN_bin2bn) F(BN_bn2binpad) \
+    F(BN_set_flags) F(BN_nnmod) F(BN_priv_rand_range) F(BN_is_zero)
+
+#define CP256_DECLARE(name) __typeof__(&name) name;
+static struct { CP256_LIBCRYPTO_FUNCTIONS(CP256_DECLARE) } libcrypto;
+static int libcrypto_loaded;
+static pthread_once_t libcrypto_once = PTHREAD_ONCE_INIT;
+
+static void load_libcrypto(void) {
+    void *library = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (library == NULL) return;
+    int complete = 1;
+#define CP256_RESOLVE(name) \
+    libcrypto.name = (__typeof__(&name))dlsym(library, #name); \
+    complete = complete && libcrypto.name != NULL;
+    CP256_LIBCRYPTO_FUNCTIONS(CP256_RESOLVE)
+    libcrypto_loaded = complete;
+}
+
+int cp256_available(void) {
+    pthread_once(&libcrypto_once, load_libcrypto);
+    return libcrypto_loaded;
+}
+
+// From here on every libcrypto call goes through the table.
+#define EC_GROUP_new_by_curve_name libcrypto.EC_GROUP_new_by_curve_name
+#define EC_GROUP_free libcrypto.EC_GROUP_free
+#define EC_GROUP_get0_order libcrypto.EC_GROUP_get0_order
+#define EC_POINT_new libcrypto.EC_POINT_new
+#define EC_POINT_free libcrypto.EC_POINT_free
+#define EC_POINT_oct2point libcrypto.EC_POINT_oct2point
+#define EC_POINT_point2oct libcrypto.EC_POINT_point2oct
+#define EC_POINT_is_at_infinity libcrypto.EC_POINT_is_at_infinity
+#define EC_POINT_mul libcrypto.EC_POINT_mul
+#define EC_POINT_invert libcrypto.EC_POINT_invert
+#define EC_POINT_add libcrypto.EC_POINT_add
+#define BN_CTX_new libcrypto.BN_CTX_new
+#define BN_CTX_free libcrypto.BN_CTX_free
+#define BN_new libcrypto.BN_new
+#define BN_clear_free libcrypto.BN_clear_free
+#define BN_bin2bn libcrypto.BN_bin2bn
+#define BN_bn2binpad libcrypto.BN_bn2binpad
+#define BN_set_flags libcrypto.BN_set_flags
+#define BN_nnmod libcrypto.BN_nnmod
+#define BN_priv_rand_range libcrypto.BN_priv_rand_range
+#define BN_is_zero libcrypto.BN_is_zero
 
 // One group per call keeps this free of global state; the cost is negligible next to the
 // network round trips of a pairing.
@@ -48,6 +106,7 @@ static int encode(context *c, const EC_POINT *p, uint8_t out[CP256_POINT_BYTES])
 }
 
 int cp256_reduce(const uint8_t *wide, size_t wide_len, uint8_t out[CP256_SCALAR_BYTES]) {
+    if (!cp256_available()) return 0;
     context c;
     int ok = 0;
     BIGNUM *value = NULL, *reduced = NULL;
@@ -64,6 +123,7 @@ done:
 }
 
 int cp256_random_scalar(uint8_t out[CP256_SCALAR_BYTES]) {
+    if (!cp256_available()) return 0;
     context c;
     int ok = 0;
     BIGNUM *value = BN_new();
@@ -81,6 +141,7 @@ done:
 
 int cp256_share(const uint8_t s[CP256_SCALAR_BYTES], const uint8_t w[CP256_SCALAR_BYTES],
                 const uint8_t base[CP256_POINT_BYTES], uint8_t out[CP256_POINT_BYTES]) {
+    if (!cp256_available()) return 0;
     context c;
     int ok = 0;
     BIGNUM *sv = scalar(s), *wv = scalar(w);
@@ -102,6 +163,7 @@ done:
 int cp256_shared_point(const uint8_t s[CP256_SCALAR_BYTES], const uint8_t w[CP256_SCALAR_BYTES],
                        const uint8_t base[CP256_POINT_BYTES], const uint8_t peer[CP256_POINT_BYTES],
                        uint8_t out[CP256_POINT_BYTES]) {
+    if (!cp256_available()) return 0;
     context c;
     int ok = 0;
     BIGNUM *sv = scalar(s), *wv = scalar(w);
@@ -132,6 +194,7 @@ done:
 }
 
 int cp256_decompress(const uint8_t *in, size_t in_len, uint8_t out[CP256_POINT_BYTES]) {
+    if (!cp256_available()) return 0;
     context c;
     int ok = 0;
     EC_POINT *p = NULL;

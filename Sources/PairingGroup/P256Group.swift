@@ -10,6 +10,10 @@ public enum P256Group {
     /// Bytes of an uncompressed point.
     public static let pointBytes = Int(CP256_POINT_BYTES)
 
+    /// Whether the arithmetic is there: libcrypto is loaded on first use (this call loads it),
+    /// and every operation fails (nil) on a machine without it. `cp256_available`.
+    public static var isAvailable: Bool { cp256_available() == 1 }
+
     /// A uniformly random scalar in [1, n). The corresponding C function is `cp256_random_scalar`.
     public static func randomScalar() -> [UInt8]? {
         var out = [UInt8](repeating: 0, count: scalarBytes)

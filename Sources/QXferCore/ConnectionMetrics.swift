@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import PlainText
 
 /// What the path is doing, as the transport measures it.
 ///
@@ -34,7 +36,7 @@ public struct ConnectionMetrics: Sendable, Hashable, CustomStringConvertible {
         func ms(_ d: Duration?) -> String {
             guard let d else { return "-" }
             let (s, attos) = d.components
-            return String(format: "%.2fms", Double(s) * 1000 + Double(attos) / 1e15)
+            return TextFormat.fixed(Double(s) * 1000 + Double(attos) / 1e15, places: 2) + "ms"
         }
         func n(_ v: Int?) -> String { v.map(String.init) ?? "-" }
         return (stack.map { "stack=\($0) " } ?? "") + "srtt=\(ms(smoothedRTT)) rttvar=\(ms(rttVariance)) cwnd=\(n(congestionWindow)) "

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 // What TLV and Coder do with the bytes a peer sends, apart from any I/O, so that the rules can
 // be fuzzed on their own (fuzz/harness/FuzzFramers.swift); the connection code in Framers.swift

@@ -1,6 +1,7 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import NIOCore
-import NIOFoundationCompat
+import NIOFoundationEssentialsCompat
 
 /// Type-length-value framing over a byte stream: each message carries a 32-bit type.
 ///

@@ -1,6 +1,7 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import NIOCore
-import NIOFoundationCompat
+import NIOFoundationEssentialsCompat
 
 /// More streams and unreliable datagrams on one connection: QUIC's extras, honestly degraded
 /// on TCP+TLS.

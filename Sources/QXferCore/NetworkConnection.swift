@@ -1,6 +1,7 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import NIOCore
-import NIOFoundationCompat
+import NIOFoundationEssentialsCompat
 
 /// A connection to one peer, over the stack its declaration names.
 ///

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 @_spi(Stacks) import QXferCore
 import SafeOutput
 
@@ -19,8 +20,14 @@ public struct ConfigDirectory: Sendable, Hashable {
         if let base = environment["XDG_CONFIG_HOME"], !base.isEmpty {
             return ConfigDirectory(path: base + "/qxfer")
         }
-        let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
+        let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? Self.homeFromUserDatabase()
         return ConfigDirectory(path: home + "/.config/qxfer")
+    }
+
+    /// The home folder the user database gives, for a process without HOME; "/" if none.
+    private static func homeFromUserDatabase() -> String {
+        guard let entry = getpwuid(getuid()), let home = entry.pointee.pw_dir else { return "/" }
+        return String(cString: home)
     }
 
     /// The path of a file inside the folder.
@@ -28,11 +35,17 @@ public struct ConfigDirectory: Sendable, Hashable {
 
     /// Creates the folder (and its parents) when missing, owner-only.
     func create() throws {
-        do {
-            try FileManager.default.createDirectory(
-                atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        } catch {
-            throw QXferError(.identity, "cannot create the configuration folder \(path): \(error.localizedDescription)")
+        // Each missing folder from the root down, as `mkdir -p` makes them.
+        var made = path.hasPrefix("/") ? "/" : ""
+        for component in path.split(separator: "/") {
+            made += (made.isEmpty || made.hasSuffix("/") ? "" : "/") + component
+            if mkdir(made, 0o700) != 0 && errno != EEXIST {
+                throw QXferError(.identity, "cannot create the configuration folder \(path): \(String(cString: strerror(errno)))")
+            }
+        }
+        var info = stat()
+        guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+            throw QXferError(.identity, "cannot create the configuration folder \(path): it is not a folder")
         }
     }
 }
@@ -58,7 +71,7 @@ public enum MemoryFile {
     /// before it can exit. After a crash the file may be old, empty or partial, which ``read``'s
     /// callers ignore whole.
     public static func write(_ text: String, to path: String) {
-        let folder = (path as NSString).deletingLastPathComponent
+        let folder = OutputFile.folder(of: path)
         try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         try? OutputFile.replaceContents(of: path, with: Array(text.utf8), permissions: 0o600, allowsDirectWrites: false, durably: false)
     }

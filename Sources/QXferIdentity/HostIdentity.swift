@@ -1,5 +1,6 @@
 import Crypto
-import Foundation
+import FoundationEssentials
+import Glibc
 @_spi(Stacks) import QXferCore
 import SwiftASN1
 import X509

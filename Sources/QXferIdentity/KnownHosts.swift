@@ -1,4 +1,7 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import PlainText
+import SafeOutput
 @_spi(Stacks) import QXferCore
 
 /// The hosts this machine has connected to and the fingerprints they presented:
@@ -46,7 +49,7 @@ public struct KnownHosts: Sendable, Hashable {
         let text = String(decoding: try SecureFile.readPrivate(path), as: UTF8.self)
         var result: [Entry] = []
         for (index, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            let line = rawLine.trimmingCharacters(in: .whitespaces)
+            let line = TextFormat.trimmed(rawLine)
             if line.isEmpty || line.hasPrefix("#") { continue }
             let fields = line.split(separator: " ", omittingEmptySubsequences: true)
             guard fields.count == 2, let fingerprint = Fingerprint(parsing: fields[1]) else {
@@ -60,7 +63,7 @@ public struct KnownHosts: Sendable, Hashable {
     /// Records a first contact. Appends one line with a single write, so concurrent
     /// processes never interleave partial lines.
     public func add(_ key: String, _ fingerprint: Fingerprint) throws {
-        try ConfigDirectory(path: (path as NSString).deletingLastPathComponent).create()
+        try ConfigDirectory(path: OutputFile.folder(of: path)).create()
         // O_NONBLOCK: a pipe put at this path must not hang the connection; it is refused below.
         let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NONBLOCK | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw SecureFile.posixError("cannot open \(path)") }

@@ -1,6 +1,9 @@
 import Crypto
-import Foundation
+import FoundationEssentials
+import Glibc
+import SafeOutput
 @_spi(Stacks) import QXferCore
+import PlainText
 
 /// The machines this host has paired with (`qxfer pair`): their names and certificate
 /// fingerprints, trusted without trust on first use.
@@ -108,7 +111,7 @@ public struct PairedDevices: Sendable {
     /// Read, change, seal and write under an exclusive lock, so two qxfer processes updating
     /// the list at once (a pairing and a transfer's "last seen") never lose each other's change.
     private func update(_ change: (inout [Device]) throws -> Void) throws {
-        let folder = (path as NSString).deletingLastPathComponent
+        let folder = OutputFile.folder(of: path)
         try ConfigDirectory(path: folder).create()
         // The folder itself is the lock: nothing extra to leave behind.
         let lock = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
@@ -123,7 +126,7 @@ public struct PairedDevices: Sendable {
 
     private func seal(_ devices: [Device]) throws -> String {
         let canonical = try Self.canonicalEncoder.encode(devices)
-        return HMAC<SHA256>.authenticationCode(for: canonical, using: sealKey).map { String(format: "%02x", $0) }.joined()
+        return TextFormat.hex(HMAC<SHA256>.authenticationCode(for: canonical, using: sealKey))
     }
 
     private static func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {

@@ -1,5 +1,8 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import QXfer
+import PlainText
+import PairingGroup
 
 /// A pairing code: six decimal digits, as a person reads them off one screen and types them
 /// on another.
@@ -11,7 +14,7 @@ public struct PairingCode: Sendable, Hashable, CustomStringConvertible {
     public static func random() -> PairingCode {
         var generator = SystemRandomNumberGenerator()
         let value = UInt32.random(in: 0..<1_000_000, using: &generator)
-        return PairingCode(digits: String(format: "%06u", value))
+        return PairingCode(digits: TextFormat.zeroPadded(value, width: 6))
     }
 
     private init(digits: String) { self.digits = digits }
@@ -43,6 +46,8 @@ public struct PairingError: Error, Sendable, CustomStringConvertible {
         case timedOut
         /// The paired-devices file could not be written.
         case storage
+        /// This machine lacks what pairing computes with (OpenSSL's libcrypto).
+        case unavailable
     }
 
     public let kind: Kind
@@ -87,12 +92,21 @@ public enum Pairing {
     public static let messageTimeout: Duration = .seconds(30)
     static let exporterLabel = "EXPORTER-qxfer-pairing"
 
+    /// Throws ``PairingError/Kind/unavailable`` unless this machine can pair: SPAKE2's P-256
+    /// arithmetic comes from OpenSSL's libcrypto, loaded when first needed (this call loads it).
+    public static func checkAvailable() throws(PairingError) {
+        guard P256Group.isAvailable else {
+            throw PairingError(.unavailable, "this machine cannot pair: OpenSSL's libcrypto (libcrypto.so.3, Debian package libssl3) could not be loaded")
+        }
+    }
+
     /// Runs the initiating side (`qxfer pair HOST`) on a connection to the waiting machine.
     /// On success the peer is stored in `store` and returned.
     public static func initiate<Stack: CoderStack>(
         over connection: NetworkConnection<Stack>, code: PairingCode, name: String, address: String?,
         identity: HostIdentity, store: PairedDevices
     ) async throws -> PairedDevices.Device where Stack.Message == PairingMessage {
+        try checkAvailable()
         try await connection.start()
         guard let responderFingerprint = connection.peer?.fingerprint else {
             throw PairingError(.protocolViolation, "the other machine presented no certificate")
@@ -130,6 +144,7 @@ public enum Pairing {
         to hello: PairingMessage, over connection: NetworkConnection<Stack>, code: PairingCode, name: String,
         identity: HostIdentity, store: PairedDevices
     ) async throws -> PairedDevices.Device where Stack.Message == PairingMessage {
+        try checkAvailable()
         guard case .hello(let peerVersion, let peerName, let share) = hello else {
             throw PairingError(.protocolViolation, "the other machine did not start with a pairing request")
         }

@@ -1,6 +1,7 @@
 import PairingGroup
 import Crypto
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// SPAKE2 over P-256 with SHA-256, HKDF and HMAC (RFC 9382, "SPAKE2-P256-SHA256-HKDF-HMAC"):
 /// two parties that share a low-entropy password derive a strong key, and each learns whether

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 @_spi(Stacks) import QXferCore
 import QXferIdentity
 

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// Appends big-endian integers and bytes to a buffer: the encoding half of the wire format.
 struct ByteWriter {

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// One video frame on its way from a source to a sink: its bytes, when it was captured and by
 /// when it must arrive to still be useful.

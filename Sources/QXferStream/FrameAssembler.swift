@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// The receiver's half of realtime mode, as a value: shards in, whole frames and repair requests
 /// out. Time is the sender's clock (the receiver's clock plus the estimated offset), so

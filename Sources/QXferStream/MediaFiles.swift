@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 #if canImport(SafeOutput)  // fuzz/run.sh compiles OutputFile's source into its one module
 import SafeOutput
 #endif
@@ -36,48 +37,69 @@ public protocol FrameSource {
 
 /// Reads exact byte counts from a file or standard input, telling a clean end from a short read.
 public final class ByteInput {
-    private let handle: FileHandle
-    private let closesHandle: Bool
+    /// The descriptor read from; -1 for bytes given in memory.
+    private let descriptor: Int32
+    private let closesDescriptor: Bool
+    private let path: String
     private var buffer = Data()
     /// Bytes consumed so far (for error messages).
     public private(set) var offset = 0
 
     /// Opens a file, or standard input for "-".
     public init(path: String) throws {
+        self.path = path == "-" ? "standard input" : path
         if path == "-" {
-            handle = .standardInput
-            closesHandle = false
+            descriptor = STDIN_FILENO
+            closesDescriptor = false
         } else {
-            guard let opened = FileHandle(forReadingAtPath: path) else {
-                throw StreamError(.badInput, "cannot open \(path) for reading")
+            let opened = open(path, O_RDONLY | O_CLOEXEC)
+            guard opened >= 0 else {
+                throw StreamError(.badInput, "cannot open \(path) for reading: \(String(cString: strerror(errno)))")
             }
-            handle = opened
-            closesHandle = true
+            descriptor = opened
+            closesDescriptor = true
         }
     }
 
     /// Reads from bytes in memory (tests, small inputs).
     public init(data: Data) {
-        handle = .nullDevice
-        closesHandle = false
+        descriptor = -1
+        closesDescriptor = false
+        path = "memory"
         buffer = data
     }
 
-    deinit { if closesHandle { try? handle.close() } }
+    deinit { if closesDescriptor { close(descriptor) } }
 
     /// Up to `count` bytes: fewer only at the end of the input.
     public func read(upTo count: Int) throws -> Data {
         while buffer.count < count {
             // In pieces of at most 4 MiB: a header claiming a huge picture or frame must not
             // make a short file allocate that much before it runs out.
-            let chunk = try handle.read(upToCount: min(max(count - buffer.count, 64 << 10), 4 << 20)) ?? Data()
+            let chunk = try readChunk(upTo: min(max(count - buffer.count, 64 << 10), 4 << 20))
             if chunk.isEmpty { break }
-            buffer.append(chunk)
+            buffer.append(contentsOf: chunk)
         }
         let taken = buffer.prefix(count)
         buffer.removeFirst(taken.count)
         offset += taken.count
         return Data(taken)
+    }
+
+    /// Up to `limit` bytes from the descriptor; none at its end.
+    private func readChunk(upTo limit: Int) throws -> [UInt8] {
+        guard descriptor >= 0 else { return [] }
+        var chunk = [UInt8](repeating: 0, count: limit)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, limit) }
+            if n >= 0 {
+                chunk.removeLast(limit - n)
+                return chunk
+            }
+            guard errno == EINTR else {
+                throw StreamError(.badInput, "cannot read \(path): \(String(cString: strerror(errno)))")
+            }
+        }
     }
 
     /// One line up to "\n" (excluded), at most `limit` bytes; nil at a clean end.

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// One datagram of realtime mode: a shard of a frame, or a request for missing shards.
 ///

@@ -1,5 +1,7 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import Histogram
+import PlainText
 
 /// Estimates how far the sender's clock is ahead of the receiver's from NTP-style probes
 /// over the connection (RFC 5905 section 8).
@@ -182,21 +184,26 @@ public struct IntervalReport: Sendable, Hashable {
 
     /// One line for a terminal.
     public func text(elapsed: Double) -> String {
-        String(
-            format: "%5.1fs  %3d frames  %3d late  latency p50 %6.1f p95 %6.1f p99 %6.1f max %6.1f ms  jitter %5.2f ms  %7.2f Mbit/s  offset %+.2f ms",
-            elapsed, framesDelivered, framesLate, latency.p50, latency.p95, latency.p99, latency.max,
-            jitterMilliseconds, bitsPerSecond / 1e6, clockOffsetMilliseconds)
+        typealias T = TextFormat
+        return "\(T.fixed(elapsed, places: 1, width: 5))s  \(T.rightAligned(framesDelivered, width: 3)) frames  "
+            + "\(T.rightAligned(framesLate, width: 3)) late  latency p50 \(T.fixed(latency.p50, places: 1, width: 6)) "
+            + "p95 \(T.fixed(latency.p95, places: 1, width: 6)) p99 \(T.fixed(latency.p99, places: 1, width: 6)) "
+            + "max \(T.fixed(latency.max, places: 1, width: 6)) ms  jitter \(T.fixed(jitterMilliseconds, places: 2, width: 5)) ms  "
+            + "\(T.fixed(bitsPerSecond / 1e6, places: 2, width: 7)) Mbit/s  offset \(T.fixed(clockOffsetMilliseconds, places: 2, width: 0, signed: true)) ms"
     }
 
     /// One JSON line.
-    public func json(elapsed: Double) -> String {
+    public func json(elapsed: Double) -> String { JSONText.object(jsonFields(elapsed: elapsed)) }
+
+    /// The fields of ``json(elapsed:)``, for a caller that adds its own.
+    public func jsonFields(elapsed: Double) -> [String: Any] {
         var object: [String: Any] = [
             "t": rounded(elapsed), "frames_delivered": framesDelivered, "frames_late": framesLate, "frames_lost": framesLost,
             "latency_ms": latency.dictionary, "jitter_ms": rounded(jitterMilliseconds),
             "bitrate_bps": Int(bitsPerSecond), "clock_offset_ms": rounded(clockOffsetMilliseconds),
         ]
         if let roundTripMilliseconds { object["rtt_ms"] = rounded(roundTripMilliseconds) }
-        return jsonLine(object)
+        return object
     }
 }
 
@@ -251,7 +258,10 @@ public struct StreamTotals: Sendable, Hashable, Codable {
 
     /// The final JSON line: `frames_sent`, `frames_delivered`, `frames_late`, `frames_lost`,
     /// `latency_ms` {p50, p95, p99, max}, `jitter_ms`, and the rest of the totals.
-    public func json() -> String {
+    public func json() -> String { JSONText.object(jsonFields()) }
+
+    /// The fields of ``json()``, for a caller that adds its own.
+    public func jsonFields() -> [String: Any] {
         func ratio(_ n: Int) -> Double { framesSent > 0 ? (Double(n) / Double(framesSent) * 1e6).rounded() / 1e6 : 0 }
         var object: [String: Any] = [
             "final": true, "frames_sent": framesSent, "frames_delivered": framesDelivered, "frames_late": framesLate,
@@ -265,43 +275,53 @@ public struct StreamTotals: Sendable, Hashable, Codable {
         ]
         if let roundTripMilliseconds { object["rtt_ms"] = rounded(roundTripMilliseconds) }
         if !note.isEmpty { object["note"] = note }
-        return jsonLine(object)
+        return object
     }
 
     /// Reads back a final line printed by ``json()``; nil if it is not one.
     public static func parse(json line: Data) -> StreamTotals? {
-        guard let object = try? JSONSerialization.jsonObject(with: line) as? [String: Any],
-              object["final"] as? Bool == true,
-              let sent = object["frames_sent"] as? Int, let delivered = object["frames_delivered"] as? Int,
-              let late = object["frames_late"] as? Int, let lost = object["frames_lost"] as? Int,
-              let latency = object["latency_ms"] as? [String: Double] else { return nil }
+        guard let final = try? JSONDecoder().decode(FinalLine.self, from: line), final.final else { return nil }
+        let latency = final.latency_ms
         var totals = StreamTotals(
-            framesSent: sent, framesDelivered: delivered, framesLate: late, framesLost: lost,
+            framesSent: final.frames_sent, framesDelivered: final.frames_delivered, framesLate: final.frames_late,
+            framesLost: final.frames_lost,
             latency: LatencySummary(p50: latency["p50"] ?? 0, p95: latency["p95"] ?? 0, p99: latency["p99"] ?? 0, max: latency["max"] ?? 0),
-            jitterMilliseconds: object["jitter_ms"] as? Double ?? 0, bitsPerSecond: Double(object["bitrate_bps"] as? Int ?? 0),
-            bytesReceived: object["bytes_received"] as? Int ?? 0, clockOffsetMilliseconds: object["clock_offset_ms"] as? Double ?? 0,
-            roundTripMilliseconds: object["rtt_ms"] as? Double, negativeLatencies: object["negative_latencies"] as? Int ?? 0)
-        totals.mode = object["mode"] as? String ?? ""
-        totals.stack = object["stack"] as? String ?? ""
-        totals.repair = object["repair"] as? String ?? ""
-        totals.note = object["note"] as? String ?? ""
-        totals.blocksRecovered = object["blocks_recovered"] as? Int ?? 0
-        totals.shardsRequested = object["shards_requested"] as? Int ?? 0
-        totals.retransmissionsReceived = object["retransmissions_received"] as? Int ?? 0
+            jitterMilliseconds: final.jitter_ms ?? 0, bitsPerSecond: Double(final.bitrate_bps ?? 0),
+            bytesReceived: final.bytes_received ?? 0, clockOffsetMilliseconds: final.clock_offset_ms ?? 0,
+            roundTripMilliseconds: final.rtt_ms, negativeLatencies: final.negative_latencies ?? 0)
+        totals.mode = final.mode ?? ""
+        totals.stack = final.stack ?? ""
+        totals.repair = final.repair ?? ""
+        totals.note = final.note ?? ""
+        totals.blocksRecovered = final.blocks_recovered ?? 0
+        totals.shardsRequested = final.shards_requested ?? 0
+        totals.retransmissionsReceived = final.retransmissions_received ?? 0
         return totals
+    }
+
+    /// The final line as ``json()`` writes it (the peer's, so read with every field checked).
+    private struct FinalLine: Decodable {
+        let final: Bool
+        let frames_sent, frames_delivered, frames_late, frames_lost: Int
+        let latency_ms: [String: Double]
+        let jitter_ms, clock_offset_ms, rtt_ms: Double?
+        let bitrate_bps, bytes_received, negative_latencies: Int?
+        let mode, stack, repair, note: String?
+        let blocks_recovered, shards_requested, retransmissions_received: Int?
     }
 
     /// A few lines for a terminal.
     public func text() -> String {
-        func pct(_ n: Int) -> String { String(format: "%.2f%%", framesSent > 0 ? Double(n) * 100 / Double(framesSent) : 0) }
+        func pct(_ n: Int) -> String { TextFormat.fixed(framesSent > 0 ? Double(n) * 100 / Double(framesSent) : 0, places: 2) + "%" }
         var lines = [
             "\(mode) over \(stack)\(repair.isEmpty ? "" : " (repair: \(repair))"): \(framesSent) frames sent, "
                 + "\(framesDelivered) on time (\(pct(framesDelivered))), \(framesLate) late (\(pct(framesLate))), "
                 + "\(framesLost) lost (\(pct(framesLost)))",
-            String(
-                format: "latency p50 %.1f p95 %.1f p99 %.1f max %.1f ms, jitter %.2f ms, %.2f Mbit/s, clock offset %+.2f ms%@",
-                latency.p50, latency.p95, latency.p99, latency.max, jitterMilliseconds, bitsPerSecond / 1e6,
-                clockOffsetMilliseconds, roundTripMilliseconds.map { String(format: " (rtt %.1f ms)", $0) } ?? ""),
+            "latency p50 \(TextFormat.fixed(latency.p50, places: 1)) p95 \(TextFormat.fixed(latency.p95, places: 1)) "
+                + "p99 \(TextFormat.fixed(latency.p99, places: 1)) max \(TextFormat.fixed(latency.max, places: 1)) ms, "
+                + "jitter \(TextFormat.fixed(jitterMilliseconds, places: 2)) ms, \(TextFormat.fixed(bitsPerSecond / 1e6, places: 2)) Mbit/s, "
+                + "clock offset \(TextFormat.fixed(clockOffsetMilliseconds, places: 2, width: 0, signed: true)) ms"
+                + (roundTripMilliseconds.map { " (rtt \(TextFormat.fixed($0, places: 1)) ms)" } ?? ""),
         ]
         if !note.isEmpty { lines.append("note: \(note)") }
         return lines.joined(separator: "\n")
@@ -314,7 +334,3 @@ extension LatencySummary {
 
 private func rounded(_ value: Double) -> Double { (value * 1000).rounded() / 1000 }
 
-private func jsonLine(_ object: [String: Any]) -> String {
-    let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("{}".utf8)
-    return String(decoding: data, as: UTF8.self)
-}

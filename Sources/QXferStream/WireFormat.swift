@@ -1,4 +1,8 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+#if canImport(PlainText)  // fuzz/run.sh compiles TextFormat's source into its one module
+import PlainText
+#endif
 
 /// How frames travel from the sender to the receiver.
 public enum StreamMode: String, Sendable, Hashable, CaseIterable, Codable {
@@ -217,7 +221,7 @@ public struct FrameRate: Sendable, Hashable, CustomStringConvertible {
     public func dueTime(ofFrame index: UInt64) -> UInt64 {
         index &* 1_000_000_000 &* UInt64(denominator) / UInt64(numerator)
     }
-    public var description: String { denominator == 1 ? "\(numerator)" : String(format: "%.3f", perSecond) }
+    public var description: String { denominator == 1 ? "\(numerator)" : TextFormat.fixed(perSecond, places: 3) }
 }
 
 /// Cuts a byte stream into ``ControlMessage``s, whatever the chunk boundaries: feed bytes,

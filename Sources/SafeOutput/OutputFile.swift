@@ -175,7 +175,11 @@ public final class OutputFile {
         throw OutputError("cannot write \(path): too many levels of symlinks")
     }
 
-    private static func folder(of path: String) -> String {
+    /// The folder holding `path`: "." for a bare name, "/" for a name at the root; a trailing
+    /// slash names the same path ("a/b/" is in "a").
+    public static func folder(of path: String) -> String {
+        var path = Substring(path)
+        while path.count > 1, path.hasSuffix("/") { path.removeLast() }
         guard let slash = path.lastIndex(of: "/") else { return "." }
         return slash == path.startIndex ? "/" : String(path[..<slash])
     }

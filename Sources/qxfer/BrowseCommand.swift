@@ -1,6 +1,8 @@
 import ArgumentParser
 import Dispatch
-import Foundation
+import FoundationEssentials
+import Glibc
+import PlainText
 import Logging
 import QXfer
 
@@ -90,10 +92,10 @@ struct BrowseCommand: AsyncParsableCommand, JSONOutput {
         let fingerprint = service.txt[ReceiverDiscovery.fingerprintKey]
         if json {
             var txt: [String: Any] = [:]
-            for entry in service.txt.entries { txt[entry.key] = entry.value ?? NSNull() }
+            for entry in service.txt.entries { txt[entry.key] = entry.value ?? JSONText.null }
             return Console.jsonLine(event, [
                 "name": service.name, "type": service.type, "host": service.hostName, "addresses": service.addresses,
-                "port": Int(service.port), "txt": txt, "fingerprint": fingerprint ?? NSNull(),
+                "port": Int(service.port), "txt": txt, "fingerprint": fingerprint ?? JSONText.null,
             ])
         }
         if event == "removed" { return "- \(service.name)" }
@@ -103,7 +105,7 @@ struct BrowseCommand: AsyncParsableCommand, JSONOutput {
 
     /// Unbuffered: a script reading the pipe sees each line as it happens.
     static func write(_ line: String) {
-        FileHandle.standardOutput.write(Data((line + "\n").utf8))
+        StandardStream.output.write(line + "\n")
     }
 }
 
@@ -190,12 +192,12 @@ enum ReceiverDiscovery {
                 endpoint: endpoint, name: service?.name ?? endpoint.host,
                 advertisedFingerprint: service?.txt[fingerprintKey].flatMap { Fingerprint(parsing: $0) })
         } catch let error as QXferError where error.code == .ambiguousService {
-            throw QXferError(.ambiguousService, error.message.replacingOccurrences(of: "choose one by name", with: "choose one with --to NAME"))
+            throw QXferError(.ambiguousService, error.message.replacing("choose one by name", with: "choose one with --to NAME"))
         } catch let error as QXferError where error.code == .serviceNotFound && name == nil {
             throw QXferError(
                 .serviceNotFound,
                 "no qxfer receiver found on the local network (no answer to a multicast DNS query for \(serviceType) "
-                    + "within \(timeout.seconds.formatted()) s): start 'qxfer recv' there, or name the host: qxfer send FILE… HOST")
+                    + "within \(TextFormat.shortest(timeout.seconds)) s): start 'qxfer recv' there, or name the host: qxfer send FILE… HOST")
         }
     }
 }

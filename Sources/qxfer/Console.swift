@@ -1,5 +1,7 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import Synchronization
+import PlainText
 
 /// Where the CLI's messages go: one line on standard error for a person, or with `--json` one
 /// JSON object per line on standard output (README.md lists the events), each with an
@@ -29,14 +31,8 @@ enum Console {
         writeEvent(jsonLine(event, fields))
     }
 
-    /// Writes an event from a JSON object line the library printed.
-    static func emit(_ event: String, parsing line: String) {
-        writeEvent(jsonLine(event, parsing: line))
-    }
-
     private static func writeEvent(_ line: String) {
-        let handle = dataOnStandardOutput ? FileHandle.standardError : FileHandle.standardOutput
-        handle.write(Data((line + "\n").utf8))
+        (dataOnStandardOutput ? StandardStream.error : .output).write(line + "\n")
     }
 
     /// One event as a JSON line: `event`, `time` and the fields, keys sorted, slashes as they are.
@@ -44,14 +40,7 @@ enum Console {
         var object = fields
         object["event"] = event
         object["time"] = timestamp()
-        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data()
-        return String(decoding: data, as: UTF8.self)
-    }
-
-    /// An event from a JSON object line the library printed: its fields, `event` and `time` added.
-    static func jsonLine(_ event: String, parsing line: String) -> String {
-        let fields = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] ?? ["raw": line]
-        return jsonLine(event, fields)
+        return JSONText.object(object)
     }
 
     /// A warning: `qxfer: …` on standard error, or a `warning` event.
@@ -67,7 +56,7 @@ enum Console {
     /// `error` event carrying the code and the exit status.
     static func fatal(_ message: String, code: String, exitStatus: Int32) {
         if json { emit("error", ["message": message, "code": code, "exit_code": Int(exitStatus)]) }
-        FileHandle.standardError.write(Data("qxfer: \(message)\n".utf8))
+        StandardStream.error.write("qxfer: \(message)\n")
     }
 
     // MARK: The terminal's last line
@@ -80,19 +69,19 @@ enum Console {
 
     /// Writes one line to `handle`; on a terminal it starts on a wiped line (a bar may be there)
     /// and goes above an open question.
-    static func writeLine(_ line: String, to handle: FileHandle = .standardError) {
+    static func writeLine(_ line: String, to stream: StandardStream = .error) {
         question.withLock { question in
-            let onTerminal = isatty(handle.fileDescriptor) == 1
-            if onTerminal && standardErrorIsTerminal { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
-            handle.write(Data((line + "\n").utf8))
-            if onTerminal, let question { FileHandle.standardError.write(Data(question.utf8)) }
+            let onTerminal = stream.isTerminal
+            if onTerminal && standardErrorIsTerminal { StandardStream.error.write("\r\u{1B}[K") }
+            stream.write(line + "\n")
+            if onTerminal, let question { StandardStream.error.write(question) }
         }
     }
 
     /// Draws `bar` over the current line of standard error (a terminal), unless a question is on it.
     static func drawBar(_ bar: String) {
         question.withLock { question in
-            if question == nil { FileHandle.standardError.write(Data("\r\u{1B}[K\(bar)".utf8)) }
+            if question == nil { StandardStream.error.write("\r\u{1B}[K\(bar)") }
         }
     }
 
@@ -100,7 +89,7 @@ enum Console {
     static func beginQuestion(_ prompt: String) {
         question.withLock { question in
             question = prompt
-            FileHandle.standardError.write(Data(((standardErrorIsTerminal ? "\r\u{1B}[K" : "") + prompt).utf8))
+            StandardStream.error.write((standardErrorIsTerminal ? "\r\u{1B}[K" : "") + prompt)
         }
     }
 
@@ -108,7 +97,7 @@ enum Console {
     static func endQuestion(saying line: String? = nil) {
         question.withLock { question in
             question = nil
-            if let line { FileHandle.standardError.write(Data("\nqxfer: \(line)\n".utf8)) }
+            if let line { StandardStream.error.write("\nqxfer: \(line)\n") }
         }
     }
 
@@ -121,7 +110,7 @@ enum Console {
         var seconds = time_t(remainder < 0 ? quotient - 1 : quotient)
         var parts = tm()
         guard gmtime_r(&seconds, &parts) != nil else { return "" }
-        func digits(_ value: Int32, _ width: Int) -> String { zeroPadded(value, width: width) }
+        func digits(_ value: Int32, _ width: Int) -> String { TextFormat.zeroPadded(value, width: width) }
         return "\(digits(parts.tm_year + 1900, 4))-\(digits(parts.tm_mon + 1, 2))-\(digits(parts.tm_mday, 2))"
             + "T\(digits(parts.tm_hour, 2)):\(digits(parts.tm_min, 2)):\(digits(parts.tm_sec, 2))"
             + ".\(digits(Int32(milliseconds - Int64(seconds) * 1000), 3))Z"

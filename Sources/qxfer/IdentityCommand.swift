@@ -1,5 +1,6 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+import Glibc
 import QXfer
 
 struct IdentityCommand: AsyncParsableCommand, JSONOutput {
@@ -29,7 +30,7 @@ struct IdentityCommand: AsyncParsableCommand, JSONOutput {
             Console.emit("identity", ["fingerprint": identity.fingerprint.description, "directory": directory.path, "created": !existed])
         } else {
             if !existed {
-                FileHandle.standardError.write(Data("qxfer: created a new identity in \(directory.path)\n".utf8))
+                StandardStream.error.write("qxfer: created a new identity in \(directory.path)\n")
             }
             print(identity.fingerprint)
         }

@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import Synchronization
 
 /// Runs `body` in a task that SIGINT and SIGTERM cancel instead of killing the process, so

@@ -1,5 +1,6 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+import Glibc
 import QXfer
 import QXferPairing
 import Synchronization
@@ -65,6 +66,7 @@ struct PairCommand: AsyncParsableCommand {
 
     func run() async throws {
         global.bootstrapLogging()
+        try Pairing.checkAvailable()  // before any socket or prompt
         try await cancellingOnInterrupt {
             if let destination {
                 try await initiate(to: destination)
@@ -113,7 +115,7 @@ struct PairCommand: AsyncParsableCommand {
         guard isatty(STDIN_FILENO) == 1 else {
             throw ValidationError("no terminal to ask for the code on; pass --code")
         }
-        FileHandle.standardError.write(Data("Pairing code shown on \(host): ".utf8))
+        StandardStream.error.write("Pairing code shown on \(host): ")
         guard let line = readLine(), let code = PairingCode(parsing: line) else {
             throw ValidationError("that is not a pairing code: six digits")
         }
@@ -160,12 +162,12 @@ struct PairCommand: AsyncParsableCommand {
                 for await result in results { return try result.get() }
                 return nil
             }
-            FileHandle.standardError.write(Data("""
+            StandardStream.error.write("""
                 qxfer: pairing code  \(code)
                 qxfer: on the other machine run:  qxfer pair \(displayHost(host)):\(boundPort)
                 qxfer: waiting up to \(seconds) s for one attempt (this machine: '\(deviceName)', fingerprint \(identity.fingerprint))
 
-                """.utf8))
+                """)
             while let outcome = try await group.next() {
                 if let outcome {
                     group.cancelAll()
@@ -183,8 +185,8 @@ struct PairCommand: AsyncParsableCommand {
     }
 
     private func report(_ device: PairedDevices.Device, store: PairedDevices) {
-        FileHandle.standardError.write(Data(
-            "qxfer: paired with '\(device.name)' (fingerprint \(device.fingerprint)); saved in \(store.path)\n".utf8))
+        StandardStream.error.write(
+            "qxfer: paired with '\(device.name)' (fingerprint \(device.fingerprint)); saved in \(store.path)\n")
     }
 }
 
@@ -244,19 +246,18 @@ struct DevicesCommand: AsyncParsableCommand {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
             encoder.dateEncodingStrategy = .iso8601
-            FileHandle.standardOutput.write(try encoder.encode(devices) + Data("\n".utf8))
+            StandardStream.output.write(String(decoding: try encoder.encode(devices), as: UTF8.self) + "\n")
             return
         }
         guard !devices.isEmpty else {
             print("no paired devices; pair one with 'qxfer pair'")
             return
         }
-        let dates = ISO8601DateFormatter()
         for device in devices {
             print(device.name)
             print("  fingerprint  \(device.fingerprint)")
-            print("  paired       \(dates.string(from: device.pairedAt))" + (device.address.map { " (at \($0))" } ?? ""))
-            print("  last seen    \(device.lastSeen.map { dates.string(from: $0) } ?? "not since pairing")")
+            print("  paired       \(device.pairedAt.formatted(.iso8601))" + (device.address.map { " (at \($0))" } ?? ""))
+            print("  last seen    \(device.lastSeen.map { $0.formatted(.iso8601) } ?? "not since pairing")")
         }
     }
 }
@@ -280,7 +281,7 @@ struct UnpairCommand: AsyncParsableCommand {
             throw QXferError(.invalidUse, "no paired device is called or has the fingerprint '\(device)'; see 'qxfer devices'")
         }
         for device in removed {
-            FileHandle.standardError.write(Data("qxfer: unpaired '\(device.name)' (\(device.fingerprint))\n".utf8))
+            StandardStream.error.write("qxfer: unpaired '\(device.name)' (\(device.fingerprint))\n")
         }
     }
 }

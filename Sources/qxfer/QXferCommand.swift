@@ -1,5 +1,6 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+import Glibc
 import LinuxSystem
 import QXfer
 import QXferPairing
@@ -73,7 +74,7 @@ struct QXferCommand: AsyncParsableCommand {
 
     private static func fail(_ message: String, code: String, status: Int32) -> Never {
         Console.fatal(message, code: code, exitStatus: status)
-        Foundation.exit(status)
+        Glibc.exit(status)
     }
 }
 
@@ -103,7 +104,7 @@ enum ExitCodes {
     static func code(for error: PairingError) -> Int32 {
         switch error.kind {
         case .wrongCode, .refusedByPeer: 77  // EX_NOPERM
-        case .timedOut: 69  // EX_UNAVAILABLE
+        case .timedOut, .unavailable: 69  // EX_UNAVAILABLE
         case .protocolViolation: 76  // EX_PROTOCOL
         case .storage: 74  // EX_IOERR
         }

@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import QXfer
 
 /// How `send` and `stream send` authenticate the receiver, strongest evidence first:

@@ -1,5 +1,8 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+import Glibc
+import PlainText
+import SafeOutput
 import LinuxSystem
 import Logging
 import QXfer
@@ -92,7 +95,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             }
             return
         }
-        let parent = (dir as NSString).deletingLastPathComponent.isEmpty ? "." : (dir as NSString).deletingLastPathComponent
+        let parent = OutputFile.folder(of: dir)
         guard stat(parent, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
             throw ValidationError("'\(dir)' does not exist and neither does its parent folder '\(parent)' (only the last component is created)")
         }
@@ -317,7 +320,7 @@ actor OfferPrompt {
             var line = [UInt8](repeating: 0, count: 256)
             let count = read(STDIN_FILENO, &line, line.count)
             guard count > 0 else { return false }  // end of input: no
-            let answer = String(decoding: line.prefix(count), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).lowercased()
+            let answer = TextFormat.trimmed(String(decoding: line.prefix(count), as: UTF8.self)).lowercased()
             return answer == "y" || answer == "yes"
         }
         return false

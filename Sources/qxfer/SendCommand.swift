@@ -1,5 +1,6 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+import Glibc
 import QXfer
 import QXferTransfer
 import Synchronization
@@ -151,7 +152,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             if json {
                 Console.emit("found", ["name": found.name, "host": endpoint.host, "port": endpoint.port])
             } else {
-                FileHandle.standardError.write(Data("qxfer: found receiver '\(found.name)' at \(endpoint)\n".utf8))
+                StandardStream.error.write("qxfer: found receiver '\(found.name)' at \(endpoint)\n")
             }
         }
         let identity = try HostIdentity.loadOrCreate(in: global.config)

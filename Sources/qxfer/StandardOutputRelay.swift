@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import LinuxSystem
 import QXferTransfer
 import Synchronization
@@ -125,6 +126,6 @@ final class StandardOutputRelay: Sendable {
 /// Runs blocking `work` on a thread of its own, so it holds none of Swift's cooperative threads.
 private func onThread(_ work: @escaping @Sendable () throws -> Void) async throws {
     try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-        Thread { continuation.resume(with: Result { try work() }) }.start()
+        DetachedThread.run { continuation.resume(with: Result { try work() }) }
     }
 }

@@ -1,9 +1,11 @@
 import ArgumentParser
-import Foundation
+import FoundationEssentials
+import Glibc
 import QXfer
 import QXferStream
 import SafeOutput
 import Synchronization
+import PlainText
 
 /// The port `qxfer stream recv` listens on by default, TCP and UDP alike: next to file
 /// transfer's, so one firewall rule pair covers both.
@@ -133,7 +135,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
                     "window_after": warmUp.windowAfter, "target": warmUp.target,
                 ]])
             }
-            Console.emit("totals", parsing: totals.json())
+            Console.emit("totals", totals.jsonFields())
         } else {
             print(totals.text())
             var extras: [String] = []
@@ -251,10 +253,11 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
                 if let stack = metrics.stack { fields["stack"] = stack }
                 Console.emit("progress", fields)
             } else {
-                let line = String(format: "sending: %6.1fs  %@ sent  %7.2f Mbit/s", seconds, formatBytes(UInt64(max(0, sent))), rate / 1e6)
-                    + (rtt.map { String(format: "  RTT %.1f ms", $0) } ?? "")
+                let line = "sending: \(TextFormat.fixed(seconds, places: 1, width: 6))s  \(formatBytes(UInt64(max(0, sent)))) sent  "
+                    + "\(TextFormat.fixed(rate / 1e6, places: 2, width: 7)) Mbit/s"
+                    + (rtt.map { "  RTT \(TextFormat.fixed($0, places: 1)) ms" } ?? "")
                     + (metrics.stack.map { "  \($0)" } ?? "")
-                FileHandle.standardError.write(Data("qxfer: \(line)\n".utf8))
+                StandardStream.error.write("qxfer: \(line)\n")
             }
         }
     }
@@ -311,9 +314,9 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
         let json = self.json
         let say: @Sendable (String) -> Void = { line in
             if reportToStandardError {
-                FileHandle.standardError.write(Data((line + "\n").utf8))
+                StandardStream.error.write(line + "\n")
             } else {
-                FileHandle.standardOutput.write(Data((line + "\n").utf8))  // unbuffered: a pipe sees each second at once
+                StandardStream.output.write(line + "\n")  // unbuffered: a pipe sees each second at once
             }
         }
         Console.dataOnStandardOutput = reportToStandardError
@@ -322,7 +325,7 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
         let header = Mutex(false)
         options.onInterval = { report, elapsed in
             if json {
-                say(Console.jsonLine("interval", parsing: report.json(elapsed: elapsed)))
+                say(Console.jsonLine("interval", report.jsonFields(elapsed: elapsed)))
                 return
             }
             let first = header.withLock { shown in
@@ -376,7 +379,7 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
             if json {
                 say(Console.jsonLine("listening", ["port": port, "fingerprint": identity.fingerprint.description]))
             } else {
-                FileHandle.standardError.write(Data("qxfer: waiting for a stream on port \(port) (TCP and UDP)\nqxfer: fingerprint \(identity.fingerprint)\n".utf8))
+                StandardStream.error.write("qxfer: waiting for a stream on port \(port) (TCP and UDP)\nqxfer: fingerprint \(identity.fingerprint)\n")
             }
             while true {
                 if let result = session.withLock({ $0.result }) {
@@ -387,7 +390,7 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
             }
         }
         let totals = try result.get()
-        say(json ? Console.jsonLine("totals", parsing: totals.json()) : totals.text())
+        say(json ? Console.jsonLine("totals", totals.jsonFields()) : totals.text())
     }
 }
 
@@ -399,10 +402,11 @@ enum IntervalRow {
     static func text(_ report: IntervalReport, elapsed: Double) -> String {
         let latency = report.framesDelivered + report.framesLate == 0
             ? String(repeating: "        -", count: 4)
-            : String(format: "%9.1f%9.1f%9.1f%9.1f", report.latency.p50, report.latency.p95, report.latency.p99, report.latency.max)
-        return String(
-            format: "%6.1f%8ld%6ld%6ld%@%11.2f%9.2f",  // %ld: Swift's Int is 64 bits
-            elapsed, report.framesDelivered, report.framesLate, report.framesLost, latency, report.jitterMilliseconds, report.bitsPerSecond / 1e6)
+            : [report.latency.p50, report.latency.p95, report.latency.p99, report.latency.max]
+                .map { TextFormat.fixed($0, places: 1, width: 9) }.joined()
+        return TextFormat.fixed(elapsed, places: 1, width: 6) + TextFormat.rightAligned(report.framesDelivered, width: 8)
+            + TextFormat.rightAligned(report.framesLate, width: 6) + TextFormat.rightAligned(report.framesLost, width: 6) + latency
+            + TextFormat.fixed(report.jitterMilliseconds, places: 2, width: 11) + TextFormat.fixed(report.bitsPerSecond / 1e6, places: 2, width: 9)
     }
 }
 

@@ -1,8 +1,10 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import Logging
 import QXfer
 import QXferTransfer
 import Synchronization
+import PlainText
 
 /// What `send` and `recv` print: a one-line bar on a terminal, periodic plain lines when
 /// standard error is not a terminal, or JSON event lines on standard output with `--json`;
@@ -56,7 +58,7 @@ final class TransferReporter: Sendable {
         case .started(let path, let size, let offset):
             logger.info("file '\(path)': \(size.map { "\($0) bytes" } ?? "size unknown")\(offset > 0 ? ", resuming at byte \(offset)" : "")")
             if style == .json {
-                emit("started", ["path": path, "size": size.map { $0 as Any } ?? NSNull(), "offset": offset])
+                emit("started", ["path": path, "size": size.map { $0 as Any } ?? JSONText.null, "offset": offset])
             } else if offset > 0 {
                 printLine("resuming '\(path)' from byte \(offset) (already there and checked)")
             }
@@ -88,7 +90,7 @@ final class TransferReporter: Sendable {
         let paired = offer.sender.flatMap { pairedNames[$0] }
         if style == .json {
             emit("offer", [
-                "sender": sender, "paired_name": paired ?? NSNull(), "entries": offer.entries.count, "files": offer.fileCount,
+                "sender": sender, "paired_name": paired ?? JSONText.null, "entries": offer.entries.count, "files": offer.fileCount,
                 "bytes": offer.totalSize, "size_unknown": offer.hasSizeUnknown,
                 "paths": offer.entries.prefix(100).map { $0.path.joined(separator: "/") },
             ])
@@ -113,7 +115,7 @@ final class TransferReporter: Sendable {
         if style == .json {
             emit("reconnecting", ["reason": reason, "delay_s": delay.seconds, "attempt": attempt])
         } else {
-            printLine("connection lost (\(reason)); reconnecting in \(fixed(delay.seconds, places: 2)) s to resume (attempt \(attempt))")
+            printLine("connection lost (\(reason)); reconnecting in \(TextFormat.fixed(delay.seconds, places: 2)) s to resume (attempt \(attempt))")
         }
     }
 
@@ -177,7 +179,7 @@ final class TransferReporter: Sendable {
         let total = progress.totalBytes
         let seconds = max(elapsed.seconds, 0.001)
         let rate = Double(done) / seconds
-        let rtt = metrics.smoothedRTT.map { fixed($0.seconds * 1000, places: 1) + " ms" }
+        let rtt = metrics.smoothedRTT.map { TextFormat.fixed($0.seconds * 1000, places: 1) + " ms" }
         let eta: String? = total > done && rate > 0 ? formatDuration(Double(total - done) / rate) : nil
         switch style {
         case .json:
@@ -227,7 +229,7 @@ final class TransferReporter: Sendable {
             return
         }
         let verb = role == .sender ? "sent" : "received"
-        var line = "\(verb) \(formatBytes(bytes)) in \(fixed(seconds, places: 2)) s (\(formatRate(rate)))"
+        var line = "\(verb) \(formatBytes(bytes)) in \(TextFormat.fixed(seconds, places: 2)) s (\(formatRate(rate)))"
         if let carrier { line += " over \(carrier)" }
         if summary.resumedBytes > 0 { line += ", \(formatBytes(summary.resumedBytes)) resumed" }
         line += "; \(count(summary.digests.count, "file", "files")) verified with \(summary.algorithm.name)"
@@ -254,7 +256,7 @@ final class TransferReporter: Sendable {
     /// Standard output, unbuffered: lines reach a pipe at once. With `recv --stdout` the data
     /// owns standard output, so reports go to standard error.
     private func writeOut(_ line: String) {
-        Console.writeLine(line, to: Console.dataOnStandardOutput ? .standardError : .standardOutput)
+        Console.writeLine(line, to: Console.dataOnStandardOutput ? .error : .output)
     }
 }
 
@@ -327,35 +329,11 @@ func formatBytes(_ bytes: UInt64) -> String {
         value /= 1000
         unit += 1
     }
-    return unit == 0 ? "\(bytes) B" : "\(fixed(value, places: 1)) \(units[unit])"
+    return unit == 0 ? "\(bytes) B" : "\(TextFormat.fixed(value, places: 1)) \(units[unit])"
 }
 
 func formatRate(_ bytesPerSecond: Double) -> String {
-    fixed(bytesPerSecond / 1e6, places: 1) + " MB/s"
-}
-
-/// `value` with `places` decimals (0 ... 9) as printf's "%.Nf" prints it, but for exact ties,
-/// which it rounds away from zero. Not `String(format:)`: Foundation's formatter costs over a
-/// millisecond the first time it runs (locale data, dynamic casts of its arguments), and a small
-/// send prints its first sizes between its packets (docs/benchmarks.md, "Process start and CPU
-/// per GB on a slower machine").
-func fixed(_ value: Double, places: Int) -> String {
-    guard value.isFinite else { return value.isNaN ? "nan" : value < 0 ? "-inf" : "inf" }
-    let places = min(max(places, 0), 9)
-    var scale: UInt64 = 1
-    for _ in 0..<places { scale *= 10 }
-    let scaled = (value.magnitude * Double(scale)).rounded()
-    guard scaled < 9e18 else { return "\(value.rounded())" }  // beyond any size, rate or time shown
-    let whole = UInt64(scaled)
-    let sign = value.sign == .minus ? "-" : ""
-    guard places > 0 else { return sign + String(whole) }
-    return sign + String(whole / scale) + "." + zeroPadded(whole % scale, width: places)
-}
-
-/// `value` in decimal, with leading zeros up to `width` digits.
-func zeroPadded(_ value: some BinaryInteger, width: Int) -> String {
-    let text = String(value)
-    return String(repeating: "0", count: max(0, width - text.count)) + text
+    TextFormat.fixed(bytesPerSecond / 1e6, places: 1) + " MB/s"
 }
 
 /// A Double as an Int, rounded and clamped: rates and times computed from a peer's sizes may be
@@ -367,8 +345,8 @@ func wholeNumber(_ value: Double) -> Int {
 
 func formatDuration(_ seconds: Double) -> String {
     let total = max(0, wholeNumber(seconds))
-    let tail = zeroPadded(total % 60, width: 2)
-    return total >= 3600 ? "\(total / 3600):" + zeroPadded(total / 60 % 60, width: 2) + ":" + tail : "\(total / 60):" + tail
+    let tail = TextFormat.zeroPadded(total % 60, width: 2)
+    return total >= 3600 ? "\(total / 3600):" + TextFormat.zeroPadded(total / 60 % 60, width: 2) + ":" + tail : "\(total / 60):" + tail
 }
 
 extension Duration {

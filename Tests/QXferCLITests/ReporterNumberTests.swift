@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import qxfer
+import PlainText
 
 /// Rates and times the progress display computes from sizes a peer announced (issue 17 §1):
 /// beyond Int, or not finite, they are clamped instead of trapping in `Int(_:)`.
@@ -25,12 +26,12 @@ struct ReporterNumberTests {
                 let reference = String(format: "%.\(places)f", value)
                 // printf rounds the binary value exactly and ties to even; none of these is
                 // near a tie, where the two may differ in the last digit.
-                #expect(fixed(value, places: places) == reference, "\(value), \(places) places")
+                #expect(TextFormat.fixed(value, places: places) == reference, "\(value), \(places) places")
             }
         }
-        #expect(fixed(.infinity, places: 1) == "inf")
-        #expect(fixed(.nan, places: 1) == "nan")
-        #expect(fixed(1e30, places: 1).hasPrefix("1e+30"))
+        #expect(TextFormat.fixed(.infinity, places: 1) == "inf")
+        #expect(TextFormat.fixed(.nan, places: 1) == "nan")
+        #expect(TextFormat.fixed(1e30, places: 1).hasPrefix("1e+30"))
         #expect(formatBytes(1_536) == "1.5 kB")
         #expect(formatBytes(999) == "999 B")
         #expect(formatRate(56_749_000) == "56.7 MB/s")

@@ -63,6 +63,15 @@ func makedev(_ major: UInt64, _ minor: UInt64) -> dev_t { dev_t((major << 8) | m
         #expect(leftovers().isEmpty)
     }
 
+    @Test func theFolderOfAPath() {
+        #expect(OutputFile.folder(of: "a/b/c") == "a/b")
+        #expect(OutputFile.folder(of: "a/b/") == "a")
+        #expect(OutputFile.folder(of: "name") == ".")
+        #expect(OutputFile.folder(of: "/name") == "/")
+        #expect(OutputFile.folder(of: "/") == "/")
+        #expect(OutputFile.folder(of: "/a//") == "/")
+    }
+
     @Test func discardingLeavesTheOldFile() throws {
         let path = folder + "/keep"
         try Data("old".utf8).write(to: URL(fileURLWithPath: path))

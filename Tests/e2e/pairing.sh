@@ -11,7 +11,8 @@
 # clear message; sending to a paired receiver needs no --fingerprint and writes no known host;
 # a paired receiver with another identity is refused, never trusted on first use; `unpair`
 # removes the trust; a tampered paired-devices file is an error, not silent trust; the waiting
-# side takes one attempt per code. Removes everything it creates, also when interrupted.
+# side takes one attempt per code; without OpenSSL's libcrypto `pair` fails at once, clearly, and
+# the other commands work. Removes everything it creates, also when interrupted.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -180,5 +181,22 @@ set -e
 [ "$rc" = 78 ] && [ "$send_rc" = 78 ] || fail "a tampered list gave exit $rc / $send_rc, want 78 / 78"
 grep -q "changed outside qxfer" "$WORK/tamper.err" || fail "the tampering message is unclear: $(cat "$WORK/tamper.err")"
 ok "a tampered paired-devices file is refused (exit 78): $(cat "$WORK/tamper.err")"
+
+# 8. A machine without OpenSSL's libcrypto (which pairing loads only when it pairs): `qxfer pair`
+# says so and exits 69 before it opens a socket, and the other commands work as before. Hidden
+# in a private mount namespace by an empty file bound over the library.
+LIBCRYPTO=$(ldconfig -p | awk '/libcrypto\.so\.3 .*x86-64/ {print $NF; exit}')
+if [ -n "$LIBCRYPTO" ] && command -v unshare >/dev/null; then
+    : >"$WORK/empty-library"
+    set +e
+    unshare -m bash -c "mount --bind '$WORK/empty-library' '$(readlink -f "$LIBCRYPTO")' && \
+        '$QXFER' pair --config-dir '$WORK/alice' --port 7450 --code 123456 --timeout 5 </dev/null >'$WORK/nolib.pair' 2>&1; \
+        echo \$? >'$WORK/nolib.rc'; '$QXFER' id --config-dir '$WORK/alice' >'$WORK/nolib.id' 2>&1"
+    set -e
+    [ "$(cat "$WORK/nolib.rc")" = 69 ] || fail "pair without libcrypto exited $(cat "$WORK/nolib.rc"), want 69: $(cat "$WORK/nolib.pair")"
+    grep -q "cannot pair: OpenSSL's libcrypto" "$WORK/nolib.pair" || fail "pair without libcrypto said: $(cat "$WORK/nolib.pair")"
+    grep -q "$(fp_of alice)" "$WORK/nolib.id" || fail "qxfer id without libcrypto failed: $(cat "$WORK/nolib.id")"
+    ok "without libcrypto, pair exits 69 at once and the rest works: $(cat "$WORK/nolib.pair")"
+fi
 
 echo "pairing: all passed"

@@ -23,13 +23,4 @@ enum XXH3Hasher {
 }
 
 /// As Sources/QXferTransfer/Hashing/Digest.swift.
-public func hexString(_ bytes: [UInt8]) -> String {
-    let digits = Array("0123456789abcdef".utf8)
-    var out: [UInt8] = []
-    out.reserveCapacity(bytes.count * 2)
-    for b in bytes {
-        out.append(digits[Int(b >> 4)])
-        out.append(digits[Int(b & 0xf)])
-    }
-    return String(decoding: out, as: UTF8.self)
-}
+public func hexString(_ bytes: [UInt8]) -> String { TextFormat.hex(bytes) }

@@ -1,4 +1,5 @@
-// P-256 group operations for SPAKE2 (RFC 9382), from OpenSSL's libcrypto (Debian's libssl-dev).
+// P-256 group operations for SPAKE2 (RFC 9382), from OpenSSL's libcrypto (Debian's libssl-dev),
+// loaded on first use (libcrypto.so.3): every function fails while it cannot be loaded.
 //
 // Only what the PAKE needs, with fixed-size buffers: 32-byte big-endian scalars, 65-byte
 // uncompressed points (SEC1, 0x04 || x || y). Every point read from the network is decoded
@@ -11,6 +12,9 @@
 #include <stdint.h>
 
 enum { CP256_SCALAR_BYTES = 32, CP256_POINT_BYTES = 65 };
+
+/// 1 once libcrypto is loaded (the first call loads it), 0 if it cannot be.
+int cp256_available(void);
 
 /// out = (wide mod n): reduces a big-endian integer of any length modulo the group order,
 /// as RFC 9382 derives w from a hash longer than the order to remove bias.

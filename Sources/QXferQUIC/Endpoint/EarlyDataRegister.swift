@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import QUICEngine
 @_spi(Stacks) import QXferCore
 import QXferIdentity

@@ -1,6 +1,9 @@
 #if canImport(FastHash)  // fuzz/run.sh compiles FastHash's source into its one module
 internal import FastHash
 #endif
+#if canImport(PlainText)  // fuzz/run.sh compiles TextFormat's source into its one module
+internal import PlainText
+#endif
 
 /// A streaming hash: feed bytes in any pieces, read the digest at any point without ending
 /// the stream (the digest of everything fed so far).
@@ -57,13 +60,4 @@ public final class XXH3Hasher: StreamingHasher {
 }
 
 /// Lower-case hexadecimal of bytes.
-public func hexString(_ bytes: [UInt8]) -> String {
-    let digits = Array("0123456789abcdef".utf8)
-    var out: [UInt8] = []
-    out.reserveCapacity(bytes.count * 2)
-    for b in bytes {
-        out.append(digits[Int(b >> 4)])
-        out.append(digits[Int(b & 0xf)])
-    }
-    return String(decoding: out, as: UTF8.self)
-}
+public func hexString(_ bytes: [UInt8]) -> String { TextFormat.hex(bytes) }

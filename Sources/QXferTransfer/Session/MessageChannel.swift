@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 import QXfer
 
 /// qxfer/1 messages over any `TLV { … }` connection or stream of the public API: the TLV

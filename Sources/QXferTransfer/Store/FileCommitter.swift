@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 #if canImport(SafeOutput)  // fuzz/run.sh compiles syncFileSystem's source into its one module
 internal import SafeOutput
 #endif
@@ -87,10 +89,10 @@ enum FileCommitter {
         let threads = min(width, count)
         let finished = DispatchSemaphore(value: 0)
         for _ in 1..<threads {
-            Thread {
+            DetachedThread.run {
                 work()
                 finished.signal()
-            }.start()
+            }
         }
         work()  // the caller's thread is one of them
         for _ in 1..<threads { finished.wait() }
@@ -101,7 +103,7 @@ enum FileCommitter {
     /// cooperative pool (two threads on two cores: one blocked in fsync would halve it).
     static func commitInBackground(_ group: CommitGroup) async -> [CommitOutcome] {
         await withCheckedContinuation { done in
-            Thread { done.resume(returning: commit(group)) }.start()
+            DetachedThread.run { done.resume(returning: commit(group)) }
         }
     }
 }
