@@ -280,34 +280,37 @@ public struct StreamTotals: Sendable, Hashable, Codable {
 
     /// Reads back a final line printed by ``json()``; nil if it is not one.
     public static func parse(json line: Data) -> StreamTotals? {
-        guard let final = try? JSONDecoder().decode(FinalLine.self, from: line), final.final else { return nil }
-        let latency = final.latency_ms
+        let decoder = JSONDecoder()
+        decoder.keyDecodingStrategy = .convertFromSnakeCase
+        guard let final = try? decoder.decode(FinalLine.self, from: line), final.final else { return nil }
+        let latency = final.latencyMs
         var totals = StreamTotals(
-            framesSent: final.frames_sent, framesDelivered: final.frames_delivered, framesLate: final.frames_late,
-            framesLost: final.frames_lost,
+            framesSent: final.framesSent, framesDelivered: final.framesDelivered, framesLate: final.framesLate,
+            framesLost: final.framesLost,
             latency: LatencySummary(p50: latency["p50"] ?? 0, p95: latency["p95"] ?? 0, p99: latency["p99"] ?? 0, max: latency["max"] ?? 0),
-            jitterMilliseconds: final.jitter_ms ?? 0, bitsPerSecond: Double(final.bitrate_bps ?? 0),
-            bytesReceived: final.bytes_received ?? 0, clockOffsetMilliseconds: final.clock_offset_ms ?? 0,
-            roundTripMilliseconds: final.rtt_ms, negativeLatencies: final.negative_latencies ?? 0)
+            jitterMilliseconds: final.jitterMs ?? 0, bitsPerSecond: Double(final.bitrateBps ?? 0),
+            bytesReceived: final.bytesReceived ?? 0, clockOffsetMilliseconds: final.clockOffsetMs ?? 0,
+            roundTripMilliseconds: final.rttMs, negativeLatencies: final.negativeLatencies ?? 0)
         totals.mode = final.mode ?? ""
         totals.stack = final.stack ?? ""
         totals.repair = final.repair ?? ""
         totals.note = final.note ?? ""
-        totals.blocksRecovered = final.blocks_recovered ?? 0
-        totals.shardsRequested = final.shards_requested ?? 0
-        totals.retransmissionsReceived = final.retransmissions_received ?? 0
+        totals.blocksRecovered = final.blocksRecovered ?? 0
+        totals.shardsRequested = final.shardsRequested ?? 0
+        totals.retransmissionsReceived = final.retransmissionsReceived ?? 0
         return totals
     }
 
-    /// The final line as ``json()`` writes it (the peer's, so read with every field checked).
+    /// The final line as ``json()`` writes it, its snake-case keys converted (the peer's line:
+    /// every field is type-checked, a number beyond Int refuses the line).
     private struct FinalLine: Decodable {
         let final: Bool
-        let frames_sent, frames_delivered, frames_late, frames_lost: Int
-        let latency_ms: [String: Double]
-        let jitter_ms, clock_offset_ms, rtt_ms: Double?
-        let bitrate_bps, bytes_received, negative_latencies: Int?
+        let framesSent, framesDelivered, framesLate, framesLost: Int
+        let latencyMs: [String: Double]
+        let jitterMs, clockOffsetMs, rttMs: Double?
+        let bitrateBps, bytesReceived, negativeLatencies: Int?
         let mode, stack, repair, note: String?
-        let blocks_recovered, shards_requested, retransmissions_received: Int?
+        let blocksRecovered, shardsRequested, retransmissionsReceived: Int?
     }
 
     /// A few lines for a terminal.

@@ -67,7 +67,7 @@ enum Console {
     private static let question = Mutex<String?>(nil)
     private static let standardErrorIsTerminal = isatty(STDERR_FILENO) == 1
 
-    /// Writes one line to `handle`; on a terminal it starts on a wiped line (a bar may be there)
+    /// Writes one line to `stream`; on a terminal it starts on a wiped line (a bar may be there)
     /// and goes above an open question.
     static func writeLine(_ line: String, to stream: StandardStream = .error) {
         question.withLock { question in

@@ -81,6 +81,25 @@ import Testing
         #expect(Set(latency.keys) == ["p50", "p95", "p99", "max"])
         let parsed = try #require(StreamTotals.parse(json: Data(line.utf8)))
         #expect(parsed.framesLost == 10 && parsed.latency == totals.latency)
+        #expect(parsed.jitterMilliseconds == (totals.jitterMilliseconds * 1000).rounded() / 1000)
+        #expect(parsed.bitsPerSecond == Double(Int(totals.bitsPerSecond)))
+    }
+
+    /// The final report is the peer's: a line that is not one, or whose numbers do not fit, is
+    /// refused whole (nil), never trapped on or half-read.
+    @Test func aHostileFinalReportIsRefused() {
+        let valid = #"{"final":true,"frames_sent":3,"frames_delivered":2,"frames_late":1,"frames_lost":0,"latency_ms":{"p50":1,"max":2.5},"rtt_ms":12}"#
+        let parsed = StreamTotals.parse(json: Data(valid.utf8))
+        #expect(parsed?.framesDelivered == 2 && parsed?.latency.max == 2.5 && parsed?.roundTripMilliseconds == 12)
+        for line in [
+            valid.replacingOccurrences(of: #""frames_sent":3"#, with: #""frames_sent":1e30"#),
+            valid.replacingOccurrences(of: #""frames_sent":3"#, with: #""frames_sent":"3""#),
+            valid.replacingOccurrences(of: #""final":true"#, with: #""final":false"#),
+            valid.replacingOccurrences(of: #""latency_ms":{"p50":1,"max":2.5}"#, with: #""latency_ms":[1]"#),
+            String(valid.dropLast(9)), "", "[]", String(repeating: "[", count: 100_000),
+        ] {
+            #expect(StreamTotals.parse(json: Data(line.utf8)) == nil, "\(line.prefix(80))")
+        }
     }
 
     @Test func intervalsResetButTotalsDoNot() {
