@@ -3,10 +3,14 @@ import Glibc
 /// A thread of its own for blocking work (fsync, a blocking read) that must stay off Swift's
 /// cooperative pool, which has one thread per core: started detached, it ends with its work.
 public enum DetachedThread {
-    /// Runs `body` on a new thread; false, with `body` not run, if the system cannot create one
-    /// (out of memory, or the process's thread limit): the caller then runs it itself.
-    @discardableResult
-    public static func start(_ body: @escaping @Sendable () -> Void) -> Bool {
+    /// Runs `body` on a new thread, or on the caller's if the system cannot create one (out of
+    /// memory, or the process's thread limit).
+    public static func run(_ body: @escaping @Sendable () -> Void) {
+        if !start(body) { body() }
+    }
+
+    /// Runs `body` on a new thread; false, with `body` not run, if none can be created.
+    private static func start(_ body: @escaping @Sendable () -> Void) -> Bool {
         let context = Unmanaged.passRetained(Work(body)).toOpaque()
         var thread = pthread_t()
         let result = pthread_create(&thread, nil, { context in
@@ -20,11 +24,6 @@ public enum DetachedThread {
         }
         pthread_detach(thread)
         return true
-    }
-
-    /// Runs `body` on a new thread, or on the caller's if none can be created.
-    public static func run(_ body: @escaping @Sendable () -> Void) {
-        if !start(body) { body() }
     }
 
     private final class Work: Sendable {

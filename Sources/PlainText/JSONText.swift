@@ -33,11 +33,11 @@ public enum JSONText {
             text += float.isFinite ? TextFormat.shortest(Double(float)) : "null"
         case let object as [String: Any]:
             text += "{"
-            for (index, key) in object.keys.sorted().enumerated() {
+            for (index, entry) in object.sorted(by: { $0.key < $1.key }).enumerated() {
                 if index > 0 { text += "," }
-                appendString(key, to: &text)
+                appendString(entry.key, to: &text)
                 text += ":"
-                append(object[key]!, to: &text)
+                append(entry.value, to: &text)
             }
             text += "}"
         case let array as [Any]:

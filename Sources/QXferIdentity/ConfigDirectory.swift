@@ -71,8 +71,7 @@ public enum MemoryFile {
     /// before it can exit. After a crash the file may be old, empty or partial, which ``read``'s
     /// callers ignore whole.
     public static func write(_ text: String, to path: String) {
-        let folder = OutputFile.folder(of: path)
-        try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        try? ConfigDirectory(path: OutputFile.folder(of: path)).create()
         try? OutputFile.replaceContents(of: path, with: Array(text.utf8), permissions: 0o600, allowsDirectWrites: false, durably: false)
     }
 }

@@ -62,18 +62,30 @@ public final class OutputFile {
 
     /// Writes all of `bytes` after what was written before.
     public func write(_ bytes: UnsafeRawBufferPointer) throws(OutputError) {
-        guard let base = bytes.baseAddress else { return }
+        switch OutputFile.writeAll(bytes, to: descriptor) {
+        case 0: return
+        case EPIPE: throw OutputError("the reader of \(path) closed it")
+        case let err: throw OutputError("cannot write to \(path)", errno: err)
+        }
+    }
+
+    /// Writes all of `bytes` to `descriptor`, retrying when interrupted and waiting while a
+    /// non-blocking descriptor is full; 0, or the errno that stopped it.
+    public static func writeAll(_ bytes: UnsafeRawBufferPointer, to descriptor: Int32) -> Int32 {
+        guard let base = bytes.baseAddress else { return 0 }
         var done = 0
         while done < bytes.count {
             let n = Glibc.write(descriptor, base + done, bytes.count - done)
             if n >= 0 { done += n; continue }
             switch errno {
             case EINTR: continue
-            case EAGAIN: waitUntilWritable()
-            case EPIPE: throw OutputError("the reader of \(path) closed it")
-            case let err: throw OutputError("cannot write to \(path)", errno: err)
+            case EAGAIN:
+                var request = pollfd(fd: descriptor, events: Int16(POLLOUT), revents: 0)
+                _ = poll(&request, 1, -1)
+            case let err: return err
             }
         }
+        return 0
     }
 
     /// Writes all of `bytes` after what was written before.
@@ -231,11 +243,6 @@ public final class OutputFile {
             throw OutputError("cannot connect to the socket \(path)", errno: err)
         }
         return fd
-    }
-
-    private func waitUntilWritable() {
-        var request = pollfd(fd: descriptor, events: Int16(POLLOUT), revents: 0)
-        _ = poll(&request, 1, -1)
     }
 
     private static func syncFolder(of path: String) {

@@ -1,4 +1,5 @@
 import Glibc
+import SafeOutput
 
 /// Standard output or standard error, written with write(2): whole, unbuffered (a pipe sees
 /// each line at once), retried when interrupted; a closed reader or a full disk loses the text
@@ -12,22 +13,6 @@ enum StandardStream: Int32 {
 
     func write(_ text: String) {
         var text = text
-        text.withUTF8 { bytes in
-            guard let base = bytes.baseAddress else { return }
-            var done = 0
-            while done < bytes.count {
-                let n = Glibc.write(rawValue, base + done, bytes.count - done)
-                if n > 0 {
-                    done += n
-                } else if n < 0 && errno == EINTR {
-                    continue
-                } else if n < 0 && errno == EAGAIN {
-                    var request = pollfd(fd: rawValue, events: Int16(POLLOUT), revents: 0)
-                    _ = poll(&request, 1, -1)
-                } else {
-                    return
-                }
-            }
-        }
+        _ = text.withUTF8 { OutputFile.writeAll(UnsafeRawBufferPointer($0), to: rawValue) }
     }
 }
