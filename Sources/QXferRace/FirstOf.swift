@@ -20,7 +20,7 @@ import QXferIdentity
 /// retries), never `failed`.
 ///
 /// When the stacks that answered all refused (TCP's "connection refused") and the others stay
-/// silent for about a second, the attempt ends with "nothing listens on host:port, neither TCP
+/// silent for ``refusalGrace`` (one second), the attempt ends with "nothing listens on host:port, neither TCP
 /// nor UDP": a ``QXferError/Code/connectFailed`` whose `underlying` is ``NothingListens``, which
 /// the connection retries until its connect timeout like any refusal.
 ///
@@ -30,6 +30,9 @@ public struct FirstOf: SecureTransport {
     public var stacks: [any SecureTransport]
     /// How long the race waits for a stack before starting the next one.
     public var attemptDelay: Duration = .milliseconds(250)
+    /// Once every stack that answered refused, how long (from the race's start) the silent ones
+    /// still get before the attempt ends with "nothing listens".
+    public var refusalGrace: Duration = .seconds(1)
     /// Where the winner for each host is remembered; nil remembers nothing.
     public var memory: StackMemory?
 
@@ -53,8 +56,17 @@ public struct FirstOf: SecureTransport {
         return copy
     }
 
+    /// Sets how long silent stacks still get once every stack that answered refused: longer for
+    /// a peer that may be slow to answer a handshake, shorter to fail faster where nothing listens.
+    public func refusalGrace(_ grace: Duration) -> FirstOf {
+        var copy = self
+        copy.refusalGrace = grace
+        return copy
+    }
+
     public var transport: TransportDescription {
-        TransportDescription(RaceStack(candidates: stacks.map { $0.transport.stack.racing() }, attemptDelay: attemptDelay, memory: memory))
+        TransportDescription(RaceStack(
+            candidates: stacks.map { $0.transport.stack.racing() }, attemptDelay: attemptDelay, refusalGrace: refusalGrace, memory: memory))
     }
 
     /// The first stack's identity; setting it sets every stack's.

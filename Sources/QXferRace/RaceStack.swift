@@ -8,11 +8,11 @@ import Logging
 struct RaceStack: TransportStack {
     let candidates: [any TransportStack]
     let attemptDelay: Duration
-    let memory: StackMemory?
     /// Once every stack that answered refused, how long the silent ones still get: from the
     /// race's start, and at least `refusalGraceAfterAnswer` after the refusal. A peer that
     /// answered TCP at once would answer a QUIC handshake within this too if anything listened.
-    static let refusalGrace = Duration.seconds(1)
+    let refusalGrace: Duration
+    let memory: StackMemory?
     static let refusalGraceAfterAnswer = Duration.milliseconds(250)
     /// How long an attempt whose peer has answered (QUIC's first datagram back, TCP's connection)
     /// holds the next stack back, from its start: its handshake needs about one more round trip,
@@ -29,7 +29,7 @@ struct RaceStack: TransportStack {
     ) async throws -> any ByteStreamTransport {
         guard !candidates.isEmpty else { throw QXferError(.invalidUse, "FirstOf needs at least one stack") }
         let order = memory?.ordered(candidates, for: endpoint) ?? candidates
-        let race = Race(order: order, endpoint: endpoint, attemptDelay: attemptDelay)
+        let race = Race(order: order, endpoint: endpoint, attemptDelay: attemptDelay, refusalGrace: refusalGrace)
         let (winner, stack) = try await race.run(timeout: timeout, peerAnswered: peerAnswered) { stack, remaining, answered in
             try await stack.connect(to: endpoint, parameters: parameters, timeout: remaining, peerAnswered: answered)
         }
@@ -116,6 +116,7 @@ struct Race: Sendable {
     let order: [any TransportStack]
     let endpoint: Endpoint
     let attemptDelay: Duration
+    let refusalGrace: Duration
 
     private enum Event: Sendable {
         case connected(Int, any ByteStreamTransport)
@@ -220,7 +221,7 @@ struct Race: Sendable {
                     if running == 0 { throw combined(failures) }
                     if !graceArmed, failures.allSatisfy({ Self.isRefusal($0.error) }) {
                         graceArmed = true
-                        let wait = max(start + RaceStack.refusalGrace, clock.now + RaceStack.refusalGraceAfterAnswer) - clock.now
+                        let wait = max(start + refusalGrace, clock.now + RaceStack.refusalGraceAfterAnswer) - clock.now
                         spawn {
                             try? await Task.sleep(for: wait)
                             return Task.isCancelled ? nil : .refusalGraceOver
