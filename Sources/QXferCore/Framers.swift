@@ -106,6 +106,32 @@ extension NetworkConnection where Stack: TLVStack {
         try await sendBuffer(buffer)
     }
 
+    /// Sends one TLV message whose body `writeBody` writes in place: it gets room for `capacity`
+    /// bytes in the buffer the transport takes and returns how many it wrote (0 ... capacity).
+    /// A large body (a file's chunk read straight into it) is not copied on its way out.
+    public func send<Failure: Error>(
+        type: UInt32, capacity: Int, writingBody writeBody: (UnsafeMutableRawBufferPointer) throws(Failure) -> Int
+    ) async throws {
+        let limit = parameters.stack.maximumMessageSize
+        guard capacity >= 0, capacity <= limit else {
+            throw QXferError(.invalidUse, "a \(capacity)-byte message body is outside the TLV limit of \(limit) bytes")
+        }
+        var buffer = ByteBuffer()
+        buffer.reserveCapacity(8 + capacity)
+        buffer.writeInteger(type, endianness: .big)
+        buffer.writeInteger(UInt32(0), endianness: .big)  // the length, once known
+        var reported = 0
+        try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: capacity) { raw in
+            reported = try writeBody(UnsafeMutableRawBufferPointer(rebasing: raw.prefix(capacity)))
+            return (0...capacity).contains(reported) ? reported : 0
+        }
+        guard (0...capacity).contains(reported) else {
+            throw QXferError(.invalidUse, "a message body of \(reported) bytes written into room for \(capacity)")
+        }
+        buffer.setInteger(UInt32(reported), at: buffer.readerIndex + 4, endianness: .big)
+        try await sendBuffer(buffer)
+    }
+
     /// Receives one TLV message; throws ``QXferError/Code/endOfStream`` once the peer is done.
     public func receive() async throws -> (content: Data, metadata: TLVMetadata) {
         guard let message = try await nextMessage() else { throw QXferError(.endOfStream, "the peer finished sending") }

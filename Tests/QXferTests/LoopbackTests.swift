@@ -285,6 +285,43 @@ struct LoopbackTests {
         }
     }
 
+    @Test("TLV over TLS: a body written in place goes as written; a body that fails or claims too much sends nothing")
+    func tlvBodyWrittenInPlace() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { TLV(maximumMessageSize: Self.limit) { TLS().identity(Identities.server) } }
+        try await withListener(listener, handler: { connection in
+            for try await (content, metadata) in connection.messages {
+                try await connection.send(content, type: metadata.type)
+            }
+        }) { port in
+            let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
+                TLV(maximumMessageSize: Self.limit) {
+                    TLS().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
+                }
+            }
+            defer { connection.cancel() }
+            struct Refused: Error {}
+            // Room for the largest body; fewer bytes written: the frame says how many.
+            for written in [0, 1, 1000, Self.limit] {
+                try await connection.send(type: 9, capacity: Self.limit) { body in
+                    for i in 0..<written { body[i] = UInt8(truncatingIfNeeded: i &* 7) }
+                    return written
+                }
+                let (received, metadata) = try await connection.receive()
+                #expect(metadata.type == 9)
+                #expect(received == Data((0..<written).map { UInt8(truncatingIfNeeded: $0 &* 7) }))
+            }
+            // Nothing goes out for a body that throws, claims more than its room, or a negative
+            // count, nor for room past the limit; the stream stays usable.
+            await #expect(throws: Refused.self) { try await connection.send(type: 1, capacity: 10) { _ throws(Refused) in throw Refused() } }
+            #expect(await qxferError { try await connection.send(type: 1, capacity: 10) { _ in 11 } }?.code == .invalidUse)
+            #expect(await qxferError { try await connection.send(type: 1, capacity: 10) { _ in -1 } }?.code == .invalidUse)
+            #expect(await qxferError { try await connection.send(type: 1, capacity: Self.limit + 1) { _ in 0 } }?.code == .invalidUse)
+            try await connection.send(Data("still fine".utf8), type: 2)
+            let after = try await connection.receive()
+            #expect(after.content == Data("still fine".utf8) && after.metadata.type == 2)
+        }
+    }
+
     struct Note: Codable, Sendable, Equatable {
         var id: Int
         var text: String

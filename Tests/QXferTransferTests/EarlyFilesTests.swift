@@ -169,7 +169,7 @@ struct EarlyFilesTests {
             try await peer.send(.complete(Complete(succeeded: UInt32(offer.entries.count - 1), failed: 1)))
             _ = try? await peer.receiveMessage()  // the sender closes
             withExtendedLifetime(data) {}
-            return chunk.bytes
+            return [UInt8](chunk.bytes)
         }, send: { peer in
             try await peer.runSender(TransferSender(tree: tree))
         })

@@ -296,16 +296,15 @@ public struct TransferSender: Sendable {
                 }
             }
             progress.report(.started(path: path, size: size, offset: offset))
-            var body = FileDataBody(capacity: ProtocolLimits.maximumChunkSize)
             while size.map({ offset < $0 }) ?? true {
                 let want = Int(min(UInt64(ProtocolLimits.maximumChunkSize), (size ?? .max) - offset))
-                let count = try body.fill(entry: job.index, offset: offset, from: file, capacity: want, sequential: job.source == .standardInput)
+                let count = try await stream.sendFileData(
+                    entry: job.index, offset: offset, from: file, capacity: want, sequential: job.source == .standardInput
+                ) { hasher.update($0) }
                 if count == 0 {
                     guard size == nil else { throw TransferError(.io, "'\(path)' shrank while being sent") }
                     break
                 }
-                body.withPayload { hasher.update($0) }
-                try await stream.send(body)
                 offset += UInt64(count)
                 progress.add(transferred: count)
             }

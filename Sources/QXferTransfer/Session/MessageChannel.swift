@@ -11,10 +11,26 @@ extension NetworkConnection where Stack: TLVStack {
         try await send(MessageCodec.encodeBody(message), type: message.type.rawValue)
     }
 
-    /// Sends one FileData frame whose body (entry, offset, then the bytes) was built in place
-    /// by ``FileDataBody``, so the file's bytes are copied only into the transport's buffer.
-    func send(_ body: FileDataBody) async throws {
-        try await send(body.bytes, type: MessageType.fileData.rawValue)
+    /// Sends one FileData frame of `entry` at `offset`: up to `capacity` bytes of `file` read
+    /// straight into the buffer the transport takes (no copy of the chunk on its way out);
+    /// `payload` sees them before they go (the sender's digest). Returns how many were read: 0
+    /// at the end of the file, and then nothing is sent.
+    func sendFileData(
+        entry: UInt32, offset: UInt64, from file: Descriptor, capacity: Int, sequential: Bool,
+        payload: (UnsafeRawBufferPointer) -> Void
+    ) async throws -> Int {
+        var count = 0
+        do {
+            try await send(type: MessageType.fileData.rawValue, capacity: FileDataBody.headerSize + capacity) { body in
+                count = try FileDataBody.fill(body, entry: entry, offset: offset, from: file, sequential: sequential)
+                guard count > 0 else { throw EndOfFile() }
+                payload(UnsafeRawBufferPointer(rebasing: body[FileDataBody.headerSize..<FileDataBody.headerSize + count]))
+                return FileDataBody.headerSize + count
+            }
+        } catch is EndOfFile {
+            return 0
+        }
+        return count
     }
 
     /// Sends one Batch built by ``BatchBody``.
@@ -38,40 +54,31 @@ extension NetworkConnection where Stack: TLVStack {
     }
 }
 
-/// A FileData body assembled in one buffer: a 12-byte header, then up to one chunk read
-/// straight from the file.
-struct FileDataBody {
+/// Nothing left to read: the FileData is not sent.
+private struct EndOfFile: Error {}
+
+/// A FileData body (docs/PROTOCOL.md §3.3) written in place: a 12-byte header (entry,
+/// offset), then up to one chunk read straight from the file.
+enum FileDataBody {
     static let headerSize = 12
-    private(set) var bytes: Data
 
-    init(capacity: Int) {
-        bytes = Data(count: FileDataBody.headerSize + capacity)
-    }
-
-    /// Fills the header and reads up to `capacity` bytes of `fd` at `offset` after it; returns
-    /// the number read (0 at the end of the file). The body is then exactly header + bytes read.
-    /// `sequential` reads with `read` (pipes, standard input) instead of `pread`.
-    mutating func fill(entry: UInt32, offset: UInt64, from file: Descriptor, capacity: Int, sequential: Bool = false) throws(TransferError) -> Int {
-        if bytes.count != FileDataBody.headerSize + capacity { bytes.count = FileDataBody.headerSize + capacity }
-        var n = -1
-        var err: Int32 = 0
-        bytes.withUnsafeMutableBytes { raw in
-            raw.storeBytes(of: entry.bigEndian, toByteOffset: 0, as: UInt32.self)
-            raw.storeBytes(of: offset.bigEndian, toByteOffset: 4, as: UInt64.self)
-            repeat {
-                let start = raw.baseAddress! + FileDataBody.headerSize
-                n = sequential ? read(file.fd, start, capacity) : pread(file.fd, start, capacity, off_t(offset))
-                err = errno
-            } while n < 0 && err == EINTR
-        }
-        guard n >= 0 else { throw TransferError.posix("cannot read", "a file being sent", errno: err) }
-        bytes.count = FileDataBody.headerSize + n
+    /// Writes the header into `body` and reads up to `body.count - headerSize` bytes of `file`
+    /// at `offset` after it; returns the number read (0 at the end of the file). `sequential`
+    /// reads with `read` (pipes, standard input) instead of `pread`.
+    static func fill(
+        _ body: UnsafeMutableRawBufferPointer, entry: UInt32, offset: UInt64, from file: Descriptor, sequential: Bool
+    ) throws(TransferError) -> Int {
+        precondition(body.count > headerSize, "a FileData body needs room for its header and a byte")
+        body.storeBytes(of: entry.bigEndian, toByteOffset: 0, as: UInt32.self)
+        body.storeBytes(of: offset.bigEndian, toByteOffset: 4, as: UInt64.self)
+        let start = body.baseAddress! + headerSize
+        let capacity = body.count - headerSize
+        var n: Int
+        repeat {
+            n = sequential ? read(file.fd, start, capacity) : pread(file.fd, start, capacity, off_t(offset))
+        } while n < 0 && errno == EINTR
+        guard n >= 0 else { throw TransferError.posix("cannot read", "a file being sent", errno: errno) }
         return n
-    }
-
-    /// The file bytes in the body.
-    func withPayload<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
-        bytes.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[FileDataBody.headerSize...])) }
     }
 }
 
@@ -129,7 +136,7 @@ struct BatchBody {
 
 extension MessageCodec {
     /// Decodes a body received as `Data` (what the TLV framer returns). FileData, the bulk of
-    /// every transfer, is taken apart in place so its bytes are copied once.
+    /// every transfer, is taken apart in place: its bytes are a slice of `body`, not a copy.
     public static func decode(type: UInt32, body: Data) throws(TransferError) -> Message {
         let header = FileDataBody.headerSize
         if type == MessageType.fileData.rawValue, body.count > header, body.count - header <= ProtocolLimits.maximumChunkSize {
@@ -138,7 +145,7 @@ extension MessageCodec {
             }
             let count = body.count - header
             guard offset <= UInt64.max - UInt64(count) else { throw TransferError(.malformed, "FileData offset overflows") }
-            return .fileData(FileData(entry: entry, offset: offset, bytes: [UInt8](body[(body.startIndex + header)...])))
+            return .fileData(FileData(entry: entry, offset: offset, bytes: body[(body.startIndex + header)...]))
         }
         // Everything else, including malformed FileData, takes the general path and its errors.
         return try decode(type: type, body: [UInt8](body))

@@ -1,3 +1,4 @@
+import FoundationEssentials
 #if canImport(SafeOutput)  // fuzz/run.sh compiles renameAt's source into its one module
 internal import SafeOutput
 #endif
@@ -296,7 +297,7 @@ public final class FileWriter {
     /// Appends `bytes`, which must start at ``offset`` and not run past the offered size. On a
     /// write error (disk full: ``TransferError/Code/noSpace``) the data written so far is
     /// checkpointed so the transfer can resume later, and the writer is closed.
-    public func write(_ bytes: [UInt8], at position: UInt64) throws(TransferError) {
+    public func write(_ bytes: some ContiguousBytes & Collection<UInt8>, at position: UInt64) throws(TransferError) {
         guard let file else { throw TransferError(.internal, "write after the file was closed") }
         guard position == offset else {
             throw TransferError(.protocolViolation, "data for '\(target.path)' at offset \(position), expected \(offset)")

@@ -1,3 +1,5 @@
+import FoundationEssentials
+
 /// Encodes and decodes qxfer/1 messages, sans-IO.
 ///
 /// A frame is `type (UInt32 BE) | length (UInt32 BE) | body`, exactly what the `TLV` framer of
@@ -341,6 +343,7 @@ struct ByteWriter {
     mutating func u32(_ v: UInt32) { for shift in stride(from: 24, through: 0, by: -8) { buffer.append(UInt8((v >> UInt32(shift)) & 0xff)) } }
     mutating func u64(_ v: UInt64) { for shift in stride(from: 56, through: 0, by: -8) { buffer.append(UInt8((v >> UInt64(shift)) & 0xff)) } }
     mutating func bytes(_ b: [UInt8]) { buffer.append(contentsOf: b) }
+    mutating func bytes(_ b: Data) { buffer.append(contentsOf: b) }
     /// UInt16 length then UTF-8 bytes (callers keep strings within limits; longer ones are cut).
     mutating func string16(_ s: String) {
         var utf8 = Array(s.utf8)

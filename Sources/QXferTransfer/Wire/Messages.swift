@@ -1,6 +1,8 @@
 /// The messages of qxfer/1, as values. docs/PROTOCOL.md gives their exact encoding;
 /// ``MessageCodec`` turns them into bytes and back.
 
+import FoundationEssentials
+
 /// What an offered entry is.
 public enum EntryKind: UInt8, Sendable, Hashable, CaseIterable {
     /// A regular file (or, with ``OfferEntry/Flags/sizeUnknown``, a stream such as stdin).
@@ -171,12 +173,16 @@ public struct FileData: Sendable, Hashable {
     public var entry: UInt32
     /// Where `bytes` go in the file.
     public var offset: UInt64
-    /// 1 ... ``ProtocolLimits/maximumChunkSize`` bytes.
-    public var bytes: [UInt8]
-    public init(entry: UInt32, offset: UInt64, bytes: [UInt8]) {
+    /// 1 ... ``ProtocolLimits/maximumChunkSize`` bytes. `Data`, so that a received chunk can
+    /// be a view of the frame the connection handed over instead of a copy of it.
+    public var bytes: Data
+    public init(entry: UInt32, offset: UInt64, bytes: Data) {
         self.entry = entry
         self.offset = offset
         self.bytes = bytes
+    }
+    public init(entry: UInt32, offset: UInt64, bytes: [UInt8]) {
+        self.init(entry: entry, offset: offset, bytes: Data(bytes))
     }
 }
 
