@@ -59,4 +59,62 @@ struct InboundBufferTests {
         }
         #expect(received == source)
     }
+
+    /// Hands out scripted reads of `source`, each first buffer with the room asked for in front
+    /// when `honoursHeadroom`, and remembers what was asked and where its storage lies.
+    final class RoomyReads: ByteStreamTransport, @unchecked Sendable {
+        // Only the one reader of a test touches these.
+        private var sizes: [Int]
+        private let source: [UInt8]
+        private var offset = 0
+        private let honoursHeadroom: Bool
+        var asked: [(minimum: Int, headroom: Int)] = []
+        var storages: [UnsafeRawPointer] = []
+        let peer = PeerIdentity(fingerprint: nil, trust: .unauthenticated, applicationProtocol: "qxfer/1")
+        init(_ source: [UInt8], sizes: [Int], honoursHeadroom: Bool) {
+            self.source = source
+            self.sizes = sizes
+            self.honoursHeadroom = honoursHeadroom
+        }
+        func read() async throws -> [ByteBuffer]? { try await read(atLeast: 1, headroom: 0) }
+        func read(atLeast minimum: Int) async throws -> [ByteBuffer]? { try await read(atLeast: minimum, headroom: 0) }
+        func read(atLeast minimum: Int, headroom: Int) async throws -> [ByteBuffer]? {
+            asked.append((minimum, headroom))
+            guard !sizes.isEmpty else { return nil }
+            let count = sizes.removeFirst()
+            let room = honoursHeadroom ? headroom : 0
+            var buffer = ByteBuffer()
+            buffer.reserveCapacity(room + count)
+            buffer.moveWriterIndex(forwardBy: room)
+            buffer.moveReaderIndex(forwardBy: room)
+            buffer.writeBytes(source[offset..<offset + count])
+            offset += count
+            storages.append(buffer.withVeryUnsafeBytes { UnsafeRawPointer($0.baseAddress!) })
+            return [buffer]
+        }
+        func write(_ buffer: ByteBuffer) async throws {}
+        func finish() async throws {}
+        func reset(errorCode: UInt64) {}
+        func close() {}
+        func metrics() async -> ConnectionMetrics { ConnectionMetrics() }
+        var multiplexer: (any StreamMultiplexer)? { nil }
+    }
+
+    @Test("A message spanning what is held and the next read ends in the read's own buffer, the held part moved in front", arguments: [true, false])
+    func heldBytesGoInFrontOfTheNextRead(honoursHeadroom: Bool) async throws {
+        let source = (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 131 &+ $0 >> 9) }
+        // A header read brings 300 bytes; the 1 MiB - 10 message's rest comes in one read.
+        let transport = RoomyReads(source, sizes: [300, source.count - 300], honoursHeadroom: honoursHeadroom)
+        let inbound = InboundBuffer()
+        let (header, _) = try await inbound.receive(from: transport, atLeast: 10, atMost: 10)
+        #expect(Array(header.readableBytesView) == Array(source[0..<10]))
+        let (body, _) = try await inbound.receive(from: transport, atLeast: source.count - 10, atMost: source.count - 10)
+        #expect(Array(body.readableBytesView) == Array(source[10...]))
+        #expect(transport.asked.map(\.minimum) == [10, source.count - 300])
+        #expect(transport.asked.map(\.headroom) == [0, 290])
+        // With the room given, the message is the second read's buffer; without, a join of its own.
+        let bodyStorage = body.withVeryUnsafeBytes { UnsafeRawPointer($0.baseAddress!) }
+        #expect((bodyStorage == transport.storages[1]) == honoursHeadroom)
+        await #expect(throws: QXferError.self) { _ = try await inbound.receive(from: transport, atLeast: 1, atMost: 1) }
+    }
 }

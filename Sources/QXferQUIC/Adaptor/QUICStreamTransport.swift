@@ -32,8 +32,12 @@ final class QUICStreamTransport: ByteStreamTransport {
     }
 
     func read(atLeast minimum: Int) async throws -> [ByteBuffer]? {
+        try await read(atLeast: minimum, headroom: 0)
+    }
+
+    func read(atLeast minimum: Int, headroom: Int) async throws -> [ByteBuffer]? {
         let driver = self.driver
-        return try await stream.flatMap { driver.value.read($0, atLeast: minimum) }.get()
+        return try await stream.flatMap { driver.value.read($0, atLeast: minimum, headroom: headroom) }.get()
     }
 
     func finish() async throws {
