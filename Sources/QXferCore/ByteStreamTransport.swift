@@ -18,10 +18,6 @@ import NIOCore
     /// at once, and a transport that gathers it where it arrives spares the reader a wake-up
     /// for every packet.
     func read(atLeast minimum: Int) async throws -> [ByteBuffer]?
-    /// Like ``read(atLeast:)``, with `headroom` bytes free before the first buffer's readable
-    /// bytes where the transport can offer them: the reader, holding that many bytes of the
-    /// message already, moves them there instead of joining everything into a buffer of its own.
-    func read(atLeast minimum: Int, headroom: Int) async throws -> [ByteBuffer]?
     /// Ends the sending direction after what was written; the peer's reads then end.
     func finish() async throws
     /// Abandons the stream in both directions with an application error code.
@@ -76,7 +72,4 @@ extension ByteStreamTransport {
     /// Returns what ``read()`` returns: transports whose reads already come in large pieces
     /// (TCP+TLS: whole TLS records, many per socket read) need not gather.
     public func read(atLeast minimum: Int) async throws -> [ByteBuffer]? { try await read() }
-
-    /// Returns what ``read(atLeast:)`` returns, without headroom.
-    public func read(atLeast minimum: Int, headroom: Int) async throws -> [ByteBuffer]? { try await read(atLeast: minimum) }
 }

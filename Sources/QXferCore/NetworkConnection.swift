@@ -335,18 +335,9 @@ actor InboundBuffer {
         busy = true
         defer { busy = false }
         while buffered < max(atLeast, 1), !finished {
-            // The part of the message held already may go in front of what arrives next.
-            let headroom = buffered <= Self.maximumHeadroom ? buffered : 0
-            guard var received = try await transport.read(atLeast: max(atLeast, 1) - buffered, headroom: headroom) else {
+            guard let received = try await transport.read(atLeast: max(atLeast, 1) - buffered) else {
                 finished = true
                 break
-            }
-            // (No binding of the first buffer here: a second reference would make the move copy it.)
-            if headroom > 0, let room = received.first?.readerIndex, room >= buffered {
-                let merged = prepending(chunks, to: received.removeFirst())
-                chunks = [merged]
-                buffered = merged.readableBytes
-                lastChunkIsOwn = false
             }
             for chunk in received where chunk.readableBytes > 0 {
                 keep(chunk)
@@ -368,21 +359,6 @@ actor InboundBuffer {
 
     /// Bytes a compact buffer of the connection's own holds, for slices it copies.
     static let compactBufferSize = 64 << 10
-    /// The most bytes held that a read asks room for in front of what it brings: copying
-    /// them there spares joining a whole message (up to 1 MiB) that spans both.
-    static let maximumHeadroom = 256 << 10
-
-    /// `first` with `held` moved into the room before its readable bytes. Taken out of the
-    /// read's array, `first` is the only owner of its storage, so nothing else is copied.
-    private func prepending(_ held: CircularBuffer<ByteBuffer>, to first: consuming ByteBuffer) -> ByteBuffer {
-        var first = first
-        var start = first.readerIndex - buffered
-        first.moveReaderIndex(to: start)
-        for chunk in held {
-            start += first.setBuffer(chunk, at: start)
-        }
-        return first
-    }
     /// Whether the last chunk is a compact buffer of this connection's own, with room to append.
     private var lastChunkIsOwn = false
 

@@ -18,9 +18,6 @@ struct RacedTransport: ByteStreamTransport {
     func write(_ buffer: ByteBuffer) async throws { try await inner.write(buffer) }
     func read() async throws -> [ByteBuffer]? { try await inner.read() }
     func read(atLeast minimum: Int) async throws -> [ByteBuffer]? { try await inner.read(atLeast: minimum) }
-    func read(atLeast minimum: Int, headroom: Int) async throws -> [ByteBuffer]? {
-        try await inner.read(atLeast: minimum, headroom: headroom)
-    }
     func finish() async throws { try await inner.finish() }
     func reset(errorCode: UInt64) { inner.reset(errorCode: errorCode) }
     func close() { inner.close() }

@@ -32,12 +32,8 @@ final class QUICStreamTransport: ByteStreamTransport {
     }
 
     func read(atLeast minimum: Int) async throws -> [ByteBuffer]? {
-        try await read(atLeast: minimum, headroom: 0)
-    }
-
-    func read(atLeast minimum: Int, headroom: Int) async throws -> [ByteBuffer]? {
         let driver = self.driver
-        return try await stream.flatMap { driver.value.read($0, atLeast: minimum, headroom: headroom) }.get()
+        return try await stream.flatMap { driver.value.read($0, atLeast: minimum) }.get()
     }
 
     func finish() async throws {

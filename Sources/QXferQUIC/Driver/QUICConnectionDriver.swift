@@ -43,8 +43,6 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         var readWaiter: EventLoopPromise<[ByteBuffer]?>?
         /// What the waiting reader asked for at least, and what was read for it so far.
         var readMinimum = 1
-        /// Bytes the waiting reader wants free before the first buffer's data (see ``read(_:atLeast:headroom:)``).
-        var readHeadroom = 0
         var gathered: [ByteBuffer] = []
         var gatheredBytes = 0
         var pendingWrites = CircularBuffer<(ByteBuffer, EventLoopPromise<Void>)>()
@@ -169,17 +167,13 @@ final class QUICConnectionDriver: QUICEndpointConnection {
 
     /// What has arrived on the stream once it is `minimum` bytes (fewer if the stream ends or
     /// fails first); nil after the peer's FIN. The bytes are taken from the engine as they
-    /// arrive, so flow control moves as it would with a reader waking for every packet. The
-    /// first buffer has `headroom` bytes free before its data (for the part of a message the
-    /// reader already holds), and buffers may be as large as `minimum` (the rest of a message
-    /// lands in one): the reader then joins nothing.
-    func read(_ stream: QUICStreamID, atLeast minimum: Int = 1, headroom: Int = 0) -> EventLoopFuture<[ByteBuffer]?> {
+    /// arrive, so flow control moves as it would with a reader waking for every packet.
+    func read(_ stream: QUICStreamID, atLeast minimum: Int = 1) -> EventLoopFuture<[ByteBuffer]?> {
         precondition(streams[stream]?.readWaiter == nil, "one reader per stream")
         let promise = eventLoop.makePromise(of: [ByteBuffer]?.self)
         var state = streams[stream] ?? StreamState()
         state.readWaiter = promise
         state.readMinimum = max(minimum, 1)
-        state.readHeadroom = min(max(headroom, 0), Self.maximumHeadroom)
         streams[stream] = state
         serveReader(stream)
         process()  // reading extended flow control: tell the peer
@@ -273,10 +267,6 @@ final class QUICConnectionDriver: QUICEndpointConnection {
 
     private static let allocator = ByteBufferAllocator()
     private static let maximumRead = 256 << 10
-    /// What a reader may ask for beyond ``maximumRead`` in one buffer: one whole message of
-    /// qxfer/1 (a 1 MiB chunk with its headers), and the part of it it holds as headroom.
-    private static let maximumMessageRead = (1 << 20) + (64 << 10)
-    private static let maximumHeadroom = 256 << 10
 
     private func serveReader(_ id: QUICStreamID) {
         // Taken out of the table while it is filled: a copy left there would share the
@@ -286,11 +276,9 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         // The engine copies straight into the buffers handed to the reader, gathered until
         // the reader's minimum: one wake-up of the reader per message, not per packet (on a
         // path that delivers packets one at a time, a wake-up per 1.4 KB cost the receiver
-        // more CPU than the packets). A buffer holds what the reader still needs (the rest of
-        // its message, up to ``maximumMessageRead``) or at most 256 KiB of what has arrived:
-        // a repaired loss can release a whole window at once, and the reader's copy of it adds
-        // to the peak memory (the window is already extended as the engine's queue drains);
-        // and the messages decoded
+        // more CPU than the packets). At most 256 KiB per buffer: a repaired loss can release a
+        // whole window at once, and the reader's copy of it adds to the peak memory (the
+        // window is already extended as the engine's queue drains); and the messages decoded
         // from a buffer keep all of its storage until each is handled, on every busy stream (a
         // receiver of many small files, 8 streams of Batches: 16 MiB of its peak heap with
         // buffers of up to 1 MiB, docs/benchmarks.md, "Send buffers shared by a connection's streams").
@@ -304,18 +292,9 @@ final class QUICConnectionDriver: QUICEndpointConnection {
             var buffer: ByteBuffer
             if available > 0, let last = state.gathered.last, last.writableBytes > 0 {
                 buffer = state.gathered.removeLast()
-            } else if available == 0 {
-                buffer = Self.allocator.buffer(capacity: 0)
             } else {
-                // Up to what the reader still needs (its message), or what has arrived.
-                let needed = state.readMinimum - state.gatheredBytes
-                let size = max(min(needed, Self.maximumMessageRead), min(available, Self.maximumRead))
-                let headroom = state.gathered.isEmpty ? state.readHeadroom : 0
-                buffer = Self.allocator.buffer(capacity: headroom + size)
-                if headroom > 0 {
-                    buffer.moveWriterIndex(forwardBy: headroom)
-                    buffer.moveReaderIndex(forwardBy: headroom)
-                }
+                let wanted = available == 0 ? 0 : max(state.readMinimum - state.gatheredBytes, available)
+                buffer = Self.allocator.buffer(capacity: min(wanted, Self.maximumRead))
             }
             let capacity = min(available, buffer.writableBytes)
             let byteCount: Int
@@ -342,7 +321,6 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         state.readWaiter = nil
         state.gathered = []
         state.gatheredBytes = 0
-        state.readHeadroom = 0
         streams[id] = state
         if !gathered.isEmpty {
             waiter.succeed(gathered)  // an end or a failure is reported to the next read
