@@ -20,9 +20,9 @@ import QXferIdentity
 /// retries), never `failed`.
 ///
 /// When the stacks that answered all refused (TCP's "connection refused") and the others stay
-/// silent for ``refusalGrace`` (one second), the attempt ends with "nothing listens on host:port, neither TCP
-/// nor UDP": a ``QXferError/Code/connectFailed`` whose `underlying` is ``NothingListens``, which
-/// the connection retries until its connect timeout like any refusal.
+/// silent for ``refusalGrace`` (one second), the attempt ends with "nothing listens on
+/// host:port, neither TCP nor UDP": a ``QXferError/Code/connectFailed`` whose `underlying` is
+/// ``NothingListens``, which the connection retries until its connect timeout like any refusal.
 ///
 /// A listener with this stack listens on every stack, on the same port number.
 public struct FirstOf: SecureTransport {

@@ -74,10 +74,12 @@ enum FileDataBody {
         let start = body.baseAddress! + headerSize
         let capacity = body.count - headerSize
         var n: Int
+        var err: Int32 = 0
         repeat {
             n = sequential ? read(file.fd, start, capacity) : pread(file.fd, start, capacity, off_t(offset))
-        } while n < 0 && errno == EINTR
-        guard n >= 0 else { throw TransferError.posix("cannot read", "a file being sent", errno: errno) }
+            err = errno
+        } while n < 0 && err == EINTR
+        guard n >= 0 else { throw TransferError.posix("cannot read", "a file being sent", errno: err) }
         return n
     }
 }
