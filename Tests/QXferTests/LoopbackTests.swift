@@ -256,8 +256,8 @@ struct LoopbackTests {
 
     static let limit = 1 << 20
 
-    @Test("TLV over TLS: empty, small and maximum-size messages round trip with their types")
-    func tlvRoundTrip() async throws {
+    /// A TLV-over-TLS client connected to a listener that echoes every message with its type.
+    static func withTLVEcho(_ body: @escaping @Sendable (NetworkConnection<TLV<TLS>>) async throws -> Void) async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { TLV(maximumMessageSize: Self.limit) { TLS().identity(Identities.server) } }
         try await withListener(listener, handler: { connection in
             for try await (content, metadata) in connection.messages {
@@ -270,6 +270,13 @@ struct LoopbackTests {
                 }
             }
             defer { connection.cancel() }
+            try await body(connection)
+        }
+    }
+
+    @Test("TLV over TLS: empty, small and maximum-size messages round trip with their types")
+    func tlvRoundTrip() async throws {
+        try await Self.withTLVEcho { connection in
             let largest = Data((0..<Self.limit).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 8) })
             let messages: [(UInt32, Data)] = [(1, Data()), (7, Data("hello".utf8)), (.max, largest), (0, Data([0]))]
             for (type, content) in messages {
@@ -287,18 +294,7 @@ struct LoopbackTests {
 
     @Test("TLV over TLS: a body written in place goes as written; a body that fails or claims too much sends nothing")
     func tlvBodyWrittenInPlace() async throws {
-        let listener = NetworkListener(on: 0, host: "127.0.0.1") { TLV(maximumMessageSize: Self.limit) { TLS().identity(Identities.server) } }
-        try await withListener(listener, handler: { connection in
-            for try await (content, metadata) in connection.messages {
-                try await connection.send(content, type: metadata.type)
-            }
-        }) { port in
-            let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
-                TLV(maximumMessageSize: Self.limit) {
-                    TLS().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
-                }
-            }
-            defer { connection.cancel() }
+        try await Self.withTLVEcho { connection in
             struct Refused: Error {}
             // Room for the largest body; fewer bytes written: the frame says how many.
             for written in [0, 1, 1000, Self.limit] {
