@@ -343,6 +343,56 @@ import Testing
         #expect(readFile(mountPoint + "/video.raw") == data)
     }
 
+    /// Writing goes on while a checkpoint's sync is under way; the next checkpoint, and
+    /// verifying, wait for it; the journal vouches for the checkpoint once its sync returned.
+    /// No timing: the sync is held until the test lets it go (or 20 s pass, which fails).
+    @Test func checkpointsSyncWhileWritingGoesOn() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let gate = SyncGate()
+        let store = FileStore(directory: try TargetDirectory(path: temp.path), checkpointInterval: 64 << 10, syncData: gate.sync)
+        let data = pattern(300 << 10, seed: 31)
+        let file = try target("held.bin", data)
+        let writer = try store.openWriter(for: file)
+        try write(writer, data[..<(100 << 10)].map { $0 }, from: 0, chunk: 10 << 10)  // a checkpoint at 70 KiB starts
+        #expect(gate.waitUntilHeld(count: 1), "no checkpoint started")
+        // Its sync is held: writing goes on up to the next checkpoint's offset.
+        try write(writer, data[..<(130 << 10)].map { $0 }, from: 100 << 10, chunk: 10 << 10)
+        #expect(!gate.timedOut, "a write waited for the sync")
+        #expect(Journal.read(".held.bin.qxfer-journal", in: Descriptor(open(temp.path, O_RDONLY | O_DIRECTORY)))?.offset == 0,
+                "the journal vouched for data before its sync returned")
+        gate.release()
+        #expect(writer.checkpointedOffset == 70 << 10)
+        #expect(Journal.read(".held.bin.qxfer-journal", in: Descriptor(open(temp.path, O_RDONLY | O_DIRECTORY)))?.offset == 70 << 10)
+        try write(writer, data, from: 130 << 10, chunk: 10 << 10)
+        try writer.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        #expect(readFile(temp.sub("held.bin")) == data)
+        #expect(!gate.timedOut)
+    }
+
+    /// A checkpoint whose sync failed in the background fails the file at the next checkpoint
+    /// or at verification (the data may be lost), with the error a synchronous sync gave, and
+    /// the journal never vouches for it.
+    @Test(arguments: [false, true]) func failedBackgroundSyncIsReported(atVerify: Bool) throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let store = FileStore(directory: try TargetDirectory(path: temp.path), checkpointInterval: 64 << 10, syncData: { _ in
+            errno = EIO
+            return -1
+        })
+        let data = pattern(200 << 10, seed: 32)
+        let file = try target("failing.bin", data)
+        let writer = try store.openWriter(for: file)
+        let end = atVerify ? 100 << 10 : 200 << 10  // one checkpoint started, or a second due after it
+        let error = #expect(throws: TransferError.self) {
+            try write(writer, data[..<end].map { $0 }, from: 0, chunk: 10 << 10)
+            try writer.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        }
+        #expect(error?.code == .io && error?.message.contains("cannot sync") == true, "\(String(describing: error))")
+        #expect(Journal.read(".failing.bin.qxfer-journal", in: Descriptor(open(temp.path, O_RDONLY | O_DIRECTORY)))?.offset ?? 0 == 0)
+        #expect(!exists(temp.sub("failing.bin")))
+    }
+
     /// What a checkpoint made durable leaves the page cache (the receiver never reads it again),
     /// and what is not yet durable stays: pages of the partial are counted with mincore(2) on a
     /// mapping of it. Before the change every page written stayed cached.
@@ -390,5 +440,50 @@ import Testing
             if point.count > best?.point.count ?? -1 { best = (point, String(fields[2])) }
         }
         return best?.type
+    }
+}
+
+/// A data sync that blocks until released (at most 20 s, then it records a timeout), counting
+/// the syncs that reached it.
+final class SyncGate: @unchecked Sendable {
+    // @unchecked: every field is touched with `lock` held.
+    private let lock = NSCondition()
+    private var held = 0
+    private var released = false
+    private(set) var timedOut = false
+
+    var sync: @Sendable (Int32) -> Int32 {
+        { [self] fd in
+            lock.lock()
+            held += 1
+            lock.broadcast()
+            let deadline = Date().addingTimeInterval(20)
+            while !released {
+                if !lock.wait(until: deadline) {
+                    timedOut = true
+                    break
+                }
+            }
+            lock.unlock()
+            return fdatasync(fd)
+        }
+    }
+
+    /// Whether `count` syncs reached the gate within 20 s.
+    func waitUntilHeld(count: Int) -> Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        let deadline = Date().addingTimeInterval(20)
+        while held < count {
+            if !lock.wait(until: deadline) { return false }
+        }
+        return true
+    }
+
+    func release() {
+        lock.lock()
+        released = true
+        lock.broadcast()
+        lock.unlock()
     }
 }

@@ -342,6 +342,8 @@ final class QUICConnectionDriver: QUICEndpointConnection {
             let accepted: Int
             do {
                 accepted = try buffer.withUnsafeReadableBytes { try engine.write(stream: id, bytes: $0) }
+            } catch where engine.isClosed {
+                break  // the close's reason, drained next, fails the write: it says more than "closed"
             } catch {
                 state.pendingWrites.removeFirst()
                 promise.fail(QUICErrors.describe(error))

@@ -56,12 +56,12 @@ struct Journal: Equatable {
         return String(hash, radix: 16)
     }
 
-    func write(to journal: Descriptor, shown: String) throws(TransferError) {
+    func write(to journal: Descriptor, shown: String, durable: Bool = true) throws(TransferError) {
         let text = body + "check \(Journal.check(body))\n"
         let bytes = Array(text.utf8)
         let n = bytes.withUnsafeBytes { pwrite(journal.fd, $0.baseAddress, $0.count, 0) }
         guard n == bytes.count else { throw TransferError.posix("cannot write the journal of", "'\(shown)'", errno: n < 0 ? errno : ENOSPC) }
-        guard ftruncate(journal.fd, off_t(bytes.count)) == 0, fdatasync(journal.fd) == 0 else {
+        guard ftruncate(journal.fd, off_t(bytes.count)) == 0, !durable || fdatasync(journal.fd) == 0 else {
             throw TransferError.posix("cannot sync the journal of", "'\(shown)'", errno: errno)
         }
     }
