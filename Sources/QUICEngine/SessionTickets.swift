@@ -70,12 +70,18 @@ public final class QUICSessionTicketIssuer: @unchecked Sendable {
     /// ClientHellos remembered at once; beyond this, early data is refused (never memory).
     public static let replayMemoryLimit = 65_536
     /// GnuTLS's replay window: how far a ClientHello's ticket age may stray from the server's
-    /// view (and how long each is remembered), and how often the filter starts a new period,
-    /// refusing early data on tickets issued before it. A client that sends early data is gone
+    /// view (and how long each is remembered), and how often at most the filter starts a new
+    /// period, refusing early data on tickets issued before it (a period ends at the first
+    /// ClientHello that comes a window after it began). A client that sends early data is gone
     /// before its next ticket arrives (the server sends it after the client's Finished), so it
-    /// resumes with the same ticket until a new period refuses it; GnuTLS's 10 s would refuse
-    /// every other send of someone sending twice a minute, ten minutes refuses about one an hour.
-    public static let replayWindow = Duration.seconds(600)
+    /// resumes with the same ticket until a new period refuses it, and then gets a new one: with
+    /// a window of ten minutes every other send of someone sending less often than that went
+    /// without early data (the ticket of the send before had been issued before the current
+    /// period). A window as long as a ticket lives (GnuTLS's 6 h) refuses at most one send per
+    /// window. Replays are refused by the record of each ClientHello taken, whatever the
+    /// window; the window bounds how long that record is kept (at most ``replayMemoryLimit``
+    /// in memory, one empty file each in a register).
+    public static let replayWindow = Duration.seconds(6 * 3600)
 
     private let key: UnsafeMutablePointer<UInt8>
     private let keyLength: Int
