@@ -289,10 +289,6 @@ public final class FileWriter {
     private let journal: Descriptor?
     /// The checkpoint being made durable on a thread of its own while writing goes on.
     private var checkpointInFlight: CheckpointInFlight?
-
-    deinit {
-        _ = checkpointInFlight?.wait()  // no journal write of this writer after it is gone
-    }
     private let hasher: any StreamingHasher
     /// Whether ``verify(size:digest:)`` succeeded: the next step is ``commit()``.
     private var verified = false
@@ -308,6 +304,10 @@ public final class FileWriter {
         self.offset = start.offset
         self.vouchedOffset = start.offset
         self.writeBackOffset = start.offset
+    }
+
+    deinit {
+        _ = checkpointInFlight?.wait()  // no journal write of this writer after it is gone
     }
 
     /// Bytes written before their write-back to the device is started. The checkpoints' and
