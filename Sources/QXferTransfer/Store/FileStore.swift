@@ -1,4 +1,5 @@
 import FoundationEssentials
+import Dispatch
 #if canImport(SafeOutput)  // fuzz/run.sh compiles renameAt's source into its one module
 internal import SafeOutput
 #endif
@@ -275,7 +276,7 @@ public final class FileWriter {
     /// The last offset the journal vouches for (once a checkpoint under way is durable: this waits for it).
     public var checkpointedOffset: UInt64 {
         guard let inFlight = checkpointInFlight, inFlight.wait() == nil else { return vouchedOffset }
-        return max(vouchedOffset, inFlight.offset)
+        return inFlight.offset
     }
     /// The offset of the last checkpoint known to be durable.
     private var vouchedOffset: UInt64
@@ -366,30 +367,35 @@ public final class FileWriter {
     /// checkpoint under way first; a failure of that one is thrown.
     public func checkpoint() throws(TransferError) {
         try finishCheckpointInFlight()
-        guard let file, let journal, target.size != nil else { return }
-        let record = Journal(target: target, offset: offset, prefixDigest: hasher.digest())
-        try Self.makeDurable(record, file: file, journal: journal, from: vouchedOffset, shown: target.path.description, sync: store.syncData)
-        vouchedOffset = offset
+        guard target.size != nil else { return }
+        startCheckpoint(on: { $0() })  // on this thread
+        try finishCheckpointInFlight()
     }
 
     /// Starts the checkpoint of what is written so far on a thread of its own: writing goes on
     /// meanwhile instead of waiting for the device (an fdatasync of 16 MiB took 20-25 ms on the
     /// benchmark machine: a quarter of the reader's time at 200 MB/s, with the connection's
     /// window filling up behind it). The record is taken now, so it vouches only for bytes
-    /// written before the sync began, and its order of steps is ``checkpoint()``'s.
-    private func startCheckpoint() {
+    /// written before the sync began: fdatasync of the partial, the record written and synced,
+    /// then the durable pages dropped from the page cache. `run` runs the steps (``checkpoint()``
+    /// runs them on its own thread).
+    private func startCheckpoint(on run: (@escaping @Sendable () -> Void) -> Void = DetachedThread.run) {
         guard let file, let journal else { return }
         let record = Journal(target: target, offset: offset, prefixDigest: hasher.digest())
         let inFlight = CheckpointInFlight(offset: offset)
         let (start, shown, sync) = (vouchedOffset, target.path.description, store.syncData)
         checkpointInFlight = inFlight
-        DetachedThread.run {
-            do throws(TransferError) {
-                try Self.makeDurable(record, file: file, journal: journal, from: start, shown: shown, sync: sync)
-                inFlight.finish(nil)
-            } catch {
-                inFlight.finish(error)
+        run {
+            guard sync(file.fd) == 0 else {
+                return inFlight.finish(TransferError.posix("cannot sync", "'\(shown)'", errno: errno))
             }
+            do throws(TransferError) {
+                try record.write(to: journal, shown: shown)
+            } catch {
+                return inFlight.finish(error)
+            }
+            Self.releaseDurablePages(of: file, from: start, upTo: record.offset)
+            inFlight.finish(nil)
         }
     }
 
@@ -399,17 +405,7 @@ public final class FileWriter {
         guard let inFlight = checkpointInFlight else { return }
         checkpointInFlight = nil
         if let error = inFlight.wait() { throw error }
-        vouchedOffset = max(vouchedOffset, inFlight.offset)
-    }
-
-    /// fdatasync of the partial, the journal's record (synced), then the durable pages dropped
-    /// from the page cache.
-    private static func makeDurable(
-        _ record: Journal, file: Descriptor, journal: Descriptor, from start: UInt64, shown: String, sync: (Int32) -> Int32
-    ) throws(TransferError) {
-        guard sync(file.fd) == 0 else { throw TransferError.posix("cannot sync", "'\(shown)'", errno: errno) }
-        try record.write(to: journal, shown: shown)
-        releaseDurablePages(of: file, from: start, upTo: record.offset)
+        vouchedOffset = inFlight.offset
     }
 
     /// Drops the cached pages of `[start, end)`, which a sync has just made durable
@@ -525,45 +521,26 @@ public final class FileWriter {
 
 /// A checkpoint made durable on a thread of its own (``FileWriter``): the writer waits for it
 /// before the next checkpoint and before anything that needs the journal or the partial settled.
-/// A pthread mutex and condition, which ThreadSanitizer sees (docs/SECURITY.md, "Sanitizers").
-private final class CheckpointInFlight: @unchecked Sendable {
-    // @unchecked: `finished` and `error` are only touched with `mutex` held.
+/// Its outcome behind `Locked`'s pthread mutex, which ThreadSanitizer sees, as
+/// ``FileCommitter``'s threads hand theirs over.
+private final class CheckpointInFlight: Sendable {
     /// The offset the checkpoint vouches for once durable.
     let offset: UInt64
-    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
-    private let condition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
-    private var finished = false
-    private var error: TransferError?
+    private let failure = Locked<TransferError?>(nil)
+    private let finished = DispatchSemaphore(value: 0)
 
-    init(offset: UInt64) {
-        self.offset = offset
-        mutex.initialize(to: pthread_mutex_t())
-        condition.initialize(to: pthread_cond_t())
-        pthread_mutex_init(mutex, nil)
-        pthread_cond_init(condition, nil)
-    }
-
-    deinit {
-        pthread_cond_destroy(condition)
-        pthread_mutex_destroy(mutex)
-        condition.deallocate()
-        mutex.deallocate()
-    }
+    init(offset: UInt64) { self.offset = offset }
 
     /// Called once by the thread that made it durable, with its failure if any.
-    func finish(_ failure: TransferError?) {
-        pthread_mutex_lock(mutex)
-        finished = true
-        error = failure
-        pthread_cond_broadcast(condition)
-        pthread_mutex_unlock(mutex)
+    func finish(_ error: TransferError?) {
+        failure.withLock { $0 = error }
+        finished.signal()
     }
 
-    /// Waits until it finished; its failure, if any.
+    /// Waits until it finished (any number of times); its failure, if any.
     func wait() -> TransferError? {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        while !finished { pthread_cond_wait(condition, mutex) }
-        return error
+        finished.wait()
+        finished.signal()  // for the next wait
+        return failure.withLock { $0 }
     }
 }
