@@ -151,7 +151,7 @@ def target_lines(summary):
     # Issue 18: QUIC at least TCP+TLS on more paths. Where both fill the link QUIC's per-packet
     # overhead leaves it ~1 % short by construction; the -stock paths are where TCP's buffer
     # limits, as Linux sets them, do not reach the bandwidth-delay product.
-    for condition in ("wan-long", "wan-lossy", "wan-far", "wan-far-stock", "wan-ocean-stock"):
+    for condition in ("wan-long", "wan-lossy", "wan-far", "wan-far-stock", "wan-ocean-stock", "wan-jitter"):
         check(condition, "qxfer-quic", "qxfer-tls", 1.0)
     # A fast LAN at MTU 1500 (issue 19): QUIC's per-packet cost against its own TCP+TLS stack.
     check("veth", "qxfer-quic", "qxfer-tls", 0.6)

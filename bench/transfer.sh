@@ -15,8 +15,9 @@
 # (the same with 1 % random loss each way); wan-long (100 ms one way, 100 Mbit/s, 100 ms queue:
 # an ocean away); wan-lossy (20 ms one way, 300 Mbit/s, 40 ms queue, 0.5 % random loss each
 # way); wan-far (50 ms one way, 500 Mbit/s, 100 ms queue: a fast link across a continent);
-# wan-ocean (150 ms one way, 200 Mbit/s, 150 ms queue); these two only when named in CONDITIONS
-# (1 GiB over wan-ocean takes TCP minutes). The namespaces raise TCP's buffer limits
+# wan-ocean (150 ms one way, 200 Mbit/s, 150 ms queue); wan-jitter (20 ms ± 10 ms one way, order
+# kept, 200 Mbit/s, 30 ms queue: a path whose delay varies, as radio links' does); these three
+# only when named in CONDITIONS (1 GiB over wan-ocean takes TCP minutes). The namespaces raise TCP's buffer limits
 # to 64 MiB, so that TCP can fill every path; a condition named with -stock (wan-far-stock,
 # wan-ocean-stock, any path) keeps Linux's own defaults instead (tcp_rmem up to 6 MiB, tcp_wmem up
 # to 4 MiB: what an untuned host gives every TCP tool, a QUIC stack's windows being its own).
@@ -121,6 +122,7 @@ setup() {
         wan-lossy) emulate=(--delay 20ms --rate 300mbit --queue 40ms --loss 0.5%) ;;
         wan-far) emulate=(--delay 50ms --rate 500mbit --queue 100ms) ;;
         wan-ocean) emulate=(--delay 150ms --rate 200mbit --queue 150ms) ;;
+        wan-jitter) emulate=(--delay 20ms --jitter 10ms --rate 200mbit --queue 30ms) ;;
         *) echo "bench/transfer.sh: unknown condition '$1'" >&2; exit 2 ;;
     esac
     if [ "${#emulate[@]}" -eq 0 ]; then

@@ -76,6 +76,9 @@ public final class QUICConnection {
     private var fullRateEstimate: UInt64 = 0
     private var roundsWithoutGrowth = 0
     private var roundEnds = QUICTime(nanoseconds: 0)
+    /// How far the smoothed RTT stayed above the minimum while too little was in flight to queue
+    /// anywhere (see ``inFlightCap(_:)``), in nanoseconds.
+    private var unqueuedRTTExcess: UInt64 = 0
     private var currentPath: QUICPath
 
     // Recorded by callbacks, acted on after the ngtcp2 call returns.
@@ -523,6 +526,7 @@ public final class QUICConnection {
         let start = max(now, pacedUntil)
         ngtcp2_conn_update_pkt_tx_time(conn, start.nanoseconds)
         let s = Self.statistics(conn)
+        sampleUnqueuedRTTExcess(s)
         let paced = s.bytes_in_flight > inFlightBefore ? s.bytes_in_flight - inFlightBefore : 0
         guard paced > 0 else { return }
         // ngtcp2's own fallback when the controller sets no rate (RFC 9002 §7.7): cwnd / srtt × 1.25.
@@ -578,16 +582,40 @@ public final class QUICConnection {
                 pipeFilled = roundsWithoutGrowth >= 3
             }
         }
-        return pipeFilled ? cap / Double(s.min_rtt) : nil
+        return pipeFilled ? cap / cappedDelay(s) : nil
     }
 
     /// The bytes ``QUICConfiguration/maxInFlightBandwidthDelayProducts`` lets be in flight, once
     /// there is a rate sample and a minimum RTT; nil without them or without the setting.
+    ///
+    /// A product's delay is the minimum RTT plus what the smoothed RTT exceeded it by while less
+    /// than ``minimumInFlightCap`` was in flight, too little to queue on any path the cap
+    /// matters on. On a path whose delay varies (radio links, a jittery emulated path) a busy
+    /// flow's packets take longer than the rare fastest one, with no queue of this sender's: a cap
+    /// on the minimum alone then holds less in flight than the pipe needs, the rate sample it
+    /// caps falls, and the next cap with it, round after round down to the floor (0.62 of the
+    /// link where TCP moved 0.78; docs/benchmarks.md, "A path whose delay varies"). Measured only while nothing
+    /// could queue, the excess never grows with what this sender puts in flight.
     private func inFlightCap(_ s: ngtcp2_conn_stat) -> Double? {
         guard var products = configuration.maxInFlightBandwidthDelayProducts,
               s.delivery_rate_sec > 0, s.min_rtt != UInt64.max, s.min_rtt > 0 else { return nil }
         if !pipeFilled { products = max(products, Self.startUpInFlightProducts) }
-        return max(Double(Self.minimumInFlightCap), products * Double(s.delivery_rate_sec) * Double(s.min_rtt) / 1e9)
+        return max(Double(Self.minimumInFlightCap), products * Double(s.delivery_rate_sec) * cappedDelay(s) / 1e9)
+    }
+
+    /// The delay of one of the in-flight cap's bandwidth-delay products, in nanoseconds.
+    private func cappedDelay(_ s: ngtcp2_conn_stat) -> Double {
+        Double(s.min_rtt) + Double(unqueuedRTTExcess)
+    }
+
+    /// Before the pipe is full, while less than ``minimumInFlightCap`` is in flight: how far the
+    /// smoothed RTT stays above the minimum, less an eighth of the minimum: what delayed
+    /// acknowledgements and timers add on a path of fixed delay (1-7 ms on bench/'s emulated
+    /// 40-300 ms paths; 16-27 ms on its path of 20 ± 10 ms each way).
+    private func sampleUnqueuedRTTExcess(_ s: ngtcp2_conn_stat) {
+        guard !pipeFilled, s.bytes_in_flight < Self.minimumInFlightCap, s.min_rtt != UInt64.max else { return }
+        let variation = s.smoothed_rtt > s.min_rtt ? s.smoothed_rtt - s.min_rtt : 0
+        unqueuedRTTExcess = variation > s.min_rtt / 8 ? variation - s.min_rtt / 8 : 0
     }
 
     private static func statistics(_ conn: OpaquePointer) -> ngtcp2_conn_stat {

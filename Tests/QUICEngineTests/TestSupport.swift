@@ -111,8 +111,13 @@ let ms: UInt64 = 1_000_000
 /// Conditions of one direction of the simulated link.
 struct LinkConditions {
     var delay: UInt64 = 10 * ms
-    /// Extra random delay in 0..<jitter; values larger than the packet spacing reorder packets.
+    /// Extra random delay in 0..<jitter; values larger than the packet spacing reorder packets
+    /// unless `jitterKeepsOrder`.
     var jitter: UInt64 = 0
+    /// A packet never arrives before the one sent ahead of it (as qxfer-linkemu's jitter): a
+    /// busy flow's packets then take close to the largest delay, a packet after a pause the
+    /// drawn one.
+    var jitterKeepsOrder = false
     var loss: Double = 0
     var duplication: Double = 0
     /// Bits per second; 0 means unlimited.
@@ -151,6 +156,8 @@ final class Simulation {
     var up = LinkConditions()     // client → server
     var down = LinkConditions()   // server → client
     private var linkFree: [Side: UInt64] = [.client: 0, .server: 0]
+    /// When the last packet each side sent arrives (for `jitterKeepsOrder`).
+    private var lastArrival: [Side: UInt64] = [.client: 0, .server: 0]
 
     let serverAddress: QUICSocketAddress
     private(set) var clientAddress: QUICSocketAddress
@@ -293,7 +300,12 @@ final class Simulation {
             if rng.chance(conditions.duplication) { copies = 2 }
             for _ in 0..<copies {
                 let jitter = conditions.jitter > 0 ? rng.below(conditions.jitter) : 0
-                push(Flight(time: departure + conditions.delay + jitter, sequence: nextSequence(), to: to,
+                var arrival = departure + conditions.delay + jitter
+                if conditions.jitterKeepsOrder {
+                    arrival = max(arrival, lastArrival[side]!)
+                    lastArrival[side] = arrival
+                }
+                push(Flight(time: arrival, sequence: nextSequence(), to: to,
                             datagram: datagram, source: source, destination: destination))
             }
         }
