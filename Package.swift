@@ -175,6 +175,7 @@ let package = Package(
         .target(
             name: "QXferQUIC",
             dependencies: [
+                "LinuxSystem",
                 "QXferCore",
                 "QXferIdentity",
                 "QXferSockets",

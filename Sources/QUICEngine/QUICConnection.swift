@@ -559,7 +559,7 @@ public final class QUICConnection {
     }
 
     /// With the in-flight cap, once the delivery-rate estimate has stopped growing: the cap's
-    /// bytes spread over one minimum RTT (bytes per nanosecond); nil before, and without the cap.
+    /// bytes spread over one of its products' delay (bytes per nanosecond); nil before, and without the cap.
     ///
     /// The cap holds new data back while cwnd has room, so ngtcp2 0.12 ends each flight with an
     /// undersized packet and marks the connection application-limited; BBR v2 ignores such

@@ -1,4 +1,5 @@
 import FoundationEssentials
+import LinuxSystem
 import QUICEngine
 @_spi(Stacks) import QXferCore
 import QXferIdentity
@@ -49,25 +50,31 @@ public struct EarlyDataRegister: Sendable, Hashable, QUICEarlyDataRegister {
         return true
     }
 
-    /// Removes entries past their moment, at most once a minute per folder and process (the
-    /// folder holds one name per early ClientHello of the last replay window).
+    /// Removes entries past their moment, at most once a minute per folder and process, on a
+    /// thread of its own: the folder holds one name per early ClientHello of the last replay
+    /// window (six hours), thousands for a busy receiver, and the caller is an event loop.
     private func prune(keeping name: String) {
-        let now = Date()
+        let now = time(nil)
         guard Self.lastPrune.withLock({ last in
-            if let previous = last[path], now.timeIntervalSince(previous) < 60 { return false }
+            if let previous = last[path], now - previous < 60 { return false }
             last[path] = now
             return true
         }) else { return }
+        // A second's margin: an entry another listener has just made carries its creation
+        // time until it sets its moment.
+        DetachedThread.run { [path] in Self.removeEntries(in: path, before: now - 1, keeping: name) }
+    }
+
+    private static func removeEntries(in path: String, before cutoff: time_t, keeping name: String) {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: path) else { return }
-        let cutoff = now.timeIntervalSince1970
         for entry in names where entry != name {
             var info = stat()
             let file = path + "/" + entry
-            if lstat(file, &info) == 0 && TimeInterval(info.st_mtim.tv_sec) < cutoff { unlink(file) }
+            if lstat(file, &info) == 0 && info.st_mtim.tv_sec < cutoff { unlink(file) }
         }
     }
 
-    private static let lastPrune = Locked<[String: Date]>([:])
+    private static let lastPrune = Locked<[String: time_t]>([:])
 
     /// Lets the next record prune at once (tests).
     static func forgetPruneTimes() { lastPrune.withLock { $0 = [:] } }
