@@ -59,7 +59,12 @@ final class MDNSDriver<Machine: MDNSStateMachine> {
         return message.isResponse ? "response: " + records.joined(separator: ", ") : "query " + (questions + records.map { "known " + $0 }).joined(separator: ", ")
     }
 
-    /// Lets the machine say its last words (goodbyes), sends them, then closes every socket.
+    /// How long the goodbyes may take to leave before the sockets close anyway: a socket that
+    /// never becomes writable again (its interface gone) must not hold a process's exit.
+    static var goodbyeTimeout: TimeAmount { .seconds(1) }
+
+    /// Lets the machine say its last words (goodbyes), sends them (for at most
+    /// ``goodbyeTimeout``), then closes every socket.
     func shutdown() -> EventLoopFuture<Void> {
         guard !stopped else {
             return EventLoopFuture.andAllComplete(channels.map { $0.channel.closeFuture }, on: eventLoop)
@@ -72,8 +77,13 @@ final class MDNSDriver<Machine: MDNSStateMachine> {
         timer = nil
         let channels = self.channels.map(\.channel)
         let eventLoop = self.eventLoop
+        // Closing a socket fails the writes still waiting on it, which ends the wait below.
+        let closeAnyway = eventLoop.scheduleTask(in: Self.goodbyeTimeout) {
+            for channel in channels { channel.close(promise: nil) }
+        }
         return EventLoopFuture.andAllComplete(writes, on: eventLoop).flatMap {
-            EventLoopFuture.andAllComplete(channels.map { $0.close() }, on: eventLoop)
+            closeAnyway.cancel()
+            return EventLoopFuture.andAllComplete(channels.map { $0.close() }, on: eventLoop)
         }
     }
 
