@@ -91,9 +91,9 @@ public struct QUICConfiguration: Sendable {
     /// both fit on a long fat path, while memory stays bounded. nil keeps the fixed limit.
     public var maxStreamSendBuffer: Int? = nil
     /// When set, new stream data waits while the bytes in flight exceed this many measured
-    /// bandwidth-delay products (delivery rate × minimum RTT, plus the RTT's variation on a path whose
-    /// delay varies: see `QUICConnection`), or 1 MiB when that is more;
-    /// until the pipe is found full at least 1.5 of them, as the estimate trails start-up.
+    /// bandwidth-delay products (delivery rate × minimum RTT, plus the RTT's variation on a
+    /// path whose delay varies: see `QUICConnection`), or 1 MiB when that is more; until the
+    /// pipe is found full at least 1.5 of them, as the estimate trails start-up.
     /// ngtcp2 0.12's BBR in start-up sends at 2.89 times its estimate and fills a path's queue
     /// until it overflows; with a send buffer that no longer bounds what is in flight
     /// (``maxStreamSendBuffer``), this does. Retransmissions and control frames are never held

@@ -559,7 +559,8 @@ public final class QUICConnection {
     }
 
     /// With the in-flight cap, once the delivery-rate estimate has stopped growing: the cap's
-    /// bytes spread over one of its products' delay (bytes per nanosecond); nil before, and without the cap.
+    /// bytes spread over one of its products' delay (bytes per nanosecond); nil before, and
+    /// without the cap.
     ///
     /// The cap holds new data back while cwnd has room, so ngtcp2 0.12 ends each flight with an
     /// undersized packet and marks the connection application-limited; BBR v2 ignores such
@@ -591,11 +592,12 @@ public final class QUICConnection {
     /// A product's delay is the minimum RTT plus what the smoothed RTT exceeded it by while less
     /// than ``minimumInFlightCap`` was in flight, too little to queue on any path the cap
     /// matters on. On a path whose delay varies (radio links, a jittery emulated path) a busy
-    /// flow's packets take longer than the rare fastest one, with no queue of this sender's: a cap
-    /// on the minimum alone then holds less in flight than the pipe needs, the rate sample it
-    /// caps falls, and the next cap with it, round after round down to the floor (0.62 of the
-    /// link where TCP moved 0.78; docs/benchmarks.md, "A path whose delay varies"). Measured only while nothing
-    /// could queue, the excess never grows with what this sender puts in flight.
+    /// flow's packets take longer than the rare fastest one, with no queue of this sender's: a
+    /// cap on the minimum alone then holds less in flight than the pipe needs, the rate sample
+    /// it caps falls, and the next cap with it, round after round down to the floor (0.62 of
+    /// the link where TCP moved 0.78; docs/benchmarks.md, "A path whose delay varies").
+    /// Measured only while nothing could queue, the excess never grows with what this sender
+    /// puts in flight.
     private func inFlightCap(_ s: ngtcp2_conn_stat) -> Double? {
         guard var products = configuration.maxInFlightBandwidthDelayProducts,
               s.delivery_rate_sec > 0, s.min_rtt != UInt64.max, s.min_rtt > 0 else { return nil }
