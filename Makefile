@@ -74,7 +74,7 @@ fuzz:
 
 ## Benchmarks side by side with scp, rsync, iperf3, the ngtcp2 example pair and srt-live-transmit
 ## (bench/run.sh; as root; tables in bench/results/report-DATE.md, plots beside them).
-## bench: ~12 minutes (256 MiB, one run each; many small files, 3 runs); bench-full: 1 GiB x 3 and
+## bench: ~14 minutes (256 MiB, one run each; many small files, 3 runs); bench-full: 1 GiB x 3 and
 ## everything else (~1 hour).
 BENCH_SCRATCH ?= .build
 bench-deps:

@@ -14,11 +14,11 @@
 # veth pair, MTU 1500, nothing emulated); wan (25 ms one way, 500 Mbit/s, 50 ms queue); wan-loss
 # (the same with 1 % random loss each way); wan-long (100 ms one way, 100 Mbit/s, 100 ms queue:
 # an ocean away); wan-lossy (20 ms one way, 300 Mbit/s, 40 ms queue, 0.5 % random loss each
-# way); wan-far (50 ms one way, 500 Mbit/s, 100 ms queue: a fast link across a continent);
-# wan-ocean (150 ms one way, 200 Mbit/s, 150 ms queue); wan-jitter (20 ms ± 10 ms one way, order
-# kept, 200 Mbit/s, 30 ms queue: a path whose delay varies, as radio links' does); these three
-# only when named in CONDITIONS (1 GiB over wan-ocean takes TCP minutes). The namespaces raise TCP's buffer limits
-# to 64 MiB, so that TCP can fill every path; a condition named with -stock (wan-far-stock,
+# way); wan-jitter (20 ms ± 10 ms one way, order kept, 200 Mbit/s, 30 ms queue: a path whose
+# delay varies, as radio links' does); wan-far (50 ms one way, 500 Mbit/s, 100 ms queue: a fast
+# link across a continent) and wan-ocean (150 ms one way, 200 Mbit/s, 150 ms queue) only when
+# named in CONDITIONS (1 GiB over wan-ocean takes TCP minutes). The namespaces raise TCP's buffer
+# limits to 64 MiB, so that TCP can fill every path; a condition named with -stock (wan-far-stock,
 # wan-ocean-stock, any path) keeps Linux's own defaults instead (tcp_rmem up to 6 MiB, tcp_wmem up
 # to 4 MiB: what an untuned host gives every TCP tool, a QUIC stack's windows being its own).
 # Receivers run in namespace b, senders in namespace a (loopback: both in a). On the
@@ -48,7 +48,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 BYTES=${BYTES:-1GiB}
 RUNS=${RUNS:-3}
-CONDITIONS=${CONDITIONS:-loopback veth wan wan-loss wan-long wan-lossy}
+CONDITIONS=${CONDITIONS:-loopback veth wan wan-loss wan-long wan-lossy wan-jitter}
 SCRATCH=${SCRATCH:-.build-bench}
 CAP=${CAP:-300}
 TOOLS=${TOOLS:-qxfer-quic qxfer-tls ${QXFER_BASELINE:+baseline-quic baseline-tls} scp rsync iperf3-cubic iperf3-bbr ngtcp2-cubic ngtcp2-bbr qxfer-tls-4files-1conn qxfer-tls-4files-4conn}
