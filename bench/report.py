@@ -156,7 +156,7 @@ def target_lines(summary):
     # A fast LAN at MTU 1500 (issue 19): QUIC's per-packet cost against its own TCP+TLS stack.
     check("veth", "qxfer-quic", "qxfer-tls", 0.6)
     check("veth", "qxfer-quic", best_peer(summary, "veth", "ngtcp2"), 2.0, "best ngtcp2 example")
-    for condition in ("wan", "wan-loss", "wan-long", "wan-lossy"):
+    for condition in ("wan", "wan-loss", "wan-long", "wan-lossy", "wan-jitter"):
         quic, example = summary.get((condition, "qxfer-quic")), summary.get((condition, "ngtcp2-bbr"))
         if quic and example and quic["drops"] is not None and example["drops"] is not None:
             verdict = "meets" if quic["drops"] <= example["drops"] else "**short of**"
