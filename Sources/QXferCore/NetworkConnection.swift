@@ -145,7 +145,16 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
     /// Receives between `atLeast` and `atMost` bytes of the underlying stream.
     func receiveBuffer(atLeast: Int, atMost: Int) async throws -> (ByteBuffer, isComplete: Bool) {
         precondition(atLeast >= 0 && atMost >= max(atLeast, 1), "receive needs 0 <= atLeast <= atMost and atMost >= 1")
-        let transport = try await transport()
+        let transport: any ByteStreamTransport
+        do {
+            transport = try await self.transport()
+        } catch let failure as QXferError where failure.code != .cancelled {
+            // The connection failed (a send met the peer's close, say), yet what the peer sent
+            // before that is the peer's word: the message before a close decides how a transfer
+            // ended (docs/PROTOCOL.md §2). Bytes already received are still handed out.
+            if let buffered = await inbound.takeBuffered(atLeast: atLeast, atMost: atMost) { return (buffered, false) }
+            throw failure
+        }
         return try await withCancellationClosing {
             do {
                 return try await self.inbound.receive(from: transport, atLeast: atLeast, atMost: atMost)
@@ -327,6 +336,13 @@ actor InboundBuffer {
     private var buffered = 0
     private var finished = false
     private var busy = false
+
+    /// Up to `atMost` of the bytes already received if at least `atLeast` (and one) are; nil
+    /// otherwise. Reads nothing.
+    func takeBuffered(atLeast: Int, atMost: Int) -> ByteBuffer? {
+        guard !busy, buffered >= max(atLeast, 1) else { return nil }
+        return take(min(buffered, atMost))
+    }
 
     func receive(from transport: any ByteStreamTransport, atLeast: Int, atMost: Int) async throws -> (ByteBuffer, isComplete: Bool) {
         guard !busy else {

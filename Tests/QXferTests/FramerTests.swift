@@ -1,4 +1,5 @@
 import Foundation
+import NIOCore
 import Testing
 import QXfer
 @_spi(Stacks) @testable import QXferCore
@@ -52,6 +53,47 @@ struct FramerTests {
             Issue.record("the framer closed the connection itself: the application could not say why")
         }
         receiver.cancel()
+    }
+
+    @Test("A message received before the connection failed is still read: the peer's Error before its close")
+    func bufferedMessageOutlivesAFailedSend() async throws {
+        /// One read holding two messages; then, as a peer that closed: writes and reads fail.
+        final class ClosedByPeer: ByteStreamTransport, @unchecked Sendable {
+            // Only the one reader of the test touches `reads`.
+            private var reads: [[ByteBuffer]]
+            let peer = PeerIdentity(fingerprint: nil, trust: .unauthenticated, applicationProtocol: "qxfer/1")
+            static let closed = QXferError(.connectionClosed, "the peer closed the connection (error 2: too large)")
+            init(_ bytes: [UInt8]) { reads = [[ByteBuffer(bytes: bytes)]] }
+            func read() async throws -> [ByteBuffer]? {
+                if reads.isEmpty { throw Self.closed }
+                return reads.removeFirst()
+            }
+            func write(_ buffer: ByteBuffer) async throws { throw Self.closed }
+            func finish() async throws {}
+            func reset(errorCode: UInt64) {}
+            func close() {}
+            func metrics() async -> ConnectionMetrics { ConnectionMetrics() }
+            var multiplexer: (any StreamMultiplexer)? { nil }
+        }
+        let lastWord = Array("the peer's last word".utf8)
+        let wire = try await encodeTLV([(1, Array("first".utf8)), (2, lastWord)])
+        let connection = NetworkConnection(
+            accepted: ClosedByPeer(wire), parameters: .parameters { TLV(maximumMessageSize: 1024) { TLS() } }, remote: nil)
+        #expect(try await connection.receive().metadata.type == 1)
+        // A send (another task's, in a transfer) meets the close: the connection has failed.
+        await #expect(throws: QXferError.self) { try await connection.send(Array("x".utf8), type: 3) }
+        #expect(connection.currentState?.isFinal == true)
+        let last = try await connection.receive()
+        #expect(last.metadata.type == 2 && Array(last.content) == lastWord)
+        let failure = await #expect(throws: QXferError.self) { _ = try await connection.receive() }
+        #expect(failure?.message.contains("error 2") == true, "\(String(describing: failure))")
+        // Our own cancel() ends every receive at once, buffered bytes or not.
+        let cancelled = NetworkConnection(
+            accepted: ClosedByPeer(wire), parameters: .parameters { TLV(maximumMessageSize: 1024) { TLS() } }, remote: nil)
+        #expect(try await cancelled.receive().metadata.type == 1)
+        cancelled.cancel()
+        let refusal = await #expect(throws: QXferError.self) { _ = try await cancelled.receive() }
+        #expect(refusal?.code == .cancelled)
     }
 
     @Test("Sending a TLV message over the limit is refused locally")
