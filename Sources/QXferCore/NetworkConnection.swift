@@ -151,7 +151,15 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
         } catch let failure as QXferError where failure.code != .cancelled {
             // The connection failed (a send met the peer's close, say), yet what the peer sent
             // before that is the peer's word: the message before a close decides how a transfer
-            // ended (docs/PROTOCOL.md §2). Bytes already received are still handed out.
+            // ended (docs/PROTOCOL.md §2). Bytes already received are still handed out, those
+            // the transport holds too once it has seen the end (so reading it cannot wait).
+            if let remains = machine.withLock({ $0.failedTransport }), await remains.hasEnded {
+                do {
+                    return try await inbound.receive(from: remains, atLeast: atLeast, atMost: atMost)
+                } catch {
+                    throw failure
+                }
+            }
             if let buffered = await inbound.takeBuffered(atLeast: atLeast, atMost: atMost) { return (buffered, false) }
             throw failure
         }
@@ -178,6 +186,9 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
             case finished(QXferError)
         }
         var phase: Phase = .idle
+        /// The transport of a connection that failed (not one cancelled), kept for what the
+        /// peer sent before the failure.
+        var failedTransport: (any ByteStreamTransport)?
         var state: ConnectionState?
         var observers: [UUID: AsyncStream<ConnectionState>.Continuation] = [:]
 
@@ -290,7 +301,9 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
             machine.phase = .finished(reason)
             let observers = machine.enter(final)
             switch previous {
-            case .ready(let transport): return (transport, [], observers)
+            case .ready(let transport):
+                if case .failed = final { machine.failedTransport = transport }
+                return (transport, [], observers)
             case .starting(let waiters): return (nil, waiters, observers)
             default: return (nil, [], observers)
             }

@@ -55,41 +55,53 @@ struct FramerTests {
         receiver.cancel()
     }
 
-    @Test("A message received before the connection failed is still read: the peer's Error before its close")
-    func bufferedMessageOutlivesAFailedSend() async throws {
-        /// One read holding two messages; then, as a peer that closed: writes and reads fail.
-        final class ClosedByPeer: ByteStreamTransport, @unchecked Sendable {
-            // Only the one reader of the test touches `reads`.
-            private var reads: [[ByteBuffer]]
-            let peer = PeerIdentity(fingerprint: nil, trust: .unauthenticated, applicationProtocol: "qxfer/1")
-            static let closed = QXferError(.connectionClosed, "the peer closed the connection (error 2: too large)")
-            init(_ bytes: [UInt8]) { reads = [[ByteBuffer(bytes: bytes)]] }
-            func read() async throws -> [ByteBuffer]? {
-                if reads.isEmpty { throw Self.closed }
-                return reads.removeFirst()
-            }
-            func write(_ buffer: ByteBuffer) async throws { throw Self.closed }
-            func finish() async throws {}
-            func reset(errorCode: UInt64) {}
-            func close() {}
-            func metrics() async -> ConnectionMetrics { ConnectionMetrics() }
-            var multiplexer: (any StreamMultiplexer)? { nil }
+    /// A transport whose peer closed: it hands out `reads` one by one (only after the close
+    /// is known, as the stacks' transports do), then fails every read and write.
+    final class ClosedByPeer: ByteStreamTransport, @unchecked Sendable {
+        // Only the one reader of the test touches `reads`.
+        private var reads: [[ByteBuffer]]
+        let peer = PeerIdentity(fingerprint: nil, trust: .unauthenticated, applicationProtocol: "qxfer/1")
+        static let closed = QXferError(.connectionClosed, "the peer closed the connection (error 2: too large)")
+        init(_ reads: [[UInt8]]) { self.reads = reads.map { [ByteBuffer(bytes: $0)] } }
+        func read() async throws -> [ByteBuffer]? {
+            if reads.isEmpty { throw Self.closed }
+            return reads.removeFirst()
         }
+        func write(_ buffer: ByteBuffer) async throws { throw Self.closed }
+        func finish() async throws {}
+        func reset(errorCode: UInt64) {}
+        func close() {}
+        func metrics() async -> ConnectionMetrics { ConnectionMetrics() }
+        var multiplexer: (any StreamMultiplexer)? { nil }
+        var hasEnded: Bool { get async { true } }
+    }
+
+    @Test("A message that arrived before the connection failed is still read: the peer's Error before its close",
+          arguments: [false, true])
+    func messageOutlivesAFailedSend(lastStillInTransport: Bool) async throws {
+        let first = try await encodeTLV([(1, Array("first".utf8))])
         let lastWord = Array("the peer's last word".utf8)
-        let wire = try await encodeTLV([(1, Array("first".utf8)), (2, lastWord)])
+        let last = try await encodeTLV([(2, lastWord)])
+        // Both messages in one read (the second already taken from the transport when the send
+        // fails), or the second still waiting inside the transport.
+        let reads = lastStillInTransport ? [first, last] : [first + last]
         let connection = NetworkConnection(
-            accepted: ClosedByPeer(wire), parameters: .parameters { TLV(maximumMessageSize: 1024) { TLS() } }, remote: nil)
+            accepted: ClosedByPeer(reads), parameters: .parameters { TLV(maximumMessageSize: 1024) { TLS() } }, remote: nil)
         #expect(try await connection.receive().metadata.type == 1)
         // A send (another task's, in a transfer) meets the close: the connection has failed.
         await #expect(throws: QXferError.self) { try await connection.send(Array("x".utf8), type: 3) }
         #expect(connection.currentState?.isFinal == true)
-        let last = try await connection.receive()
-        #expect(last.metadata.type == 2 && Array(last.content) == lastWord)
+        let received = try await connection.receive()
+        #expect(received.metadata.type == 2 && Array(received.content) == lastWord)
         let failure = await #expect(throws: QXferError.self) { _ = try await connection.receive() }
         #expect(failure?.message.contains("error 2") == true, "\(String(describing: failure))")
-        // Our own cancel() ends every receive at once, buffered bytes or not.
+    }
+
+    @Test("After our own cancel() a receive fails at once, whatever was received")
+    func cancelEndsReceivesAtOnce() async throws {
+        let wire = try await encodeTLV([(1, Array("first".utf8)), (2, Array("second".utf8))])
         let cancelled = NetworkConnection(
-            accepted: ClosedByPeer(wire), parameters: .parameters { TLV(maximumMessageSize: 1024) { TLS() } }, remote: nil)
+            accepted: ClosedByPeer([wire]), parameters: .parameters { TLV(maximumMessageSize: 1024) { TLS() } }, remote: nil)
         #expect(try await cancelled.receive().metadata.type == 1)
         cancelled.cancel()
         let refusal = await #expect(throws: QXferError.self) { _ = try await cancelled.receive() }
