@@ -103,9 +103,10 @@ struct BrowseCommand: AsyncParsableCommand, JSONOutput {
         return "+ \(service.name)  \(addresses)  port \(service.port)" + (fingerprint.map { "  fingerprint \($0)" } ?? "")
     }
 
-    /// Unbuffered: a script reading the pipe sees each line as it happens.
+    /// Unbuffered: a script reading the pipe sees each line as it happens. One line: a name
+    /// from the network cannot start another.
     static func write(_ line: String) {
-        StandardStream.output.write(line + "\n")
+        StandardStream.output.write(TerminalText.escaped(line) + "\n")
     }
 }
 

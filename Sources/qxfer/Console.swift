@@ -56,7 +56,7 @@ enum Console {
     /// `error` event carrying the code and the exit status.
     static func fatal(_ message: String, code: String, exitStatus: Int32) {
         if json { emit("error", ["message": message, "code": code, "exit_code": Int(exitStatus)]) }
-        StandardStream.error.write("qxfer: \(message)\n")
+        StandardStream.error.write("qxfer: \(TerminalText.escaped(message))\n")
     }
 
     // MARK: The terminal's last line
@@ -67,21 +67,24 @@ enum Console {
     private static let question = Mutex<String?>(nil)
     private static let standardErrorIsTerminal = isatty(STDERR_FILENO) == 1
 
-    /// Writes one line to `stream`; on a terminal it starts on a wiped line (a bar may be there)
-    /// and goes above an open question.
+    /// Writes one line to `stream`, a newline inside it escaped; on a terminal it starts on a
+    /// wiped line (a bar may be there) and goes above an open question.
     static func writeLine(_ line: String, to stream: StandardStream = .error) {
         question.withLock { question in
             let onTerminal = stream.isTerminal
-            if onTerminal && standardErrorIsTerminal { StandardStream.error.write("\r\u{1B}[K") }
-            stream.write(line + "\n")
+            if onTerminal && standardErrorIsTerminal { StandardStream.error.writeVerbatim(wipeLine) }
+            stream.write(TerminalText.escaped(line) + "\n")
             if onTerminal, let question { StandardStream.error.write(question) }
         }
     }
 
+    /// Back to the start of the line, then clear it.
+    private static let wipeLine = "\r\u{1B}[K"
+
     /// Draws `bar` over the current line of standard error (a terminal), unless a question is on it.
     static func drawBar(_ bar: String) {
         question.withLock { question in
-            if question == nil { StandardStream.error.write("\r\u{1B}[K\(bar)") }
+            if question == nil { StandardStream.error.writeVerbatim(wipeLine + TerminalText.escaped(bar)) }
         }
     }
 
@@ -89,7 +92,7 @@ enum Console {
     static func beginQuestion(_ prompt: String) {
         question.withLock { question in
             question = prompt
-            StandardStream.error.write((standardErrorIsTerminal ? "\r\u{1B}[K" : "") + prompt)
+            StandardStream.error.writeVerbatim((standardErrorIsTerminal ? wipeLine : "") + TerminalText.escaped(prompt))
         }
     }
 
@@ -97,7 +100,7 @@ enum Console {
     static func endQuestion(saying line: String? = nil) {
         question.withLock { question in
             question = nil
-            if let line { StandardStream.error.write("\nqxfer: \(line)\n") }
+            if let line { StandardStream.error.write("\nqxfer: \(TerminalText.escaped(line))\n") }
         }
     }
 

@@ -32,7 +32,7 @@ struct IdentityCommand: AsyncParsableCommand, JSONOutput {
             if !existed {
                 StandardStream.error.write("qxfer: created a new identity in \(directory.path)\n")
             }
-            print(identity.fingerprint)
+            StandardStream.output.write("\(identity.fingerprint)\n")
         }
     }
 }

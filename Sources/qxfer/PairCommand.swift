@@ -1,6 +1,7 @@
 import ArgumentParser
 import FoundationEssentials
 import Glibc
+import PlainText
 import QXfer
 import QXferPairing
 import Synchronization
@@ -250,14 +251,14 @@ struct DevicesCommand: AsyncParsableCommand {
             return
         }
         guard !devices.isEmpty else {
-            print("no paired devices; pair one with 'qxfer pair'")
+            StandardStream.output.write("no paired devices; pair one with 'qxfer pair'\n")
             return
         }
         for device in devices {
-            print(device.name)
-            print("  fingerprint  \(device.fingerprint)")
-            print("  paired       \(device.pairedAt.formatted(.iso8601))" + (device.address.map { " (at \($0))" } ?? ""))
-            print("  last seen    \(device.lastSeen.map { $0.formatted(.iso8601) } ?? "not since pairing")")
+            StandardStream.output.write(TerminalText.escaped(device.name) + "\n")
+            StandardStream.output.write("  fingerprint  \(device.fingerprint)\n")
+            StandardStream.output.write("  paired       \(device.pairedAt.formatted(.iso8601))" + (device.address.map { " (at \($0))" } ?? "") + "\n")
+            StandardStream.output.write("  last seen    \(device.lastSeen.map { $0.formatted(.iso8601) } ?? "not since pairing")\n")
         }
     }
 }

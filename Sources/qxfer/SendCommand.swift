@@ -1,6 +1,7 @@
 import ArgumentParser
 import FoundationEssentials
 import Glibc
+import PlainText
 import QXfer
 import QXferTransfer
 import Synchronization
@@ -152,7 +153,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             if json {
                 Console.emit("found", ["name": found.name, "host": endpoint.host, "port": endpoint.port])
             } else {
-                StandardStream.error.write("qxfer: found receiver '\(found.name)' at \(endpoint)\n")
+                StandardStream.error.write("qxfer: found receiver '\(TerminalText.escaped(found.name))' at \(endpoint)\n")
             }
         }
         let identity = try HostIdentity.loadOrCreate(in: global.config)

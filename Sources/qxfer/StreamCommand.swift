@@ -137,7 +137,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             }
             Console.emit("totals", totals.jsonFields())
         } else {
-            print(totals.text())
+            StandardStream.output.write(totals.text() + "\n")
             var extras: [String] = []
             if let warmUp = summary.warmUp, warmUp.bytes > 0 {
                 extras.append("congestion window opened from \(warmUp.windowBefore / 1000) to \(warmUp.windowAfter / 1000) kB "
@@ -146,7 +146,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             if summary.framesDroppedAtSender > 0 { extras.append("\(summary.framesDroppedAtSender) frames dropped at the sender (past their deadline)") }
             if summary.streamsReset > 0 { extras.append("\(summary.streamsReset) frame streams reset at their deadline") }
             if summary.shardsRetransmitted > 0 { extras.append("\(summary.shardsRetransmitted) shards retransmitted on request") }
-            if !extras.isEmpty { print("sender: " + extras.joined(separator: ", ")) }
+            if !extras.isEmpty { StandardStream.output.write("sender: " + extras.joined(separator: ", ") + "\n") }
         }
     }
 

@@ -2,8 +2,9 @@
 # Hostile peers against the `qxfer recv` binary on loopback, over TCP+TLS and QUIC
 # (Tests/e2e/hostile_peer.py): the path-traversal corpus declined with nothing written, hostile
 # numbers (two files of 2^63 bytes, a frame over 16 MiB) refused with limit-exceeded, a TLS
-# 1.2-only client and clients offering another ALPN refused; then a real `qxfer send` still
-# goes through. No root needed; everything it creates is removed on exit.
+# 1.2-only client and clients offering another ALPN refused, a sender's Error carrying terminal
+# escapes shown harmless; then a real `qxfer send` still goes through. No root needed;
+# everything it creates is removed on exit.
 #
 #   Tests/e2e/hostile.sh        (QXFER=path picks the binary)
 set -euo pipefail
@@ -43,6 +44,16 @@ for stack in tls quic; do
         || fail "$stack: see above; recv said: $(tail -5 "$WORK/recv.err")"
 done
 kill -0 "$RECV_PID" 2>/dev/null || fail "recv died under the hostile peers: $(tail -5 "$WORK/recv.err")"
+# The sender's words reached the receiver's report harmless: no escape, bell or override byte
+# in its output, no line the sender forged, its words shown all the same.
+for log in recv.out recv.err; do
+    if LC_ALL=C grep -q $'[\x1b\x07]' "$WORK/$log" || grep -q $'\u202e' "$WORK/$log"; then
+        fail "a sender's control characters reached the receiver's $log raw: $(grep -a evil "$WORK/$log" | od -c | head -5)"
+    fi
+    grep -q '^qxfer: forged line' "$WORK/$log" && fail "a sender forged a line of the receiver's $log"
+done
+grep -q 'evil.*pwned.*forged line' "$WORK/recv.err" || fail "the sender's Error is not shown: $(tail -3 "$WORK/recv.err")"
+echo "hostile: ok: a sender's terminal escapes, line break and override shown harmless"
 
 for stack in quic tls; do
     timeout 60 "$QXFER" send --config-dir "$WORK/cfg-send" --stack "$stack" "$WORK/src/real.txt" "127.0.0.1:$PORT" \

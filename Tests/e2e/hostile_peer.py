@@ -11,7 +11,9 @@ so it is also an independent encoder of qxfer/1 Offers. Checks, on the stack giv
     Error(limit-exceeded) — on QUIC followed by a close with application error code 2;
   * TCP+TLS only: a TLS 1.2-only client fails its handshake;
   * a client offering ALPN h2 (TLS) or h3 (QUIC) is refused: no handshake, or a connection the
-    receiver closes without answering an Offer.
+    receiver closes without answering an Offer;
+  * an Error whose words carry terminal escapes, a line break and a bidirectional override, sent
+    after an accepted Offer (hostile.sh checks that the receiver showed them harmless).
 Prints one line per check; exits 1 on the first failure.
 
     hostile_peer.py --stack tls|quic --port P --target DIR
@@ -192,6 +194,46 @@ def check_numbers(stack, port, target):
         fail(f"the hostile numbers left something: {os.listdir(target)}")
 
 
+FORGED = b"evil\x1b]0;pwned\x07\x1b[2J\r\nqxfer: forged line \xe2\x80\xae"
+
+
+def check_words(stack, port):
+    """A sender's Error carrying terminal escapes, a line break and a bidirectional override,
+    after its Offer was accepted: the receiver must show it harmless (hostile.sh reads its
+    standard error) and stay up."""
+    offer_one = offer(entry([b"words.txt"], size=5))
+    error = frame(9, struct.pack(">H", 1) + str16(FORGED))
+    if stack == "tls":
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            with tls_context().wrap_socket(raw, server_hostname="qxfer") as sock:
+                sock.sendall(offer_one)
+                reply = read_reply(sock)
+                sock.sendall(error)
+                read_reply(sock, timeout=5)
+    else:
+        async def run():
+            from aioquic.asyncio import connect
+            from aioquic.quic.configuration import QuicConfiguration
+
+            configuration = QuicConfiguration(is_client=True, alpn_protocols=["qxfer/1"], verify_mode=ssl.CERT_NONE)
+            async with connect("127.0.0.1", port, configuration=configuration, wait_connected=True) as client:
+                reader, writer = await client.create_stream()
+                writer.write(offer_one)
+                data = b""
+                while len(data) < 8 or len(data) < 8 + struct.unpack(">I", data[4:8])[0]:
+                    chunk = await asyncio.wait_for(reader.read(65536), 10)
+                    if not chunk:
+                        break
+                    data += chunk
+                writer.write(error)
+                await asyncio.sleep(0.5)
+                return data
+        reply = asyncio.run(asyncio.wait_for(run(), 30))
+    if len(reply) < 8 or struct.unpack(">I", reply[:4])[0] != 2:
+        fail(f"an offer of one file: expected Accept, got {reply[:16]!r}")
+    ok(f"{stack}: an Error with terminal escapes sent after Accept")
+
+
 def snapshot(target):
     parent = os.path.dirname(os.path.abspath(target))
     return sorted(os.listdir(parent)), sorted(os.listdir(target))
@@ -218,6 +260,7 @@ def main():
             fail(f"{name}: something was written: parent {after[0]}, target {after[1]}")
     ok(f"{args.stack}: {len(CORPUS)} hostile offers declined (codes {dict(sorted(codes.items()))}), nothing written")
     check_numbers(args.stack, args.port, args.target)
+    check_words(args.stack, args.port)
 
     probe = offer(entry([b"probe.txt"], size=5))
     if args.stack == "tls":

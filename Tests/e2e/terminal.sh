@@ -11,7 +11,8 @@
 # progress count only the time data moves (not the wait for the answer); recv exits 130 on
 # Ctrl-C; stream rows fit in 100 columns with no empty rows after the end, stream send reports
 # progress and first contact; --json is one parseable event per line (time, event; errors and
-# warnings included, no escaped slashes); errors a user meets are immediate and clear; recv
+# warnings included, no escaped slashes); errors a user meets are immediate and clear; names
+# holding escape sequences or line breaks are shown escaped, not played on the terminal; recv
 # --stdout pipes a file or a tar stream and fails a digest mismatch. Everything it creates is
 # removed.
 set -euo pipefail
@@ -287,6 +288,31 @@ set -e
 umount "$WORK/readonly"
 [ $s6 = 64 ] && grep -q "cannot receive into .*Read-only file system" "$WORK/e6" || fail "recv --dir READ-ONLY: exit $s6: $(cat "$WORK/e6")"
 ok "errors: a file where the host goes, a missing parent, a created --dir, a read-only --dir, no route, no receiver on the network: $(cat "$WORK/e4")"
+
+# --- 6b. Names that would drive the terminal ------------------------------------------------
+# A folder holding names qxfer/1 does not carry (an escape sequence that paints the screen red,
+# a line break): the sender skips them with a warning that shows each name escaped, in the
+# terminal as written, not interpreted.
+mkdir -p "$WORK/names"
+echo kept >"$WORK/names/plain.txt"
+echo red >"$WORK/names/paint"$'\e[41m'"red"
+echo two >"$WORK/names/two"$'\n'"lines"
+NAMES_PORT=$((PORT + 1))
+"$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --yes --host 127.0.0.1 --port "$NAMES_PORT" --dir "$WORK/dst-names" \
+    >"$WORK/n.out" 2>"$WORK/n.err" </dev/null &
+NAMES_PID=$!; PIDS+=("$NAMES_PID")
+for _ in $(seq 100); do grep -q '^fingerprint' "$WORK/n.out" 2>/dev/null && break; sleep 0.1; done
+pane names
+run names "clear; $SEND $WORK/names 127.0.0.1:$NAMES_PORT"
+wait_for names '^EXIT='
+screen names | grep -qF "names/paint\u001b[41mred': the name is not allowed" \
+    && screen names | grep -qF "names/two\nlines': the name is not allowed" \
+    || { screen names >&2; fail "names with control characters are not shown escaped"; }
+! screen names | grep -q "^lines'" || { screen names >&2; fail "a name's line break started a line of its own"; }
+T capture-pane -p -e -t names | grep -qF $'\e[41m' && { screen names >&2; fail "a name's escape sequence reached the terminal"; }
+[ -f "$WORK/dst-names/names/plain.txt" ] || fail "the plain file beside the skipped names did not arrive"
+kill -INT "$NAMES_PID"; wait "$NAMES_PID" 2>/dev/null || true
+ok "names with an escape sequence and a line break: skipped, shown escaped ($(screen names | grep -c 'not allowed') warnings)"
 
 # --- 7. recv --stdout --------------------------------------------------------------------------
 stdout_recv() {  # stdout_recv OUTPUT-COMMAND: a receiver whose data goes through OUTPUT-COMMAND

@@ -1,0 +1,38 @@
+/// Text made safe to show on a terminal. Names from a folder and words from a peer can hold
+/// control characters: an escape sequence recolours, moves or retitles the terminal, a carriage
+/// return or newline forges a line, a bidirectional override shows a name reversed. Each such
+/// character is written as its `\uXXXX` escape (the form JSON uses, so a JSON line stays valid);
+/// newline, carriage return and tab as `\n`, `\r` and `\t`.
+public enum TerminalText {
+    /// `text` with every control character (C0, DEL, C1) and every bidirectional control
+    /// escaped; newlines are kept when `keepingNewlines` (text of several lines).
+    public static func escaped(_ text: String, keepingNewlines: Bool = false) -> String {
+        guard text.unicodeScalars.contains(where: { needsEscape($0) && !(keepingNewlines && $0 == "\n") }) else {
+            return text
+        }
+        var result = String.UnicodeScalarView()
+        for scalar in text.unicodeScalars {
+            guard needsEscape(scalar), !(keepingNewlines && scalar == "\n") else {
+                result.append(scalar)
+                continue
+            }
+            let escape: String = switch scalar {
+            case "\n": "\\n"
+            case "\r": "\\r"
+            case "\t": "\\t"
+            default: "\\u" + TextFormat.hex([UInt8(scalar.value >> 8), UInt8(scalar.value & 0xFF)])
+            }
+            result.append(contentsOf: escape.unicodeScalars)
+        }
+        return String(result)
+    }
+
+    /// Control characters and the bidirectional marks, embeddings, overrides and isolates.
+    private static func needsEscape(_ scalar: Unicode.Scalar) -> Bool {
+        switch scalar.value {
+        case 0x00..<0x20, 0x7F..<0xA0: true
+        case 0x061C, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069: true
+        default: false
+        }
+    }
+}
