@@ -6,7 +6,8 @@
 # Each qxfer send, scp and rsync is a new process with a new connection; no connection is reused
 # (ssh no ControlMaster; gtlsclient no --session-file). qxfer-quic is a sender that never met the
 # receiver (no session ticket); qxfer-quic-known one that sent to the same receiver just before,
-# untimed, and resumes its TLS session with the ticket it kept (the known-receiver target).
+# untimed, and resumes its TLS session with the ticket it kept (the known-receiver target);
+# qxfer-auto-known the same with the default --stack auto (QUIC leads alone with early data).
 #
 #     bench/small.sh                    # 7 runs of each
 #     RUNS=11 QXFER=path/to/qxfer bench/small.sh
@@ -17,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BYTES=1KiB CONDITIONS=wan RUNS=${RUNS:-7} CAP=${CAP:-30}
-export TOOLS=${TOOLS:-qxfer-quic qxfer-quic-known qxfer-tls ${QXFER_BASELINE:+baseline-quic baseline-quic-known baseline-tls} scp rsync ngtcp2-cubic}
+export TOOLS=${TOOLS:-qxfer-quic qxfer-quic-known qxfer-auto-known qxfer-tls ${QXFER_BASELINE:+baseline-quic baseline-quic-known baseline-auto-known baseline-tls} scp rsync ngtcp2-cubic}
 log=$(mktemp /tmp/qxfer-small.XXXXXX)
 trap 'rm -f "$log"' EXIT
 bench/transfer.sh | tee "$log" >/dev/null

@@ -25,14 +25,15 @@
 # emulated paths each run records the packets the emulator's queue dropped, both directions
 # (column link_drops; random losses are not counted).
 #
-# Contenders (TOOLS, default all): qxfer-quic, qxfer-tls (qxfer-auto: the default race, and qxfer-quic-known: a
-# sender resuming its QUIC session to a receiver it sent to just before, on request), scp, rsync (-e ssh, whole file; the
+# Contenders (TOOLS, default all): qxfer-quic, qxfer-tls (qxfer-auto: the default race, and qxfer-quic-known
+# and qxfer-auto-known: a sender resuming its QUIC session to a receiver it sent to just before, over
+# --stack quic or the default race, on request), scp, rsync (-e ssh, whole file; the
 # target is removed before each run), iperf3-cubic and iperf3-bbr (`iperf3 -n BYTES -C CC`, memory
 # to memory, no encryption), ngtcp2-cubic and ngtcp2-bbr (gtlsclient fetches the file over HTTP/3
 # from gtlsserver --cc CC into a directory), and, to choose how qxfer/1 uses TCP+TLS, four files
 # of BYTES/4 sent by one qxfer over one TLS connection (qxfer-tls-4files-1conn) against four qxfer
 # processes, one file each (qxfer-tls-4files-4conn). With QXFER_BASELINE (another qxfer, e.g. the
-# commit before a change), baseline-quic, baseline-tls (and baseline-auto, baseline-quic-known) run
+# commit before a change), baseline-quic, baseline-tls (and baseline-auto, baseline-quic-known, baseline-auto-known) run
 # that binary on both ends, interleaved with the others, and the report compares each qxfer-X
 # with baseline-X (throughput, CPU per GB, peak RSS).
 # Each run records the wall time of the process that finishes the transfer (the sender; for
@@ -255,16 +256,19 @@ run_tool() {  # condition tool run
             stop_qxfer_recv
             check "$WORK/dst/file.bin"
             record "$1" "$2" "$3" "$WORK/send.time" "$WORK/recv.time" ;;
-        qxfer-quic-known)
+        qxfer-quic-known|qxfer-auto-known)
             # A receiver seen before: an untimed send to the same receiver leaves a session
-            # ticket in the sender's configuration folder; the timed send resumes with it.
+            # ticket in the sender's configuration folder; the timed send resumes with it
+            # (over --stack quic, or the default race, which lets QUIC lead with early data).
+            local stack=${2#*-}
+            stack=${stack%-known}
             start_qxfer_recv
-            rm -f "$WORK/cfg-send/session-tickets"
+            rm -f "$WORK/cfg-send/session-tickets" "$WORK/cfg-send/stacks"
             head -c 1024 /dev/urandom >"$WORK/warm-up.bin"
-            ip netns exec "$SEND_NS" "$QX" send --config-dir "$WORK/cfg-send" "$WORK/warm-up.bin" "$HOST:7447" --stack quic --fingerprint "$FP" >/dev/null 2>"$WORK/warm-up.err" \
-                || echo "bench: qxfer-quic-known: the warm-up send failed: $(tail -1 "$WORK/warm-up.err")" >&2
-            [ -s "$WORK/cfg-send/session-tickets" ] || echo "bench: qxfer-quic-known: no session ticket after the warm-up send" >&2
-            timed "$WORK/send.time" "$QX" send --config-dir "$WORK/cfg-send" "$WORK/src/file.bin" "$HOST:7447" --stack quic --fingerprint "$FP"
+            ip netns exec "$SEND_NS" "$QX" send --config-dir "$WORK/cfg-send" "$WORK/warm-up.bin" "$HOST:7447" --stack "$stack" --fingerprint "$FP" >/dev/null 2>"$WORK/warm-up.err" \
+                || echo "bench: $2: the warm-up send failed: $(tail -1 "$WORK/warm-up.err")" >&2
+            [ -s "$WORK/cfg-send/session-tickets" ] || echo "bench: $2: no session ticket after the warm-up send" >&2
+            timed "$WORK/send.time" "$QX" send --config-dir "$WORK/cfg-send" "$WORK/src/file.bin" "$HOST:7447" --stack "$stack" --fingerprint "$FP"
             stop_qxfer_recv
             check "$WORK/dst/file.bin"
             record "$1" "$2" "$3" "$WORK/send.time" "$WORK/recv.time" ;;

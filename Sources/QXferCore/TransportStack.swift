@@ -34,6 +34,11 @@
     /// at once, to send early data).
     func racing() -> any TransportStack
 
+    /// Whether `connect` to `endpoint` would return at once and hand the first bytes over as
+    /// early data (QUIC resuming with a ticket from a receiver this host trusts); a race that
+    /// lets its leader send early asks (``FirstOf/sendingEarly(answerWithin:)``).
+    func sendsEarly<Stack>(to endpoint: Endpoint, parameters: NetworkParameters<Stack>) -> Bool
+
     /// One line a user understands for an error this stack's I/O raised during `what`
     /// ("the connection"); a ``QXferError`` is returned as it is.
     func describe(_ error: any Error, during what: String) -> QXferError
@@ -41,6 +46,7 @@
 
 extension TransportStack {
     @_spi(Stacks) public func racing() -> any TransportStack { self }
+    @_spi(Stacks) public func sendsEarly<Stack>(to endpoint: Endpoint, parameters: NetworkParameters<Stack>) -> Bool { false }
 }
 
 /// What a ``NetworkListener`` asks of a stack's ``TransportStack/bind(_:)``.

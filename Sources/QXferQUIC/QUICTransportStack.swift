@@ -25,6 +25,10 @@ struct QUICTransportStack: TransportStack {
 
     func racing() -> any TransportStack { QUICTransportStack(quic: quic.earlyData(false)) }
 
+    func sendsEarly<Stack>(to endpoint: Endpoint, parameters: NetworkParameters<Stack>) -> Bool {
+        QUICConnector.sendsEarly(to: endpoint, quic: quic, parameters: parameters)
+    }
+
     /// The driver already words QUIC's close reasons; what reaches here is a socket's error.
     func describe(_ error: any Error, during what: String) -> QXferError {
         ChannelErrors.lost(error, during: what)

@@ -24,6 +24,14 @@ import QXferIdentity
 /// host:port, neither TCP nor UDP": a ``QXferError/Code/connectFailed`` whose `underlying` is
 /// ``NothingListens``, which the connection retries until its connect timeout like any refusal.
 ///
+/// With ``sendingEarly(answerWithin:)``, a connection whose first stack can send early data to
+/// the peer (QUIC resuming with a ticket from a receiver this host trusts) skips the race: that
+/// stack leads alone and the first bytes written go as 0-RTT. If the peer does not answer
+/// within the deadline, the connection fails with a ``QXferError/Code/connectFailed`` whose
+/// `underlying` is ``EarlyDataUnanswered``: the program connects again (what it wrote may have
+/// reached the peer or not), and that connection races, as every later one to that peer in
+/// this process.
+///
 /// A listener with this stack listens on every stack, on the same port number.
 public struct FirstOf: SecureTransport {
     /// The stacks, most preferred first.
@@ -35,6 +43,9 @@ public struct FirstOf: SecureTransport {
     public var refusalGrace: Duration = .seconds(1)
     /// Where the winner for each host is remembered; nil remembers nothing.
     public var memory: StackMemory?
+    /// How long a first stack that sends early data alone waits for the peer's answer; nil
+    /// (the default) always races.
+    public var earlyAnswerDeadline: Duration?
 
     /// The stacks in order of preference, as `FirstOf { QUIC(); TLS() }`.
     public init(@FirstOfBuilder _ stacks: () -> [any SecureTransport]) {
@@ -46,6 +57,14 @@ public struct FirstOf: SecureTransport {
     public func remembering(_ memory: StackMemory?) -> FirstOf {
         var copy = self
         copy.memory = memory
+        return copy
+    }
+
+    /// Lets the first stack lead alone, sending early data, when it can (see above); a peer
+    /// silent for `deadline` ends the connection with ``EarlyDataUnanswered``.
+    public func sendingEarly(answerWithin deadline: Duration = .seconds(1)) -> FirstOf {
+        var copy = self
+        copy.earlyAnswerDeadline = deadline
         return copy
     }
 
@@ -66,7 +85,8 @@ public struct FirstOf: SecureTransport {
 
     public var transport: TransportDescription {
         TransportDescription(RaceStack(
-            candidates: stacks.map { $0.transport.stack.racing() }, attemptDelay: attemptDelay, refusalGrace: refusalGrace, memory: memory))
+            candidates: stacks.map { $0.transport.stack.racing() }, attemptDelay: attemptDelay, refusalGrace: refusalGrace, memory: memory,
+            earlyLeader: earlyAnswerDeadline.flatMap { deadline in stacks.first.map { ($0.transport.stack, deadline) } }))
     }
 
     /// The first stack's identity; setting it sets every stack's.
@@ -92,6 +112,16 @@ public struct FirstOf: SecureTransport {
 @resultBuilder
 public enum FirstOfBuilder {
     public static func buildBlock(_ stacks: any SecureTransport...) -> [any SecureTransport] { stacks }
+}
+
+/// Why a connection whose first stack led alone with early data failed: the peer did not
+/// answer within ``FirstOf/earlyAnswerDeadline``. The `underlying` error of that
+/// ``QXferError``; the next connection to the endpoint races.
+public struct EarlyDataUnanswered: Error, Sendable {
+    /// The peer that stayed silent.
+    public let endpoint: Endpoint
+    /// The stack that led, by name.
+    public let stack: String
 }
 
 /// Why a race ended with "nothing listens": every stack that answered refused, the others were

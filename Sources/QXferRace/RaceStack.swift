@@ -13,7 +13,12 @@ struct RaceStack: TransportStack {
     /// answered TCP at once would answer a QUIC handshake within this too if anything listened.
     let refusalGrace: Duration
     let memory: StackMemory?
+    /// The first stack as declared (early data allowed) and how long it may lead alone
+    /// (``FirstOf/sendingEarly(answerWithin:)``); nil always races.
+    var earlyLeader: (stack: any TransportStack, deadline: Duration)? = nil
     static let refusalGraceAfterAnswer = Duration.milliseconds(250)
+    /// Endpoints whose early attempt went unanswered: this process races to them from then on.
+    static let unansweredEarly = Locked<Set<Endpoint>>([])
     /// How long an attempt whose peer has answered (QUIC's first datagram back, TCP's connection)
     /// holds the next stack back, from its start: its handshake needs about one more round trip,
     /// the next stack's at least as many, so starting that one would only race the preference.
@@ -29,6 +34,18 @@ struct RaceStack: TransportStack {
     ) async throws -> any ByteStreamTransport {
         guard !candidates.isEmpty else { throw QXferError(.invalidUse, "FirstOf needs at least one stack") }
         let order = memory?.ordered(candidates, for: endpoint) ?? candidates
+        if let (leader, deadline) = earlyLeader, order.first?.name == leader.name,
+           !Self.unansweredEarly.withLock({ $0.contains(endpoint) }), leader.sendsEarly(to: endpoint, parameters: parameters) {
+            Self.logger.info("\(leader.name) leads alone with early data to \(endpoint); a race follows if nothing answers within \(deadline)")
+            do {
+                let transport = try await leader.connect(to: endpoint, parameters: parameters, timeout: min(timeout, deadline), peerAnswered: peerAnswered)
+                return RacedTransport(transport, stack: leader, earlyTo: endpoint)
+            } catch let error as QXferError where error.code == .connectFailed {
+                // Silent before it could send anything early: race now.
+                Self.unansweredEarly.withLock { _ = $0.insert(endpoint) }
+                Self.logger.info("\(leader.name) alone got no answer (\(error.message)); racing")
+            }
+        }
         let race = Race(order: order, endpoint: endpoint, attemptDelay: attemptDelay, refusalGrace: refusalGrace)
         let (winner, stack) = try await race.run(timeout: timeout, peerAnswered: peerAnswered) { stack, remaining, answered in
             try await stack.connect(to: endpoint, parameters: parameters, timeout: remaining, peerAnswered: answered)

@@ -60,7 +60,9 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             summary (and --json) names it. A host where TCP+TLS won (UDP blocked) is \
             remembered for an hour ('stacks' in the configuration folder) and gets TCP+TLS \
             first. Where nothing listens (TCP refused, no QUIC answer) it says so within \
-            about a second.
+            about a second. To a receiver seen before (a session ticket kept, its fingerprint \
+            trusted) QUIC leads alone and the offer and small files go as 0-RTT early data; \
+            if nothing answers within a second, the send connects again and races.
 
             The first connection to a host trusts and records its fingerprint (like ssh); a \
             changed fingerprint is refused. --fingerprint pins one explicitly. A fingerprint \
@@ -165,7 +167,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         try await stack.run(
             Sending(command: self, tree: tree, endpoint: endpoint, trust: receiverTrust, reporter: reporter),
             identity: identity, trust: receiverTrust.trust, tcp: transferTCP, config: global.config,
-            probesPathMTU: tree.totalSize >= Self.pathProbeThreshold || tree.sources.contains(.standardInput))
+            probesPathMTU: tree.totalSize >= Self.pathProbeThreshold || tree.sources.contains(.standardInput), leadsEarly: true)
     }
 
     /// From this many bytes (or from standard input, of unknown length) QUIC first finds the
@@ -195,6 +197,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         var retryUntil: ContinuousClock.Instant?
         var backoff = Duration.milliseconds(250)
         var reconnects = 0
+        var racedAfterEarly = false
         while true {
             let accepted = OnceFlag()
             do {
@@ -205,6 +208,13 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
                 if let failure = summary.failures.first { throw failure.error }
                 return
             } catch where !Task.isCancelled && Self.isNetworkFailure(error) {
+                if !accepted.isSet, !racedAfterEarly, let unanswered = (error as? QXferError)?.underlying as? EarlyDataUnanswered {
+                    racedAfterEarly = true
+                    // `--stack auto` let QUIC lead alone with early data and nothing answered
+                    // (UDP blocked since the last send, say): the next connection races.
+                    reporter.info("\(unanswered.stack) with early data got no answer from \(endpoint); racing QUIC and TCP+TLS")
+                    continue
+                }
                 if accepted.isSet {
                     // This attempt got somewhere: the retry window starts again from now.
                     retryUntil = clock.now + .seconds(retryFor)

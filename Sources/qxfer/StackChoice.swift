@@ -17,17 +17,19 @@ enum StackChoice: String, ExpressibleByArgument, CaseIterable {
     /// Runs `body` over the chosen stack, presenting `identity` and trusting the peer as `trust`
     /// says; `tcp` configures TCP under TLS; `config` holds the race's per-host memory and QUIC's
     /// session tickets (over `--stack quic` a sender resuming with one sends its first bytes as
-    /// early data to a receiver it trusts); `probesPathMTU` lets QUIC spend a round trip
-    /// finding the path's datagram size (``QUIC/probesPathMTU``). The one place the CLI turns
-    /// the choice into a stack.
+    /// early data to a receiver it trusts; under `auto` too when `leadsEarly`, for a body that
+    /// connects again after ``EarlyDataUnanswered``); `probesPathMTU` lets QUIC spend a round
+    /// trip finding the path's datagram size (``QUIC/probesPathMTU``). The one place the CLI
+    /// turns the choice into a stack.
     func run<Body: OverChosenStack>(
-        _ body: Body, identity: HostIdentity, trust: PeerTrust, tcp: TCP = TCP(), config: ConfigDirectory, probesPathMTU: Bool = false
+        _ body: Body, identity: HostIdentity, trust: PeerTrust, tcp: TCP = TCP(), config: ConfigDirectory, probesPathMTU: Bool = false,
+        leadsEarly: Bool = false
     ) async throws -> Body.Result {
         let quic = QUIC().identity(identity).peerTrust(trust).sessionTickets(SessionTicketStore(in: config)).pathMTUProbe(probesPathMTU)
         let tls = TLS { tcp }.identity(identity).peerTrust(trust)
         // The last session ticket often arrives just before the answer the command waited for.
         do {
-            let result = try await run(body, quic: quic, tls: tls, config: config)
+            let result = try await run(body, quic: quic, tls: tls, config: config, leadsEarly: leadsEarly)
             await SessionTicketStore.finishPendingSaves()
             return result
         } catch {
@@ -36,9 +38,13 @@ enum StackChoice: String, ExpressibleByArgument, CaseIterable {
         }
     }
 
-    private func run<Body: OverChosenStack>(_ body: Body, quic: QUIC, tls: TLS, config: ConfigDirectory) async throws -> Body.Result {
+    private func run<Body: OverChosenStack>(
+        _ body: Body, quic: QUIC, tls: TLS, config: ConfigDirectory, leadsEarly: Bool
+    ) async throws -> Body.Result {
         switch self {
-        case .auto: return try await body.run(over: FirstOf { quic; tls }.remembering(StackMemory(in: config)))
+        case .auto:
+            let race = FirstOf { quic; tls }.remembering(StackMemory(in: config))
+            return try await body.run(over: leadsEarly ? race.sendingEarly() : race)
         case .quic: return try await body.run(over: quic)
         case .tls: return try await body.run(over: tls)
         }

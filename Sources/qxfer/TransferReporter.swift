@@ -33,6 +33,11 @@ final class TransferReporter: Sendable {
         Console.warn(line)
     }
 
+    /// A line for `-v`: what the connection did that a person need not see otherwise.
+    func info(_ line: String) {
+        logger.info("\(line)")
+    }
+
     /// The sender's connection is ready over `stack`: progress and the summary name it.
     func connected(over stack: String?) {
         carrier.withLock { $0 = stack }

@@ -3,6 +3,7 @@ import Testing
 import QXfer
 import NIOCore
 @_spi(Stacks) @testable import QXferCore
+@_spi(Stacks) @testable import QXferQUIC
 
 /// `FirstOf { QUIC(); TLS() }` on loopback: which stack wins when one is missing, what the
 /// connection then says and does, failing fast where nothing listens, and the per-host memory.
@@ -247,6 +248,94 @@ struct RaceTests {
             let attributes = try FileManager.default.attributesOfItem(atPath: memory.path)
             #expect((attributes[.posixPermissions] as? Int) == 0o600)
             connection.cancel()
+        }
+    }
+
+    /// A UDP port on 127.0.0.1 bound and never read: a QUIC client there hears nothing, and no
+    /// other suite's QUIC listener can answer on that number meanwhile.
+    final class SilentUDPPort {
+        let port: UInt16
+        private let descriptor: Int32
+
+        init() throws {
+            let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let bound = fd >= 0 && withUnsafeMutablePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
+                }
+            }
+            guard bound else {
+                if fd >= 0 { close(fd) }
+                throw QXferError(.bindFailed, "cannot hold a UDP port: errno \(errno)")
+            }
+            descriptor = fd
+            port = UInt16(bigEndian: address.sin_port)
+        }
+
+        deinit { close(descriptor) }
+    }
+
+    @Test("Leading early: to a known receiver QUIC alone sends early data; unanswered, EarlyDataUnanswered, then the next connection races")
+    func earlyLeaderFallsBackToTheRace() async throws {
+        let client = TemporaryDirectory()
+        let server = TemporaryDirectory()
+        let store = SessionTicketStore(in: ConfigDirectory(path: client.path))
+        let register = EarlyDataRegister(in: ConfigDirectory(path: server.path))
+        @Sendable func leading(answerWithin deadline: Duration) -> FirstOf {
+            FirstOf { QUIC().sessionTickets(store); TLS() }.identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
+                .attemptDelay(Self.unhurried).sendingEarly(answerWithin: deadline)
+        }
+        let receiver = NetworkListener(on: 0, host: "127.0.0.1") {
+            FirstOf { QUIC().earlyDataRegister(register); TLS() }.identity(Identities.server)
+        }
+        let kept = try await withListener(receiver, handler: Self.echo) { port -> SessionTicketStore.Entry? in
+            let endpoint = Endpoint.hostPort(host: "127.0.0.1", port: port)
+            // No ticket yet: a race, which QUIC wins and which brings a ticket.
+            let first = try await Self.connectAndEcho(to: port, leading(answerWithin: Self.unhurried))
+            #expect(first.stackName == "QUIC")
+            first.cancel()
+            #expect(await eventually { store.entry(for: endpoint)?.fingerprint == Identities.server.fingerprint })
+            // With it: QUIC leads alone and its first bytes are early data, taken by the receiver.
+            let second = try await Self.connectAndEcho(to: port, leading(answerWithin: Self.unhurried))
+            #expect(second.stackName == "QUIC")
+            second.cancel()
+            #expect(((try? FileManager.default.contentsOfDirectory(atPath: register.path)) ?? []).count == 1,
+                    "the second connection's first bytes were not early data")
+            return store.entry(for: endpoint)
+        }
+        // The same receiver where UDP no longer gets through: TCP+TLS listening, the UDP port
+        // silent; the client holds the receiver's ticket for it.
+        let ticket = try #require(kept)
+        for attempt in 1...20 {
+            let silent = try SilentUDPPort()
+            let tlsOnly = NetworkListener(on: silent.port, host: "127.0.0.1") { FirstOf { TLS() }.identity(Identities.server) }
+            do {
+                try await withListener(tlsOnly, handler: Self.echo) { port in
+                    let endpoint = Endpoint.hostPort(host: "127.0.0.1", port: port)
+                    store.save(ticket.ticket, for: endpoint, fingerprint: ticket.fingerprint)
+                    let unanswered = NetworkConnection(to: endpoint) { leading(answerWithin: .milliseconds(500)) }
+                    let failure = await #expect(throws: QXferError.self) {
+                        try await unanswered.send(Data("ping".utf8))
+                        _ = try await unanswered.receive(exactly: 4)
+                    }
+                    #expect(failure?.code == .connectFailed)
+                    let cause = failure?.underlying as? EarlyDataUnanswered
+                    #expect(cause?.endpoint == endpoint && cause?.stack == "QUIC", "\(String(describing: failure))")
+                    unanswered.cancel()
+                    // The next connection races, and TCP+TLS wins.
+                    let raced = try await Self.connectAndEcho(to: port, leading(answerWithin: .milliseconds(500)).attemptDelay(.milliseconds(250)))
+                    #expect(raced.stackName == "TCP+TLS")
+                    raced.cancel()
+                }
+                withExtendedLifetime(silent) {}
+                return
+            } catch let error as QXferError where error.code == .bindFailed && attempt < 20 {
+                continue  // another suite holds that TCP port
+            }
         }
     }
 

@@ -10,7 +10,8 @@
 #     a realtime `stream send` falls back too, saying that its datagrams degrade there.
 #  2. both open, the memory fresh: TCP+TLS starts at once and wins; expired: QUIC again, and
 #     the entry is gone.
-#  3. TCP dropped: QUIC. Both open: QUIC.
+#  3. TCP dropped: QUIC. Both open: QUIC. A receiver seen before: QUIC alone with early data;
+#     UDP dropped since: the early attempt unanswered, then the race, TCP+TLS within 3 s.
 #  4. nothing listening (TCP refused, UDP port unreachable): "nothing listens on host:port,
 #     neither TCP nor UDP", exit 69, within about a second.
 #  5. both dropped: a clear error naming both stacks within the 10 s connect timeout, exit 69.
@@ -84,13 +85,13 @@ recv_start() {
 }
 recv_stop() { kill -9 "$RECV_PID" 2>/dev/null || true; wait "$RECV_PID" 2>/dev/null || true; RECV_PID=; }
 
-# send NAME [FILE]: the default `qxfer send` (no --stack) of FILE (the 5 MiB file); sets RC,
-# SECONDS_TAKEN, STACK.
+# send NAME [FILE]: the default `qxfer send` (no --stack) of FILE (the 5 MiB file), with
+# $SEND_FLAGS if set; sets RC, SECONDS_TAKEN, STACK.
 send() {
     local started file=${2:-$WORK/five.bin}
     started=$(now)
     RC=0
-    ip netns exec "$A" "$QXFER" send --config-dir "$SEND_CFG" "$file" "$ADDR:$PORT" --fingerprint "$RECV_FP" --json \
+    ip netns exec "$A" "$QXFER" send --config-dir "$SEND_CFG" "$file" "$ADDR:$PORT" --fingerprint "$RECV_FP" --json ${SEND_FLAGS:-} \
         >"$WORK/$1.out" 2>"$WORK/$1.err" </dev/null || RC=$?
     SECONDS_TAKEN=$(since "$started")
     STACK=$( (grep '"event":"summary"' "$WORK/$1.out" || true) | tail -1 | jq -r '.stack // empty')
@@ -155,6 +156,26 @@ drop
 send open
 [ "$RC" = 0 ] && [ "$STACK" = "QUIC" ] || fail "both open: exit $RC over '$STACK': $(cat "$WORK/open.err")"
 ok "both open: QUIC in $SECONDS_TAKEN s"
+
+# 3a. A receiver seen before (its session ticket kept, its fingerprint pinned): QUIC leads alone
+#     and the offer and file go as early data, which the receiver takes.
+head -c 1024 /dev/urandom >"$WORK/small.bin"
+SEND_FLAGS=-v send known "$WORK/small.bin"
+[ "$RC" = 0 ] && [ "$STACK" = "QUIC" ] || fail "known receiver: exit $RC over '$STACK': $(cat "$WORK/known.err")"
+grep -q "QUIC leads alone with early data" "$WORK/known.err" && grep -q "the receiver took the early data" "$WORK/known.err" \
+    || fail "known receiver: no early data under --stack auto: $(grep qxfer.quic "$WORK/known.err")"
+ok "known receiver: QUIC alone, early data taken, in $SECONDS_TAKEN s"
+# 3b. UDP dropped since: the early attempt hears nothing for a second, the race follows, and
+#     TCP+TLS delivers the small file within the 3 s the design allows a blocked network.
+drop udp
+SEND_FLAGS=-v send known-udp-dropped "$WORK/small.bin"
+[ "$RC" = 0 ] && [ "$STACK" = "TCP+TLS" ] || fail "known receiver, UDP dropped: exit $RC over '$STACK': $(cat "$WORK/known-udp-dropped.err")"
+grep -q "QUIC with early data got no answer" "$WORK/known-udp-dropped.err" || fail "known receiver, UDP dropped: $(cat "$WORK/known-udp-dropped.err")"
+cmp -s "$WORK/small.bin" "$WORK/in/small.bin" || fail "known receiver, UDP dropped: the received file differs"
+below "$SECONDS_TAKEN" 3 || fail "known receiver, UDP dropped: took $SECONDS_TAKEN s"
+ok "known receiver, UDP dropped: early attempt unanswered, then TCP+TLS, in $SECONDS_TAKEN s"
+drop
+rm -f "$SEND_CFG/stacks"
 
 # 4. Nothing listening.
 recv_stop

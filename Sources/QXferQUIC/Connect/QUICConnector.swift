@@ -179,6 +179,17 @@ enum QUICConnector {
         return QUICStreamTransport(driver: driver, stream: channel.eventLoop.makeSucceededFuture(stream), peer: peer)
     }
 
+    /// Whether a connection to `endpoint` would send early: ``earlyPeer(quic:verifier:resumption:)``'s
+    /// rules, asked before any socket is opened (a ticket whose limits allow no early stream
+    /// still makes the connection wait for its handshake).
+    static func sendsEarly<Stack>(to endpoint: Endpoint, quic: QUIC, parameters: NetworkParameters<Stack>) -> Bool {
+        guard quic.sendsEarlyData, quic.applicationProtocols.count == 1, let stored = quic.sessionTickets?.entry(for: endpoint),
+              let fingerprint = stored.fingerprint else { return false }
+        let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? quic.peerTrust
+        let verifier = PeerVerifier(.client(trust, hostKey: KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))))
+        return verifier.presumedTrust(for: fingerprint) != nil
+    }
+
     /// Who the receiver is, when this connection may hand its first bytes over as early data
     /// (``QUIC/sendsEarlyData``): it resumes with a ticket kept with the fingerprint of a
     /// receiver this client trusts now (pin, known_hosts, pairing; never a first contact).
