@@ -61,8 +61,9 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             remembered for an hour ('stacks' in the configuration folder) and gets TCP+TLS \
             first. Where nothing listens (TCP refused, no QUIC answer) it says so within \
             about a second. To a receiver seen before (a session ticket kept, its fingerprint \
-            trusted) QUIC leads alone and the offer and small files go as 0-RTT early data; \
-            if nothing answers within a second, the send connects again and races.
+            trusted) a send of less than 16 MiB lets QUIC lead alone, the offer and small \
+            files as 0-RTT early data; if nothing answers within a second, the send connects \
+            again and races.
 
             The first connection to a host trusts and records its fingerprint (like ssh); a \
             changed fingerprint is refused. --fingerprint pins one explicitly. A fingerprint \

@@ -305,6 +305,11 @@ struct RaceTests {
             second.cancel()
             #expect(((try? FileManager.default.contentsOfDirectory(atPath: register.path)) ?? []).count == 1,
                     "the second connection's first bytes were not early data")
+            // A bulk connection that first probes the path does not lead: the probe costs the round trip.
+            let quic = QUIC().sessionTickets(store).peerFingerprint(Identities.server.fingerprint)
+            let bulk = NetworkParameters.parameters { quic }.performanceMode(.bulk)
+            #expect(quic.pathMTUProbe(false).transport.stack.sendsEarly(to: endpoint, parameters: bulk))
+            #expect(!quic.pathMTUProbe(true).transport.stack.sendsEarly(to: endpoint, parameters: bulk))
             return store.entry(for: endpoint)
         }
         // The same receiver where UDP no longer gets through: TCP+TLS listening, the UDP port

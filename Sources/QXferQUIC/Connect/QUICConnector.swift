@@ -181,10 +181,12 @@ enum QUICConnector {
 
     /// Whether a connection to `endpoint` would send early: ``earlyPeer(quic:verifier:resumption:)``'s
     /// rules, asked before any socket is opened (a ticket whose limits allow no early stream
-    /// still makes the connection wait for its handshake).
+    /// still makes the connection wait for its handshake). Not a bulk connection that probes
+    /// the path first: the probe costs the round trip early data would save, and a race's
+    /// leader, given a second for everything, would leave it a quarter of that.
     static func sendsEarly<Stack>(to endpoint: Endpoint, quic: QUIC, parameters: NetworkParameters<Stack>) -> Bool {
-        guard quic.sendsEarlyData, quic.applicationProtocols.count == 1, let stored = quic.sessionTickets?.entry(for: endpoint),
-              let fingerprint = stored.fingerprint else { return false }
+        guard quic.sendsEarlyData, quic.applicationProtocols.count == 1, !(parameters.performanceMode == .bulk && quic.probesPathMTU),
+              let stored = quic.sessionTickets?.entry(for: endpoint), let fingerprint = stored.fingerprint else { return false }
         let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? quic.peerTrust
         let verifier = PeerVerifier(.client(trust, hostKey: KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))))
         return verifier.presumedTrust(for: fingerprint) != nil
