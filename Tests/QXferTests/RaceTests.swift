@@ -94,16 +94,18 @@ struct RaceTests {
         }
     }
 
-    /// A TCP port on 127.0.0.1 bound without listening: connecting to it is refused, and no other
-    /// suite's TCP+TLS listener can take it meanwhile. TCP and UDP ports are separate, so the port
-    /// of a QUIC-only listener (or relay) may otherwise be another suite's TCP+TLS listener, whose
-    /// certificate then fails this test's pin ("REFUSED", seen once beside every other suite).
-    final class RefusedTCPPort {
+    /// A port on 127.0.0.1 held by a socket of this test that never listens or reads. TCP:
+    /// connecting to it is refused, and no other suite's TCP+TLS listener can take it meanwhile
+    /// (TCP and UDP ports are separate, so the port of a QUIC-only listener or relay may
+    /// otherwise be another suite's TCP+TLS listener, whose certificate then fails this test's
+    /// pin: "REFUSED", seen once beside every other suite). UDP: a QUIC client there hears
+    /// nothing, and no other suite's QUIC listener can answer on that number.
+    final class HeldPort {
         let port: UInt16
         private let descriptor: Int32
 
-        init() throws {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        init(udp: Bool = false) throws {
+            let fd = socket(AF_INET, Int32((udp ? SOCK_DGRAM : SOCK_STREAM).rawValue), 0)
             var address = sockaddr_in()
             address.sin_family = sa_family_t(AF_INET)
             address.sin_addr.s_addr = inet_addr("127.0.0.1")
@@ -115,7 +117,7 @@ struct RaceTests {
             }
             guard bound else {
                 if fd >= 0 { close(fd) }
-                throw QXferError(.bindFailed, "cannot hold a TCP port: errno \(errno)")
+                throw QXferError(.bindFailed, "cannot hold a \(udp ? "UDP" : "TCP") port: errno \(errno)")
             }
             descriptor = fd
             port = UInt16(bigEndian: address.sin_port)
@@ -129,7 +131,7 @@ struct RaceTests {
         // The kernel picks the TCP port; a UDP socket of another test may hold the same number,
         // so try again.
         for attempt in 1...20 {
-            let refused = try RefusedTCPPort()
+            let refused = try HeldPort()
             let listener = NetworkListener(on: refused.port, host: "127.0.0.1") { FirstOf { QUIC() }.identity(Identities.server) }
             do {
                 try await Self.quicWins(listener)
@@ -172,9 +174,9 @@ struct RaceTests {
             // The relay's port has no TCP listener: TCP+TLS is refused at once. The kernel picks
             // the TCP port; a UDP socket of another test may hold the same number, so try again.
             let target = try SocketAddress(ipAddress: "127.0.0.1", port: Int(port))
-            var attempt: (refused: RefusedTCPPort, relay: UDPRelay)?
+            var attempt: (refused: HeldPort, relay: UDPRelay)?
             for _ in 0..<20 where attempt == nil {
-                let refused = try RefusedTCPPort()
+                let refused = try HeldPort()
                 if let relay = try? await UDPRelay.start(to: target, port: refused.port) { attempt = (refused, relay) }
             }
             let (refused, relay) = try #require(attempt, "no port free for both TCP and UDP in 20 tries")
@@ -251,34 +253,6 @@ struct RaceTests {
         }
     }
 
-    /// A UDP port on 127.0.0.1 bound and never read: a QUIC client there hears nothing, and no
-    /// other suite's QUIC listener can answer on that number meanwhile.
-    final class SilentUDPPort {
-        let port: UInt16
-        private let descriptor: Int32
-
-        init() throws {
-            let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-            let bound = fd >= 0 && withUnsafeMutablePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
-                }
-            }
-            guard bound else {
-                if fd >= 0 { close(fd) }
-                throw QXferError(.bindFailed, "cannot hold a UDP port: errno \(errno)")
-            }
-            descriptor = fd
-            port = UInt16(bigEndian: address.sin_port)
-        }
-
-        deinit { close(descriptor) }
-    }
-
     @Test("Leading early: to a known receiver QUIC alone sends early data; unanswered, EarlyDataUnanswered, then the next connection races")
     func earlyLeaderFallsBackToTheRace() async throws {
         let client = TemporaryDirectory()
@@ -316,7 +290,7 @@ struct RaceTests {
         // silent; the client holds the receiver's ticket for it.
         let ticket = try #require(kept)
         for attempt in 1...20 {
-            let silent = try SilentUDPPort()
+            let silent = try HeldPort(udp: true)
             let tlsOnly = NetworkListener(on: silent.port, host: "127.0.0.1") { FirstOf { TLS() }.identity(Identities.server) }
             do {
                 try await withListener(tlsOnly, handler: Self.echo) { port in
