@@ -193,7 +193,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
     ) async throws {
         let parameters = NetworkParameters.parameters { TLV { transport } }.performanceMode(.bulk)
         let clock = ContinuousClock()
-        let moving = TransferClock()
+        var moving = TransferClock()
         // Set once a receiver accepted: from then on a network failure is retried until then.
         var retryUntil: ContinuousClock.Instant?
         var backoff = Duration.milliseconds(250)
@@ -214,6 +214,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
                     // `--stack auto` let QUIC lead alone with early data and nothing answered
                     // (UDP blocked since the last send, say): the next connection races.
                     reporter.info("\(unanswered.stack) with early data got no answer from \(endpoint); racing QUIC and TCP+TLS")
+                    moving = TransferClock()  // what that attempt wrote early was never accepted: not counted
                     continue
                 }
                 if accepted.isSet {
