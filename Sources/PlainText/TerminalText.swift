@@ -7,12 +7,11 @@ public enum TerminalText {
     /// `text` with every control character (C0, DEL, C1) and every bidirectional control
     /// escaped; newlines are kept when `keepingNewlines` (text of several lines).
     public static func escaped(_ text: String, keepingNewlines: Bool = false) -> String {
-        guard text.unicodeScalars.contains(where: { needsEscape($0) && !(keepingNewlines && $0 == "\n") }) else {
-            return text
-        }
+        let escapes = { (scalar: Unicode.Scalar) in needsEscape(scalar) && !(keepingNewlines && scalar == "\n") }
+        guard text.unicodeScalars.contains(where: escapes) else { return text }
         var result = String.UnicodeScalarView()
         for scalar in text.unicodeScalars {
-            guard needsEscape(scalar), !(keepingNewlines && scalar == "\n") else {
+            guard escapes(scalar) else {
                 result.append(scalar)
                 continue
             }

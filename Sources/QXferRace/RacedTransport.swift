@@ -34,10 +34,10 @@ struct RacedTransport: ByteStreamTransport {
     /// Runs `operation`; on a connection that led with early data to `endpoint`, a failure to
     /// connect (the handshake's deadline passed unanswered) becomes ``EarlyDataUnanswered``.
     static func early<T>(to endpoint: Endpoint?, over stack: any TransportStack, _ operation: () async throws -> T) async throws -> T {
+        guard let endpoint else { return try await operation() }
         do {
             return try await operation()
-        } catch let error as QXferError where error.code == .connectFailed && endpoint != nil {
-            guard let endpoint else { throw error }
+        } catch let error as QXferError where error.code == .connectFailed {
             RaceStack.unansweredEarly.withLock { _ = $0.insert(endpoint) }
             throw QXferError(.connectFailed, error.message, underlying: EarlyDataUnanswered(endpoint: endpoint, stack: stack.name))
         }

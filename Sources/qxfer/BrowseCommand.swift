@@ -106,7 +106,7 @@ struct BrowseCommand: AsyncParsableCommand, JSONOutput {
     /// Unbuffered: a script reading the pipe sees each line as it happens. One line: a name
     /// from the network cannot start another.
     static func write(_ line: String) {
-        StandardStream.output.write(TerminalText.escaped(line) + "\n")
+        StandardStream.output.writeVerbatim(TerminalText.escaped(line) + "\n")
     }
 }
 

@@ -56,7 +56,7 @@ enum Console {
     /// `error` event carrying the code and the exit status.
     static func fatal(_ message: String, code: String, exitStatus: Int32) {
         if json { emit("error", ["message": message, "code": code, "exit_code": Int(exitStatus)]) }
-        StandardStream.error.write("qxfer: \(TerminalText.escaped(message))\n")
+        StandardStream.error.writeVerbatim("qxfer: \(TerminalText.escaped(message))\n")
     }
 
     // MARK: The terminal's last line
@@ -73,7 +73,7 @@ enum Console {
         question.withLock { question in
             let onTerminal = stream.isTerminal
             if onTerminal && standardErrorIsTerminal { StandardStream.error.writeVerbatim(wipeLine) }
-            stream.write(TerminalText.escaped(line) + "\n")
+            stream.writeVerbatim(TerminalText.escaped(line) + "\n")
             if onTerminal, let question { StandardStream.error.write(question) }
         }
     }
@@ -100,7 +100,7 @@ enum Console {
     static func endQuestion(saying line: String? = nil) {
         question.withLock { question in
             question = nil
-            if let line { StandardStream.error.write("\nqxfer: \(TerminalText.escaped(line))\n") }
+            if let line { StandardStream.error.writeVerbatim("\nqxfer: \(TerminalText.escaped(line))\n") }
         }
     }
 

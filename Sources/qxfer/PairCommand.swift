@@ -255,7 +255,7 @@ struct DevicesCommand: AsyncParsableCommand {
             return
         }
         for device in devices {
-            StandardStream.output.write(TerminalText.escaped(device.name) + "\n")
+            StandardStream.output.writeVerbatim(TerminalText.escaped(device.name) + "\n")
             StandardStream.output.write("  fingerprint  \(device.fingerprint)\n")
             StandardStream.output.write("  paired       \(device.pairedAt.formatted(.iso8601))" + (device.address.map { " (at \($0))" } ?? "") + "\n")
             StandardStream.output.write("  last seen    \(device.lastSeen.map { $0.formatted(.iso8601) } ?? "not since pairing")\n")

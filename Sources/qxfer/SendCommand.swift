@@ -156,7 +156,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             if json {
                 Console.emit("found", ["name": found.name, "host": endpoint.host, "port": endpoint.port])
             } else {
-                StandardStream.error.write("qxfer: found receiver '\(TerminalText.escaped(found.name))' at \(endpoint)\n")
+                StandardStream.error.writeVerbatim("qxfer: found receiver '\(TerminalText.escaped(found.name))' at \(endpoint)\n")
             }
         }
         let identity = try HostIdentity.loadOrCreate(in: global.config)

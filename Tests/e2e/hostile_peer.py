@@ -126,14 +126,19 @@ def read_reply(sock, timeout=10):
     return data
 
 
-def tls_exchange(port, message, **context_options):
+def tls_exchange(port, message, then=None, **context_options):
+    """Sends `message`, reads the reply; then sends `then`, if given, and reads until the close."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
         with tls_context(**context_options).wrap_socket(raw, server_hostname="qxfer") as sock:
             sock.sendall(message)
-            return read_reply(sock), sock.selected_alpn_protocol()
+            reply = read_reply(sock)
+            if then is not None:
+                sock.sendall(then)
+                read_reply(sock, timeout=5)
+            return reply, sock.selected_alpn_protocol()
 
 
-async def quic_exchange(port, message, alpn=("qxfer/1",), close_code=None):
+async def quic_exchange(port, message, alpn=("qxfer/1",), close_code=None, then=None):
     from aioquic.asyncio import connect
     from aioquic.quic.configuration import QuicConfiguration
 
@@ -150,6 +155,9 @@ async def quic_exchange(port, message, alpn=("qxfer/1",), close_code=None):
                 data += chunk
         except (asyncio.TimeoutError, ConnectionError):
             pass
+        if then is not None:
+            writer.write(then)
+            await asyncio.sleep(0.5)
         if close_code is not None:
             # The receiver closes after its Error: record the application error code it used.
             try:
@@ -161,10 +169,10 @@ async def quic_exchange(port, message, alpn=("qxfer/1",), close_code=None):
         return data
 
 
-def exchange(stack, port, message):
+def exchange(stack, port, message, then=None):
     if stack == "tls":
-        return tls_exchange(port, message)[0]
-    return asyncio.run(asyncio.wait_for(quic_exchange(port, message), 30))
+        return tls_exchange(port, message, then=then)[0]
+    return asyncio.run(asyncio.wait_for(quic_exchange(port, message, then=then), 30))
 
 
 def check_numbers(stack, port, target):
@@ -203,32 +211,7 @@ def check_words(stack, port):
     standard error) and stay up."""
     offer_one = offer(entry([b"words.txt"], size=5))
     error = frame(9, struct.pack(">H", 1) + str16(FORGED))
-    if stack == "tls":
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
-            with tls_context().wrap_socket(raw, server_hostname="qxfer") as sock:
-                sock.sendall(offer_one)
-                reply = read_reply(sock)
-                sock.sendall(error)
-                read_reply(sock, timeout=5)
-    else:
-        async def run():
-            from aioquic.asyncio import connect
-            from aioquic.quic.configuration import QuicConfiguration
-
-            configuration = QuicConfiguration(is_client=True, alpn_protocols=["qxfer/1"], verify_mode=ssl.CERT_NONE)
-            async with connect("127.0.0.1", port, configuration=configuration, wait_connected=True) as client:
-                reader, writer = await client.create_stream()
-                writer.write(offer_one)
-                data = b""
-                while len(data) < 8 or len(data) < 8 + struct.unpack(">I", data[4:8])[0]:
-                    chunk = await asyncio.wait_for(reader.read(65536), 10)
-                    if not chunk:
-                        break
-                    data += chunk
-                writer.write(error)
-                await asyncio.sleep(0.5)
-                return data
-        reply = asyncio.run(asyncio.wait_for(run(), 30))
+    reply = exchange(stack, port, offer_one, then=error)
     if len(reply) < 8 or struct.unpack(">I", reply[:4])[0] != 2:
         fail(f"an offer of one file: expected Accept, got {reply[:16]!r}")
     ok(f"{stack}: an Error with terminal escapes sent after Accept")

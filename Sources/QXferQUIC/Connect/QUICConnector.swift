@@ -18,8 +18,6 @@ enum QUICConnector {
     ) async throws -> QUICStreamTransport {
         let identity = try quic.identity ?? HostIdentity.loadOrCreate()
         let addresses = try await resolve(endpoint)
-        let hostKey = KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))
-        let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? quic.peerTrust
         // Several addresses and the path probe may each hear the peer: the caller hears it once.
         let heard = Locked(false)
         let peerAnswered: @Sendable () -> Void = {
@@ -45,7 +43,7 @@ enum QUICConnector {
                 running += 1
                 logger.info("QUIC handshake with \(endpoint) at \(address)")
                 group.addTask {
-                    let verifier = PeerVerifier(.client(trust, hostKey: hostKey))
+                    let verifier = clientVerifier(for: endpoint, quic: quic, parameters: parameters)
                     let transport = try await attempt(
                         address, quic: quic, identity: identity, parameters: parameters, verifier: verifier, timeout: timeout,
                         resumption: resumption, peerAnswered: peerAnswered)
@@ -120,7 +118,7 @@ enum QUICConnector {
         } catch {
             throw QXferError(.connectFailed, "cannot open a UDP socket: \(ChannelErrors.reason(error))", underlying: error)
         }
-        let early = earlyPeer(quic: quic, verifier: verifier, resumption: resumption)
+        let early = earlyPeer(quic: quic, verifier: verifier, ticket: resumption?.ticket, fingerprint: resumption?.fingerprint)
         let setup = channel.eventLoop.submit { [configuration, remoteAddress] () throws -> (NIOLoopBound<QUICConnectionDriver>, EventLoopFuture<String>, QUICStreamID?) in
             let handler = try channel.pipeline.syncOperations.handler(type: QUICSocketHandler.self)
             guard let local = handler.localAddress, let remoteAddress else {
@@ -179,17 +177,23 @@ enum QUICConnector {
         return QUICStreamTransport(driver: driver, stream: channel.eventLoop.makeSucceededFuture(stream), peer: peer)
     }
 
-    /// Whether a connection to `endpoint` would send early: ``earlyPeer(quic:verifier:resumption:)``'s
-    /// rules, asked before any socket is opened (a ticket whose limits allow no early stream
-    /// still makes the connection wait for its handshake). Not a bulk connection that probes
-    /// the path first: the probe costs the round trip early data would save, and a race's
-    /// leader, given a second for everything, would leave it a quarter of that.
-    static func sendsEarly<Stack>(to endpoint: Endpoint, quic: QUIC, parameters: NetworkParameters<Stack>) -> Bool {
-        guard quic.sendsEarlyData, quic.applicationProtocols.count == 1, !(parameters.performanceMode == .bulk && quic.probesPathMTU),
-              let stored = quic.sessionTickets?.entry(for: endpoint), let fingerprint = stored.fingerprint else { return false }
+    /// How a client judges the receiver at `endpoint`: the connection's pin, else the stack's trust.
+    private static func clientVerifier<Stack>(for endpoint: Endpoint, quic: QUIC, parameters: NetworkParameters<Stack>) -> PeerVerifier {
         let trust = parameters.peerFingerprint.map { PeerTrust.pinned($0) } ?? quic.peerTrust
-        let verifier = PeerVerifier(.client(trust, hostKey: KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))))
-        return verifier.presumedTrust(for: fingerprint) != nil
+        return PeerVerifier(.client(trust, hostKey: KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))))
+    }
+
+    /// Whether a connection to `endpoint` would send early: ``earlyPeer(quic:verifier:ticket:fingerprint:)``'s
+    /// rules for the stored ticket, asked before any socket is opened (a ticket whose limits
+    /// allow no early stream still makes the connection wait for its handshake). Not a bulk
+    /// connection that probes the path first: the probe costs the round trip early data would
+    /// save, and a race's leader, given a second for everything, would leave it a quarter of that.
+    static func sendsEarly<Stack>(to endpoint: Endpoint, quic: QUIC, parameters: NetworkParameters<Stack>) -> Bool {
+        guard !(parameters.performanceMode == .bulk && quic.probesPathMTU), let stored = quic.sessionTickets?.entry(for: endpoint) else {
+            return false
+        }
+        let verifier = clientVerifier(for: endpoint, quic: quic, parameters: parameters)
+        return earlyPeer(quic: quic, verifier: verifier, ticket: stored.ticket, fingerprint: stored.fingerprint) != nil
     }
 
     /// Who the receiver is, when this connection may hand its first bytes over as early data
@@ -197,9 +201,9 @@ enum QUICConnector {
     /// receiver this client trusts now (pin, known_hosts, pairing; never a first contact).
     /// The certificate sealed in the session is checked against the trust again when the
     /// handshake completes, and a refusal fails the connection. nil: wait for the handshake.
-    private static func earlyPeer(quic: QUIC, verifier: PeerVerifier, resumption: Resumption?) -> PeerIdentity? {
-        guard quic.sendsEarlyData, quic.applicationProtocols.count == 1, let resumption, resumption.ticket != nil else { return nil }
-        guard let fingerprint = resumption.fingerprint, let trust = verifier.presumedTrust(for: fingerprint) else {
+    private static func earlyPeer(quic: QUIC, verifier: PeerVerifier, ticket: QUICSessionTicket?, fingerprint: Fingerprint?) -> PeerIdentity? {
+        guard quic.sendsEarlyData, quic.applicationProtocols.count == 1, ticket != nil else { return nil }
+        guard let fingerprint, let trust = verifier.presumedTrust(for: fingerprint) else {
             logger.info("QUIC sends nothing early: the ticket's receiver is not one this host trusts by pin, known_hosts or pairing")
             return nil
         }
