@@ -4,8 +4,8 @@
 /// character is written as its `\uXXXX` escape (the form JSON uses, so a JSON line stays valid);
 /// newline, carriage return and tab as `\n`, `\r` and `\t`.
 public enum TerminalText {
-    /// `text` with every control character (C0, DEL, C1) and every bidirectional control
-    /// escaped; newlines are kept when `keepingNewlines` (text of several lines).
+    /// `text` with every control character (C0, DEL, C1), line or paragraph separator and
+    /// bidirectional control escaped; newlines are kept when `keepingNewlines` (text of several lines).
     public static func escaped(_ text: String, keepingNewlines: Bool = false) -> String {
         let escapes = { (scalar: Unicode.Scalar) in needsEscape(scalar) && !(keepingNewlines && scalar == "\n") }
         guard text.unicodeScalars.contains(where: escapes) else { return text }
@@ -26,11 +26,12 @@ public enum TerminalText {
         return String(result)
     }
 
-    /// Control characters and the bidirectional marks, embeddings, overrides and isolates.
+    /// Control characters, the line and paragraph separators, and the bidirectional marks,
+    /// embeddings, overrides and isolates.
     private static func needsEscape(_ scalar: Unicode.Scalar) -> Bool {
         switch scalar.value {
         case 0x00..<0x20, 0x7F..<0xA0: true
-        case 0x061C, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069: true
+        case 0x061C, 0x200E, 0x200F, 0x2028...0x202E, 0x2066...0x2069: true
         default: false
         }
     }

@@ -76,17 +76,11 @@ public struct TransferError: Error, Hashable, CustomStringConvertible, Sendable 
     public static func == (lhs: TransferError, rhs: TransferError) -> Bool { lhs.code == rhs.code }
     public func hash(into hasher: inout Hasher) { hasher.combine(code) }
 
-    /// Replaces control characters (newlines, escapes, RTL overrides are kept visible as `?`)
-    /// so that a message, including one received from a peer, always prints as one safe line.
+    /// Escapes control characters (newlines, escape sequences, bidirectional overrides: see
+    /// ``TerminalText``) so that a message, including one received from a peer, always prints
+    /// as one safe line, while a name's emoji or accents stay as written.
     static func oneLine(_ text: String) -> String {
-        var out = String.UnicodeScalarView()
-        for scalar in text.unicodeScalars {
-            switch scalar.properties.generalCategory {
-            case .control, .format, .lineSeparator, .paragraphSeparator: out.append("?")
-            default: out.append(scalar)
-            }
-        }
-        return String(out)
+        TerminalText.escaped(text)
     }
 }
 
@@ -94,6 +88,8 @@ public struct TransferError: Error, Hashable, CustomStringConvertible, Sendable 
 struct AlreadyCommunicated: Error {
     var error: TransferError
 }
+
+internal import PlainText
 
 #if canImport(Glibc)
 import Glibc

@@ -44,7 +44,10 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         discussion: """
             Folders are sent whole: empty files and folders, permissions and modification \
             times; symlinks inside a folder are sent as links (never followed), those pointing \
-            out of it are skipped. '-' sends standard input as a file named by --name.
+            out of it are skipped, as are sockets, FIFOs and devices. A file or folder whose \
+            name qxfer/1 cannot carry (control characters, a reserved suffix, not UTF-8) is \
+            skipped too, and then the command exits 77 once the rest has arrived. '-' sends \
+            standard input as a file named by --name.
 
             Every file is checked end to end with XXH3-128 (or SHA-256 with --checksum \
             sha256) and gets its final name on the receiver only once the digests match. \
@@ -169,6 +172,15 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             Sending(command: self, tree: tree, endpoint: endpoint, trust: receiverTrust, reporter: reporter),
             identity: identity, trust: receiverTrust.trust, tcp: transferTCP, config: global.config,
             probesPathMTU: tree.totalSize >= Self.pathProbeThreshold || tree.sources.contains(.standardInput), leadsEarly: true)
+        // Everything else arrived, but a script that deletes its source after a send that
+        // exited 0 must not lose the files whose names could not travel.
+        if tree.unsentForTheirNames > 0 {
+            let count = tree.unsentForTheirNames
+            throw TransferError(
+                .unsafePath,
+                "\(count) \(count == 1 ? "file or folder" : "files or folders") named above \(count == 1 ? "was" : "were") not sent "
+                    + "(qxfer/1 cannot carry \(count == 1 ? "its name" : "their names")); everything else arrived")
+        }
     }
 
     /// From this many bytes (or from standard input, of unknown length) QUIC first finds the

@@ -20,6 +20,9 @@ final class TransferReporter: Sendable {
     private let logger = Logger(label: "qxfer.transfer")
     /// The stack that carries the sender's connection ("QUIC", "TCP+TLS"), once connected.
     private let carrier = Mutex<String?>(nil)
+    /// Whether the line for this connection's offer was printed: the same offer made again on
+    /// a new connection after early data got no answer is not news; after a reconnect it is.
+    private let offerShown = Mutex(false)
 
     init(json: Bool, role: Role, pairedNames: [Fingerprint: String] = [:]) {
         self.style = json ? .json : (isatty(STDERR_FILENO) == 1 ? .bar : .lines)
@@ -49,6 +52,7 @@ final class TransferReporter: Sendable {
         switch event {
         case .offered(let entries, let bytes, let sizeUnknown):
             logger.info("offer: \(entries) entries, \(bytes) bytes\(sizeUnknown ? " and a stream" : "")")
+            guard !offerShown.withLock({ shown in defer { shown = true }; return shown }) else { break }
             if style == .json { emit("offered", ["entries": entries, "bytes": bytes, "size_unknown": sizeUnknown]) }
             if role == .sender && style != .json {
                 printLine("offered \(count(entries, "item", "items")) (\(formatBytes(bytes))\(sizeUnknown ? " and a stream" : "")); waiting for the receiver to accept")
@@ -117,6 +121,7 @@ final class TransferReporter: Sendable {
 
     /// The connection was lost after the receiver accepted; a new one is tried after `delay`.
     func reconnecting(reason: String, after delay: Duration, attempt: Int) {
+        offerShown.withLock { $0 = false }
         if style == .json {
             emit("reconnecting", ["reason": reason, "delay_s": delay.seconds, "attempt": attempt])
         } else {

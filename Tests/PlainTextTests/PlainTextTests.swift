@@ -55,7 +55,7 @@ struct PlainTextTests {
         #expect(parsed["infinite"] is NSNull)
     }
 
-    @Test("Terminal text: control characters and bidirectional controls escaped, the rest untouched")
+    @Test("Terminal text: control characters, line separators and bidirectional controls escaped, the rest untouched")
     func terminalTextEscapes() throws {
         #expect(TerminalText.escaped("plain name, ünïcode, 日本, 👩‍👩‍👧 and a \\ backslash") == "plain name, ünïcode, 日本, 👩‍👩‍👧 and a \\ backslash")
         #expect(TerminalText.escaped("esc\u{1B}[31mred") == "esc\\u001b[31mred")
@@ -64,6 +64,7 @@ struct PlainTextTests {
         #expect(TerminalText.escaped("\u{7F}\u{9B}2J\u{0}") == "\\u007f\\u009b2J\\u0000")
         #expect(TerminalText.escaped("evil\u{202E}txt.exe") == "evil\\u202etxt.exe")
         #expect(TerminalText.escaped("\u{2066}a\u{2069}\u{200F}\u{61C}") == "\\u2066a\\u2069\\u200f\\u061c")
+        #expect(TerminalText.escaped("line\u{2028}paragraph\u{2029}") == "line\\u2028paragraph\\u2029")
         // The escapes are JSON's: a JSON string holding one reads back as the character.
         let line = "{\"name\":\"" + TerminalText.escaped("a\u{202E}b") + "\"}"
         let parsed = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: String]

@@ -214,8 +214,9 @@ let sampleMessages: [Message] = [
     }
 
     @Test func errorMessagesAreOneLine() {
-        let error = TransferError(.refused, "evil\nsecond line\u{202E}txt.exe")
-        #expect(error.message == "evil?second line?txt.exe")
+        let error = TransferError(.refused, "evil\nsecond line\u{202E}txt.exe\u{2028}👩\u{200D}👩")
+        // Controls escaped, an emoji sequence (a zero-width joiner) kept whole.
+        #expect(error.message == "evil\\nsecond line\\u202etxt.exe\\u2028👩\u{200D}👩")
         #expect(TransferError.Code(rawValue: 7) == .digestMismatch)
         #expect(TransferError.Code(rawValue: 7).name == "digest-mismatch")
         #expect(TransferError.Code(rawValue: 999).name == "error-999")

@@ -184,6 +184,30 @@ struct SessionTests {
         #expect(Set(actual.keys) == Set(expected.keys))
     }
 
+    @Test("What a folder holds that qxfer/1 does not carry is skipped; names it cannot carry are counted as unsent data")
+    func skippedAndUnsent() throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        let top = scratch.sub("mixed")
+        try FileManager.default.createDirectory(atPath: top, withIntermediateDirectories: true)
+        _ = FileManager.default.createFile(atPath: top + "/plain.txt", contents: Data("kept\n".utf8))
+        _ = FileManager.default.createFile(atPath: top + "/bell\u{07}name", contents: Data("control\n".utf8))
+        // A name that is not UTF-8 (0xFF), made through the raw bytes.
+        let undecodable = Array((top + "/latin1-").utf8) + [0xFF, 0]
+        let descriptor = undecodable.withUnsafeBufferPointer { open(UnsafeRawPointer($0.baseAddress!).assumingMemoryBound(to: CChar.self), O_CREAT | O_WRONLY, 0o644) }
+        #expect(descriptor >= 0)
+        close(descriptor)
+        #expect(mkfifo(top + "/pipe", 0o644) == 0)
+        try FileManager.default.createSymbolicLink(atPath: top + "/out", withDestinationPath: "/etc/passwd")
+
+        let tree = try SourceTree.scan([top])
+        #expect(tree.entries.map { $0.path.joined(separator: "/") } == ["mixed", "mixed/plain.txt"])
+        #expect(tree.skipped.count == 4, "\(tree.skipped)")
+        // The FIFO and the link hold no data qxfer carries; the two files do.
+        #expect(tree.unsentForTheirNames == 2)
+        #expect(try SourceTree.scan([top + "/plain.txt"]).unsentForTheirNames == 0)
+    }
+
     @Test("Sending again finds identical files present and moves no data", arguments: StackKind.allCases)
     func presentFilesAreNotSentAgain(_ kind: StackKind) async throws {
         let scratch = TempDir()

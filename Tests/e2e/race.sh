@@ -172,6 +172,7 @@ SEND_FLAGS=-v send known-udp-dropped "$WORK/small.bin"
 [ "$RC" = 0 ] && [ "$STACK" = "TCP+TLS" ] || fail "known receiver, UDP dropped: exit $RC over '$STACK': $(cat "$WORK/known-udp-dropped.err")"
 grep -q "QUIC with early data got no answer" "$WORK/known-udp-dropped.err" || fail "known receiver, UDP dropped: $(cat "$WORK/known-udp-dropped.err")"
 cmp -s "$WORK/small.bin" "$WORK/in/small.bin" || fail "known receiver, UDP dropped: the received file differs"
+[ "$(grep -c '"event":"offered"' "$WORK/known-udp-dropped.out")" = 1 ] || fail "known receiver, UDP dropped: the offer was not reported once: $(cat "$WORK/known-udp-dropped.out")"
 below "$SECONDS_TAKEN" 3 || fail "known receiver, UDP dropped: took $SECONDS_TAKEN s"
 ok "known receiver, UDP dropped: early attempt unanswered, then TCP+TLS, in $SECONDS_TAKEN s"
 drop

@@ -292,7 +292,7 @@ ok "errors: a file where the host goes, a missing parent, a created --dir, a rea
 # --- 6b. Names that would drive the terminal ------------------------------------------------
 # A folder holding names qxfer/1 does not carry (an escape sequence that paints the screen red,
 # a line break): the sender skips them with a warning that shows each name escaped, in the
-# terminal as written, not interpreted.
+# terminal as written, not interpreted; the rest is sent and the command exits 77.
 mkdir -p "$WORK/names"
 echo kept >"$WORK/names/plain.txt"
 echo red >"$WORK/names/paint"$'\e[41m'"red"
@@ -311,8 +311,12 @@ screen names | grep -qF "names/paint\u001b[41mred': the name is not allowed" \
 ! screen names | grep -q "^lines'" || { screen names >&2; fail "a name's line break started a line of its own"; }
 T capture-pane -p -e -t names | grep -qF $'\e[41m' && { screen names >&2; fail "a name's escape sequence reached the terminal"; }
 [ -f "$WORK/dst-names/names/plain.txt" ] || fail "the plain file beside the skipped names did not arrive"
+# Files left out for their names make the send incomplete: a script must not take it for done.
+screen names | grep -q '^EXIT=77$' \
+    && screen names | grep -qF "2 files or folders named above were not sent (qxfer/1 cannot carry their names); everything else arrived" \
+    || { screen names >&2; fail "a send that left files out for their names did not exit 77 saying so"; }
 kill -INT "$NAMES_PID"; wait "$NAMES_PID" 2>/dev/null || true
-ok "names with an escape sequence and a line break: skipped, shown escaped ($(screen names | grep -c 'not allowed') warnings)"
+ok "names with an escape sequence and a line break: skipped, shown escaped ($(screen names | grep -c 'not allowed') warnings), exit 77"
 
 # --- 7. recv --stdout --------------------------------------------------------------------------
 stdout_recv() {  # stdout_recv OUTPUT-COMMAND: a receiver whose data goes through OUTPUT-COMMAND

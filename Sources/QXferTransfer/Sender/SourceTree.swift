@@ -23,6 +23,10 @@ public struct SourceTree: Sendable {
     public private(set) var sources: [Source] = []
     /// Things found but not sent, one line each (sockets, devices, links leaving the tree…).
     public private(set) var skipped: [String] = []
+    /// How many of the skipped items are files or folders left out because qxfer/1 cannot carry
+    /// their names: data the user asked to send that does not arrive, so the send is incomplete.
+    /// (Sockets, devices and links leaving the tree hold no data qxfer carries.)
+    public private(set) var unsentForTheirNames = 0
 
     /// The bytes of all files of known size.
     public var totalSize: UInt64 { entries.reduce(0) { $0.saturatingAdd($1.size) } }  // sparse files may add up past 2^64
@@ -94,11 +98,13 @@ public struct SourceTree: Sendable {
             let (children, undecodable) = try SourceTree.list(path)
             if undecodable > 0 {
                 skipped.append("'\(path)': \(undecodable) names that are not valid UTF-8; not sent")
+                unsentForTheirNames += undecodable
             }
             for name in children {
                 let childPath = path + "/" + name
                 guard (try? SafePath(validating: [name])) != nil else {
                     skipped.append("'\(childPath)': the name is not allowed in qxfer/1 (control characters or a reserved suffix); not sent")
+                    unsentForTheirNames += 1
                     continue
                 }
                 var childInfo = stat()
