@@ -184,6 +184,33 @@ struct SessionTests {
         #expect(Set(actual.keys) == Set(expected.keys))
     }
 
+    @Test(
+        "A file that shrinks after the offer ends the send at once with the sender's reason, which the receiver hears too",
+        .timeLimit(.minutes(1)), arguments: StackKind.allCases, [6 << 20, 48 << 10])
+    func shrinkingFile(_ kind: StackKind, size: Int) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        let source = scratch.sub("log.bin")
+        try Data(pattern(size, seed: 5)).write(to: URL(fileURLWithPath: source))
+        let tree = try SourceTree.scan([source])
+        // Another program truncates it between the scan and the send (a log rotated, say):
+        // large files go alone on a stream, small ones in a Batch sent early.
+        #expect(truncate(source, off_t(size / 3)) == 0)
+
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        let sent = #expect(throws: TransferError.self) { try client.get() }
+        #expect(sent?.code == .io)
+        #expect(sent?.message.contains("'log.bin' shrank while it was being sent (it ended after \(size / 3) of the \(size) bytes offered)") == true, "\(String(describing: sent))")
+        let received = #expect(throws: TransferError.self) { try server.get() }
+        #expect(received?.message.contains("the sender: 'log.bin' shrank") == true, "\(String(describing: received))")
+        #expect(!exists(scratch.sub("dst/log.bin")))
+    }
+
     @Test("What a folder holds that qxfer/1 does not carry is skipped; names it cannot carry are counted as unsent data")
     func skippedAndUnsent() throws {
         let scratch = TempDir()

@@ -52,7 +52,7 @@ public struct TransferSender: Sendable {
         progress.report(.offered(entries: offer.entries.count, bytes: tree.totalSize, sizeUnknown: tree.entries.contains { $0.flags.contains(.sizeUnknown) }))
         try await connection.send(.offer(offer))
 
-        let digests = Locked<[UInt32: String]>([:])
+        let shared = SendingState()
         let usesStreams = try await connection.hasIndependentStreams
         let earlyJobs = offer.entries.indices.filter { offer.entries[$0].flags.contains(.early) }.map {
             FileJob(index: UInt32($0), entry: offer.entries[$0], source: tree.sources[$0], answer: .sendAll)
@@ -63,54 +63,71 @@ public struct TransferSender: Sendable {
             // Early files leave now, in the round trip Accept takes; the others follow them on
             // the same lanes (on TCP+TLS, one after the other on the connection).
             group.addTask {
-                try await send(Self.units(of: earlyJobs), over: connection, usesStreams: usesStreams, digests: digests)
+                try await send(Self.units(of: earlyJobs), over: connection, usesStreams: usesStreams, shared: shared)
                 for await units in accepted {
-                    try await send(units, over: connection, usesStreams: usesStreams, digests: digests)
+                    try await send(units, over: connection, usesStreams: usesStreams, shared: shared)
                 }
             }
-            let answers = try await receiveAnswers(from: connection)
-            var ledger = try SenderLedger(entries: offer.entries, algorithm: algorithm, answers: answers)
-            let jobs = ledger.jobs.map { FileJob(index: $0.index, entry: offer.entries[Int($0.index)], source: tree.sources[Int($0.index)], answer: $0.answer) }
-            let present = jobs.count(where: { $0.answer.disposition == .present })
-            // Early files the receiver did not want travelled all the same.
-            let earlyUnwanted = earlyJobs.filter { answers[Int($0.index)].disposition != .send }.reduce(UInt64(0)) { $0 + $1.entry.size }  // ≤ 4 MiB
-            progress.report(.accepted(bytes: ledger.bytesToSend.saturatingAdd(earlyUnwanted), resumed: ledger.resumedBytes, present: present, skipped: ledger.failures.count))
-            for failure in ledger.failures { progress.report(.failed(path: failure.path, error: failure.error)) }
-            acceptance.yield(Self.units(of: jobs.filter { !$0.entry.flags.contains(.early) }))
-            acceptance.finish()
+            var summary: TransferSummary
+            do {
+                summary = try await receiveVerdicts(offer: offer, connection: connection, acceptance: acceptance, earlyJobs: earlyJobs, digests: shared.digests)
+                try await group.waitForAll()
+            } catch {
+                // The connection closed under the wait because a file of ours failed: that is the cause.
+                if let failure = shared.localFailure.withLock({ $0 }) { throw AlreadyCommunicated(error: failure) }
+                throw error
+            }
+            summary.transferredBytes = progress.transferredBytes
+            summary.resumedBytes = progress.resumedBytes
+            // Done: the receiver waits for us to close.
+            try? await connection.finish()
+            connection.cancel()
+            return summary
+        }
+    }
 
-            // The verdicts come back on the control stream while data still flows.
-            var summary = TransferSummary(succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: algorithm, digests: [])
-            while true {
-                guard let message = try await connection.receiveMessage() else {
-                    // The receiver vanished (crashed, killed): a network failure, which a new
-                    // connection may resume from.
-                    throw QXferError(.connectionClosed, "the receiver closed the connection before reporting the result")
+    /// Reads Accept, hands the sending task what the receiver wants, then takes the verdicts
+    /// until Complete: the summary, less the byte counts (the sending task may still be ending).
+    private func receiveVerdicts<Stack: TLVStack>(
+        offer: Offer, connection: NetworkConnection<Stack>, acceptance: AsyncStream<[SendUnit]>.Continuation, earlyJobs: [FileJob],
+        digests: Locked<[UInt32: String]>
+    ) async throws -> TransferSummary {
+        let answers = try await receiveAnswers(from: connection)
+        var ledger = try SenderLedger(entries: offer.entries, algorithm: algorithm, answers: answers)
+        let jobs = ledger.jobs.map { FileJob(index: $0.index, entry: offer.entries[Int($0.index)], source: tree.sources[Int($0.index)], answer: $0.answer) }
+        let present = jobs.count(where: { $0.answer.disposition == .present })
+        // Early files the receiver did not want travelled all the same.
+        let earlyUnwanted = earlyJobs.filter { answers[Int($0.index)].disposition != .send }.reduce(UInt64(0)) { $0 + $1.entry.size }  // ≤ 4 MiB
+        progress.report(.accepted(bytes: ledger.bytesToSend.saturatingAdd(earlyUnwanted), resumed: ledger.resumedBytes, present: present, skipped: ledger.failures.count))
+        for failure in ledger.failures { progress.report(.failed(path: failure.path, error: failure.error)) }
+        acceptance.yield(Self.units(of: jobs.filter { !$0.entry.flags.contains(.early) }))
+        acceptance.finish()
+
+        // The verdicts come back on the control stream while data still flows.
+        var summary = TransferSummary(succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: algorithm, digests: [])
+        while true {
+            guard let message = try await connection.receiveMessage() else {
+                // The receiver vanished (crashed, killed): a network failure, which a new
+                // connection may resume from.
+                throw QXferError(.connectionClosed, "the receiver closed the connection before reporting the result")
+            }
+            switch message {
+            case .verified, .failed:
+                try record(message, in: &ledger, summary: &summary, digests: digests)
+            case .batch(let verdicts):
+                for verdict in verdicts { try record(verdict, in: &ledger, summary: &summary, digests: digests) }
+            case .complete(let complete):
+                summary.succeeded = try ledger.complete(complete)
+                summary.failures = ledger.failures
+                // An older receiver counts a folder or symlink it could not make without a Failed.
+                if complete.failed > summary.failures.count {
+                    summary.failures.append(("", TransferError(.io, "the receiver reports \(complete.failed) failed entries")))
                 }
-                switch message {
-                case .verified, .failed:
-                    try record(message, in: &ledger, summary: &summary, digests: digests)
-                case .batch(let verdicts):
-                    for verdict in verdicts { try record(verdict, in: &ledger, summary: &summary, digests: digests) }
-                case .complete(let complete):
-                    summary.succeeded = try ledger.complete(complete)
-                    try await group.waitForAll()
-                    summary.failures = ledger.failures
-                    summary.transferredBytes = progress.transferredBytes
-                    summary.resumedBytes = progress.resumedBytes
-                    // An older receiver counts a folder or symlink it could not make without a Failed.
-                    if complete.failed > summary.failures.count {
-                        summary.failures.append(("", TransferError(.io, "the receiver reports \(complete.failed) failed entries")))
-                    }
-                    // Done: the receiver waits for us to close.
-                    try? await connection.finish()
-                    connection.cancel()
-                    return summary
-                case .error(let refusal):
-                    throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver: \(refusal.message)"))
-                default:
-                    throw TransferError(.protocolViolation, "the receiver sent \(message.type) during the transfer")
-                }
+                return summary
+            case .error(let refusal):
+                throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver: \(refusal.message)"))
+            default:
+                throw TransferError(.protocolViolation, "the receiver sent \(message.type) during the transfer")
             }
         }
     }
@@ -130,11 +147,11 @@ public struct TransferSender: Sendable {
     }
 
     /// Sends `units`: on QUIC on parallel lanes, on TCP+TLS one after the other.
-    private func send<Stack: TLVStack>(_ units: [SendUnit], over connection: NetworkConnection<Stack>, usesStreams: Bool, digests: Locked<[UInt32: String]>) async throws {
+    private func send<Stack: TLVStack>(_ units: [SendUnit], over connection: NetworkConnection<Stack>, usesStreams: Bool, shared: SendingState) async throws {
         if usesStreams {
-            try await sendInParallel(units, over: connection, digests: digests)
+            try await sendInParallel(units, over: connection, shared: shared)
         } else {
-            for unit in units { try await send(unit, on: connection, digests: digests) }
+            for unit in units { try await send(unit, on: connection, control: connection, shared: shared) }
         }
     }
 
@@ -207,7 +224,7 @@ public struct TransferSender: Sendable {
     /// QUIC: up to ``parallelFiles`` senders side by side, each taking the next unit as soon as
     /// it is done with one: Batches on a stream the sender keeps for them, every large file on a
     /// stream of its own.
-    private func sendInParallel<Stack: TLVStack>(_ units: [SendUnit], over connection: NetworkConnection<Stack>, digests: Locked<[UInt32: String]>) async throws {
+    private func sendInParallel<Stack: TLVStack>(_ units: [SendUnit], over connection: NetworkConnection<Stack>, shared: SendingState) async throws {
         let next = Locked(0)
         try await withThrowingTaskGroup(of: Void.self) { group in
             for _ in 0..<min(parallelFiles, units.count) {
@@ -222,10 +239,10 @@ public struct TransferSender: Sendable {
                         switch units[index] {
                         case .batch:
                             if lane == nil { lane = try await connection.openStream() }
-                            try await send(units[index], on: lane!, digests: digests)
+                            try await send(units[index], on: lane!, control: connection, shared: shared)
                         case .single:
                             let stream = try await connection.openStream()
-                            try await send(units[index], on: stream, digests: digests)
+                            try await send(units[index], on: stream, control: connection, shared: shared)
                             try await stream.finish()
                         }
                     }
@@ -236,10 +253,19 @@ public struct TransferSender: Sendable {
         }
     }
 
-    private func send<Stack: TLVStack>(_ unit: SendUnit, on stream: NetworkConnection<Stack>, digests: Locked<[UInt32: String]>) async throws {
-        switch unit {
-        case .single(let job): try await send(job, on: stream, digests: digests)
-        case .batch(let jobs): try await sendBatch(jobs, on: stream, digests: digests)
+    /// Sends one unit on `stream`. A file of ours that fails (it shrank, a read error) ends the
+    /// transfer: the receiver hears why on `control` while `stream` is still open (dropped, it is
+    /// reset, and a receiver that saw the reset first would take it for a sender gone away).
+    private func send<Stack: TLVStack>(_ unit: SendUnit, on stream: NetworkConnection<Stack>, control: NetworkConnection<Stack>, shared: SendingState) async throws {
+        do {
+            switch unit {
+            case .single(let job): try await send(job, on: stream, digests: shared.digests)
+            case .batch(let jobs): try await sendBatch(jobs, on: stream, digests: shared.digests)
+            }
+        } catch let failure as TransferError {
+            shared.localFailure.withLock { $0 = $0 ?? failure }
+            await control.sendFinalError(failure)
+            throw AlreadyCommunicated(error: failure)
         }
     }
 
@@ -254,12 +280,12 @@ public struct TransferSender: Sendable {
             let size = job.entry.size
             if job.answer.disposition == .present {
                 let hashed = try FileStore.hash(file, upTo: size, into: hasher, shown: path)
-                guard hashed == size else { throw TransferError(.io, "'\(path)' changed size while being sent") }
+                guard hashed == size else { throw Self.changed(path, read: hashed, offered: size) }
             } else {
                 progress.report(.started(path: path, size: size, offset: 0))
                 if size > 0 {
                     let count = try batch.appendFileData(entry: job.index, from: file, size: Int(size))  // size <= batchedFileLimit
-                    guard count == size else { throw TransferError(.io, "'\(path)' shrank while being sent") }
+                    guard count == size else { throw Self.changed(path, read: UInt64(count), offered: size) }
                     batch.withLastPayload { hasher.update($0) }
                     progress.add(transferred: count)
                 }
@@ -283,7 +309,7 @@ public struct TransferSender: Sendable {
         if job.answer.disposition == .present {
             // The receiver has a file of this size: send only the digest of ours.
             let hashed = try FileStore.hash(file, upTo: job.entry.size, into: hasher, shown: path)
-            guard hashed == job.entry.size else { throw TransferError(.io, "'\(path)' changed size while being sent") }
+            guard hashed == job.entry.size else { throw Self.changed(path, read: hashed, offered: job.entry.size) }
         } else {
             if job.answer.offset > 0 {
                 // Resume only if our first bytes are the ones the receiver holds.
@@ -302,8 +328,8 @@ public struct TransferSender: Sendable {
                     entry: job.index, offset: offset, from: file, capacity: want, sequential: job.source == .standardInput
                 ) { hasher.update($0) }
                 if count == 0 {
-                    guard size == nil else { throw TransferError(.io, "'\(path)' shrank while being sent") }
-                    break
+                    guard let size else { break }
+                    throw Self.changed(path, read: offset, offered: size)
                 }
                 offset += UInt64(count)
                 progress.add(transferred: count)
@@ -313,6 +339,22 @@ public struct TransferSender: Sendable {
         digests.withLock { $0[job.index] = hexString(digest) }
         try await stream.send(.fileDone(FileDone(entry: job.index, size: size ?? offset, algorithm: algorithm, digest: digest)))
     }
+}
+
+extension TransferSender {
+    /// A file that ended before the size offered for it: it shrank (or was replaced) since the scan.
+    static func changed(_ path: String, read: UInt64, offered: UInt64) -> TransferError {
+        TransferError(.io, "'\(path)' shrank while it was being sent (it ended after \(read) of the \(offered) bytes offered); send it again once it no longer changes")
+    }
+}
+
+/// What the sending lanes share with the task that reads the verdicts.
+private struct SendingState: Sendable {
+    /// Each file's digest by entry, recorded before its FileDone leaves (its Verified may come
+    /// back at once).
+    let digests = Locked<[UInt32: String]>([:])
+    /// The first file of ours that failed, recorded before the receiver is told.
+    let localFailure = Locked<TransferError?>(nil)
 }
 
 /// One file to send and the receiver's answer for it.
