@@ -330,8 +330,11 @@ public final class QUICConnection {
             case NGTCP2_ERR_IDLE_CLOSE:
                 terminate(QUICCloseReason(kind: .idleTimeout, code: 0, reason: "idle timeout", initiatedByPeer: false))
             case NGTCP2_ERR_HANDSHAKE_TIMEOUT:
-                terminate(QUICCloseReason(kind: .handshakeTimeout, code: 0, reason: "handshake timeout",
-                                          initiatedByPeer: false))
+                // Said, not silent: a peer that heard us while its answers were lost (UDP
+                // blocked one way) ends its side now instead of at its idle timeout, releasing
+                // what the connection held there.
+                pendingClose = (NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_TRANSPORT.rawValue, UInt64(NGTCP2_NO_ERROR), Array("handshake timeout".utf8))
+                reportClose(QUICCloseReason(kind: .handshakeTimeout, code: 0, reason: "handshake timeout", initiatedByPeer: false))
             default:
                 failConnection(libraryError: rv, now: now)
             }

@@ -1,3 +1,5 @@
+internal import PlainText
+
 /// An error of the file-transfer layer: a stable ``Code`` (which is also the code carried by
 /// the qxfer/1 `Error` and `Failed` messages) and a one-line message for people.
 ///
@@ -88,8 +90,6 @@ public struct TransferError: Error, Hashable, CustomStringConvertible, Sendable 
 struct AlreadyCommunicated: Error {
     var error: TransferError
 }
-
-internal import PlainText
 
 #if canImport(Glibc)
 import Glibc

@@ -47,7 +47,8 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             out of it are skipped, as are sockets, FIFOs and devices. A file or folder whose \
             name qxfer/1 cannot carry (control characters, a reserved suffix, not UTF-8) is \
             skipped too, and then the command exits 77 once the rest has arrived. '-' sends \
-            standard input as a file named by --name.
+            standard input as a file named by --name; a pipe or device named as a path is an \
+            error (pipe it into '-').
 
             Every file is checked end to end with XXH3-128 (or SHA-256 with --checksum \
             sha256) and gets its final name on the receiver only once the digests match. \

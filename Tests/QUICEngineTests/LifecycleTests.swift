@@ -23,6 +23,25 @@ import Testing
         #expect(sim.client.nextTimeout == nil)
     }
 
+    /// Only the server's answers are lost (UDP blocked one way): the client's handshake times
+    /// out and it says so, so the server, which took the connection, ends it at once rather
+    /// than at its idle timeout.
+    @Test func handshakeTimeoutIsToldToThePeer() throws {
+        var client = QUICConfiguration.test(.client, expectPeer: .server)
+        client.handshakeTimeout = .seconds(1)
+        var server = QUICConfiguration.test(.server, expectPeer: nil)
+        server.idleTimeout = .seconds(30)
+        let sim = try Simulation(seed: 98, client: client, server: server)
+        sim.down.loss = 1
+        let start = sim.now
+        sim.run(for: 10_000 * ms) { sim.closeReason(.client) != nil && sim.closeReason(.server) != nil }
+        let clientReason = try #require(sim.closeReason(.client))
+        #expect(clientReason.kind == .handshakeTimeout && !clientReason.initiatedByPeer, "\(clientReason)")
+        let serverReason = try #require(sim.closeReason(.server), "the server did not hear the client give up")
+        #expect(serverReason.initiatedByPeer, "\(serverReason)")
+        #expect(sim.now - start < 1_100 * ms, "the server learnt it after \((sim.now - start) / ms) ms")
+    }
+
     /// A keep-alive holds the path open for this side's own idle timeout, never past a shorter one
     /// the peer asked for. The server pings every 5 s; the client asked to close after 2 s without
     /// traffic. On a 2 s round trip three probe timeouts exceed 5 s, and the server's PINGs held

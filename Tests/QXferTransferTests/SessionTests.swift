@@ -211,7 +211,7 @@ struct SessionTests {
         #expect(!exists(scratch.sub("dst/log.bin")))
     }
 
-    @Test("What a folder holds that qxfer/1 does not carry is skipped; names it cannot carry are counted as unsent data")
+    @Test("What a folder holds that qxfer/1 does not carry is skipped; names it cannot carry are counted as unsent data; a pipe named alone is an error")
     func skippedAndUnsent() throws {
         let scratch = TempDir()
         defer { scratch.cleanup() }
@@ -233,6 +233,12 @@ struct SessionTests {
         // The FIFO and the link hold no data qxfer carries; the two files do.
         #expect(tree.unsentForTheirNames == 2)
         #expect(try SourceTree.scan([top + "/plain.txt"]).unsentForTheirNames == 0)
+        #expect(tree.skipped.contains { $0.hasSuffix("/pipe': a pipe (FIFO), not a file, folder or symlink; not sent") }, "\(tree.skipped)")
+        // Named by the user, a pipe or a device is an error, not an empty send that succeeds.
+        let pipe = #expect(throws: TransferError.self) { try SourceTree.scan([top + "/pipe"]) }
+        #expect(pipe?.message.contains("it is a pipe (FIFO), not a file or folder") == true, "\(String(describing: pipe))")
+        let device = #expect(throws: TransferError.self) { try SourceTree.scan(["/dev/null"]) }
+        #expect(device?.message.contains("'/dev/null': it is a device") == true, "\(String(describing: device))")
     }
 
     @Test("Sending again finds identical files present and moves no data", arguments: StackKind.allCases)

@@ -177,6 +177,21 @@ below "$SECONDS_TAKEN" 3 || fail "known receiver, UDP dropped: took $SECONDS_TAK
 ok "known receiver, UDP dropped: early attempt unanswered, then TCP+TLS, in $SECONDS_TAKEN s"
 drop
 rm -f "$SEND_CFG/stacks"
+# 3c. UDP blocked one way only (the receiver's answers lost): the receiver took the early offer,
+#     and hears the sender give up its handshake, so the race's TCP+TLS finds the file free.
+send known-again "$WORK/small.bin"  # a new ticket
+[ "$RC" = 0 ] && [ "$STACK" = "QUIC" ] || fail "known receiver again: exit $RC over '$STACK': $(cat "$WORK/known-again.err")"
+ip netns exec "$A" nft add table inet qxrace
+ip netns exec "$A" nft add chain inet qxrace input '{ type filter hook input priority 0; policy accept; }'
+ip netns exec "$A" nft add rule inet qxrace input udp sport "$PORT" drop
+head -c 2048 /dev/urandom >"$WORK/small.bin"
+SEND_FLAGS=-v send known-one-way "$WORK/small.bin"
+[ "$RC" = 0 ] && [ "$STACK" = "TCP+TLS" ] || fail "known receiver, answers over UDP lost: exit $RC over '$STACK': $(cat "$WORK/known-one-way.err")"
+cmp -s "$WORK/small.bin" "$WORK/in/small.bin" || fail "known receiver, answers over UDP lost: the received file differs"
+below "$SECONDS_TAKEN" 3 || fail "known receiver, answers over UDP lost: took $SECONDS_TAKEN s"
+ok "known receiver, its UDP answers lost: early attempt given up and said so, then TCP+TLS, in $SECONDS_TAKEN s"
+ip netns exec "$A" nft delete table inet qxrace
+rm -f "$SEND_CFG/stacks"
 
 # 4. Nothing listening.
 recv_stop

@@ -63,6 +63,12 @@ public struct SourceTree: Sendable {
             }
             var info = stat()
             guard stat(path, &info) == 0 else { throw TransferError.posix("cannot read", "'\(path)'", errno: errno) }
+            if let kind = specialKind(info) {
+                // Named by the user, so not skipped in silence: `qxfer send <(tar c dir) HOST`
+                // would otherwise offer nothing and succeed.
+                throw TransferError(
+                    .io, "cannot send '\(path)': it is \(kind), not a file or folder (to send what a program writes, pipe it: … | qxfer send - HOST --name NAME)")
+            }
             try tree.add(path: path, components: [name], info: info)
         }
         guard tree.entries.count <= ProtocolLimits.maximumEntries else {
@@ -123,7 +129,18 @@ public struct SourceTree: Sendable {
             }
             append(OfferEntry(kind: .symlink, path: components, mode: mode, modificationTime: mtime, linkTarget: target), .none)
         default:
-            skipped.append("'\(path)': not a regular file, directory or symlink; not sent")
+            skipped.append("'\(path)': \(Self.specialKind(info) ?? "not a regular file"), not a file, folder or symlink; not sent")
+        }
+    }
+
+    /// What a path that is neither file, folder nor symlink is, in words; nil for those three.
+    static func specialKind(_ info: stat) -> String? {
+        switch info.st_mode & S_IFMT {
+        case S_IFREG, S_IFDIR, S_IFLNK: nil
+        case S_IFIFO: "a pipe (FIFO)"
+        case S_IFSOCK: "a socket"
+        case S_IFCHR, S_IFBLK: "a device"
+        default: "not a regular file"
         }
     }
 
