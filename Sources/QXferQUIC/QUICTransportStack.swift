@@ -37,16 +37,25 @@ struct QUICTransportStack: TransportStack {
 
 /// A bound QUIC listener: one UDP socket (the endpoint: routing, Retry, version negotiation,
 /// stateless resets) handing each admitted connection's driver to the application.
+///
+/// NIO closes a UDP socket when a send fails with an error it does not expect from one
+/// datagram (EPERM when a local firewall or a full connection-tracking table drops the
+/// packet, ENETUNREACH): the listener then binds the same port again, so one refused packet
+/// does not end QUIC for the receiver's whole run (the connections on the old socket end).
 struct QUICListener: BoundTransportListener {
     typealias Accepted = (NIOLoopBound<QUICConnectionDriver>, PeerIdentity, Endpoint?)
-    let channel: any Channel
     let accepted: AsyncStream<Accepted>
     let acceptedContinuation: AsyncStream<Accepted>.Continuation
     let port: UInt16
+    /// The socket in use, and whether the listener is stopping (then a closed socket stays closed).
+    private let socket: Locked<(channel: any Channel, stopping: Bool)>
+    /// Binds a new socket on the listener's address and port.
+    private let reopen: @Sendable () async throws -> any Channel
 
     static func bind<Stack>(_ quic: QUIC, _ request: ListenRequest<Stack>) async throws -> QUICListener {
         let (accepted, continuation) = AsyncStream.makeStream(of: Accepted.self, bufferingPolicy: .bufferingOldest(256))
         let channel: any Channel
+        let open: @Sendable (Int) async throws -> any Channel
         do {
             let identity = try quic.identity ?? HostIdentity.loadOrCreate()
             let parameters = request.parameters
@@ -86,29 +95,70 @@ struct QUICListener: BoundTransportListener {
                 connectionIDPrefix: template.connectionIDPrefix,
                 retryAbovePendingHandshakes: request.validateAddressesAbovePendingHandshakes)
             let options = QUICSockets.Options(parameters)
-            // No SO_REUSEADDR: on UDP it lets a second socket bind a port already in use (and
-            // port 0 hand out one), and the kernel then delivers a client's packets to either.
-            let bootstrap = DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-                .channelInitializer { channel in
-                    channel.eventLoop.makeCompletedFuture {
-                        try QUICSockets.prepare(channel, options: options, server: server)
+            open = { port in
+                // No SO_REUSEADDR: on UDP it lets a second socket bind a port already in use (and
+                // port 0 hand out one), and the kernel then delivers a client's packets to either.
+                let bootstrap = DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                    .channelInitializer { channel in
+                        channel.eventLoop.makeCompletedFuture {
+                            try QUICSockets.prepare(channel, options: options, server: server)
+                        }
                     }
+                return try await bindEveryAddress(host: request.host) { host in
+                    try await bootstrap.bind(host: host, port: port).get()
                 }
-            channel = try await bindEveryAddress(host: request.host) { host in
-                try await bootstrap.bind(host: host, port: Int(request.port)).get()
             }
+            channel = try await open(Int(request.port))
         } catch {
             throw (error as? QXferError)
                 ?? QXferError(.bindFailed, "cannot listen on UDP port \(request.port): \(ChannelErrors.reason(error))", underlying: error)
         }
-        channel.closeFuture.whenComplete { _ in continuation.finish() }
-        return QUICListener(
-            channel: channel, accepted: accepted, acceptedContinuation: continuation,
-            port: UInt16(channel.localAddress?.port ?? Int(request.port)))
+        let port = channel.localAddress?.port ?? Int(request.port)
+        let listener = QUICListener(
+            accepted: accepted, acceptedContinuation: continuation, port: UInt16(port),
+            socket: Locked((channel, false)), reopen: { try await open(port) })
+        listener.watch(channel)
+        return listener
+    }
+
+    /// When `channel` closes: the end if the listener is stopping, else a new socket.
+    private func watch(_ channel: any Channel) {
+        channel.closeFuture.whenComplete { _ in
+            let stopping = socket.withLock { $0.stopping }
+            guard !stopping else { return acceptedContinuation.finish() }
+            QUICConnector.logger.warning("the QUIC socket on UDP port \(port) was closed under the listener; listening again")
+            Task { await listenAgain() }
+        }
+    }
+
+    /// Binds the port again, retrying with backoff (another program may hold it for a while),
+    /// until it succeeds or the listener stops.
+    private func listenAgain() async {
+        var delay = Duration.milliseconds(100)
+        while !socket.withLock({ $0.stopping }) {
+            try? await Task.sleep(for: delay)
+            do {
+                let channel = try await reopen()
+                let stopped = socket.withLock { state in
+                    if !state.stopping { state.channel = channel }
+                    return state.stopping
+                }
+                if stopped {
+                    try? await channel.close()
+                    return acceptedContinuation.finish()
+                }
+                watch(channel)
+                return
+            } catch {
+                QUICConnector.logger.warning("cannot listen on UDP port \(port) again: \(ChannelErrors.reason(error)); retrying")
+                delay = min(delay * 2, .seconds(5))
+            }
+        }
+        acceptedContinuation.finish()
     }
 
     func run(serving serve: @escaping @Sendable (any ByteStreamTransport, Endpoint?) async -> Void) async throws {
-        let channel = self.channel
+        let socket = self.socket
         let continuation = acceptedContinuation
         await withTaskCancellationHandler {
             await withDiscardingTaskGroup { group in
@@ -120,11 +170,15 @@ struct QUICListener: BoundTransportListener {
                 }
             }
         } onCancel: {
+            let channel = socket.withLock { state in
+                state.stopping = true
+                return state.channel
+            }
             channel.eventLoop.execute {
                 (try? channel.pipeline.syncOperations.handler(type: QUICSocketHandler.self))?.shutdown()
                 continuation.finish()
             }
         }
-        try? await channel.close()
+        try? await socket.withLock { $0.channel }.close()
     }
 }

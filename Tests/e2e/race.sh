@@ -192,6 +192,20 @@ below "$SECONDS_TAKEN" 3 || fail "known receiver, answers over UDP lost: took $S
 ok "known receiver, its UDP answers lost: early attempt given up and said so, then TCP+TLS, in $SECONDS_TAKEN s"
 ip netns exec "$A" nft delete table inet qxrace
 rm -f "$SEND_CFG/stacks"
+# 3d. The receiver's own UDP sends refused for a while (a local firewall, a full connection
+#     tracking table: sendmsg fails with EPERM, and NIO closes the socket): the receiver binds
+#     its QUIC port again, and QUIC serves the next sender.
+ip netns exec "$B" nft add table inet qxrace
+ip netns exec "$B" nft add chain inet qxrace output '{ type filter hook output priority 0; policy accept; }'
+ip netns exec "$B" nft add rule inet qxrace output udp sport "$PORT" drop
+send refused-sends "$WORK/small.bin"
+[ "$RC" = 0 ] && [ "$STACK" = "TCP+TLS" ] || fail "the receiver's UDP sends refused: exit $RC over '$STACK': $(cat "$WORK/refused-sends.err")"
+drop
+rm -f "$SEND_CFG/stacks"
+SEND_FLAGS="--stack quic" send after-refused "$WORK/small.bin"
+[ "$RC" = 0 ] && [ "$STACK" = "QUIC" ] || fail "after the receiver's UDP sends were refused: exit $RC over '$STACK': $(cat "$WORK/after-refused.err")"
+grep -q "was closed under the listener; listening again" "$WORK/recv.err" || fail "the receiver did not say it listened again: $(tail -3 "$WORK/recv.err")"
+ok "the receiver's UDP sends refused for a while: TCP+TLS then, and QUIC again after"
 
 # 4. Nothing listening.
 recv_stop
