@@ -64,7 +64,9 @@ public struct TransferError: Error, Hashable, CustomStringConvertible, Sendable 
 
     public init(_ code: Code, _ message: String) {
         self.code = code
-        self.message = TransferError.oneLine(message)
+        // Control characters escaped (``TerminalText``): a message, a peer's included, always
+        // prints as one safe line, while a name's emoji or accents stay as written.
+        self.message = TerminalText.escaped(message)
     }
 
     /// Builds an ``Code/io`` error from `errno` for an operation on a path.
@@ -78,12 +80,6 @@ public struct TransferError: Error, Hashable, CustomStringConvertible, Sendable 
     public static func == (lhs: TransferError, rhs: TransferError) -> Bool { lhs.code == rhs.code }
     public func hash(into hasher: inout Hasher) { hasher.combine(code) }
 
-    /// Escapes control characters (newlines, escape sequences, bidirectional overrides: see
-    /// ``TerminalText``) so that a message, including one received from a peer, always prints
-    /// as one safe line, while a name's emoji or accents stay as written.
-    static func oneLine(_ text: String) -> String {
-        TerminalText.escaped(text)
-    }
 }
 
 /// An error already told to the peer (or told to us by it): not sent again.

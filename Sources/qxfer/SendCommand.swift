@@ -176,11 +176,11 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         // Everything else arrived, but a script that deletes its source after a send that
         // exited 0 must not lose the files whose names could not travel.
         if tree.unsentForTheirNames > 0 {
-            let count = tree.unsentForTheirNames
+            let one = tree.unsentForTheirNames == 1
             throw TransferError(
                 .unsafePath,
-                "\(count) \(count == 1 ? "file or folder" : "files or folders") named above \(count == 1 ? "was" : "were") not sent "
-                    + "(qxfer/1 cannot carry \(count == 1 ? "its name" : "their names")); everything else arrived")
+                "\(count(tree.unsentForTheirNames, "file or folder", "files or folders")) named above \(one ? "was" : "were") not sent "
+                    + "(qxfer/1 cannot carry \(one ? "its name" : "their names")); everything else arrived")
         }
     }
 
