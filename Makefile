@@ -25,6 +25,9 @@ test: deps
 	# (docs/ARCHITECTURE.md): before building, so a forbidden import is named, not just compiled.
 	scripts/check-architecture.py
 	$(STEP) 2400 $(SWIFT) build --build-tests
+	# The fuzz targets compile the sources they exercise into one module of their own, outside
+	# SwiftPM: a new import there breaks them unnoticed unless they are built here too.
+	$(STEP) 900 fuzz/run.sh build
 	# The engine's simulated-link tests are CPU-bound; run them apart from the socket tests
 	# so that timeouts in the latter measure the code, not a starved machine.
 	$(STEP) 900 $(SWIFT) test --skip-build --filter QUICEngineTests

@@ -26,12 +26,14 @@ ALL_TARGETS=(codec frames paths journal dns framers media streamwire quic sessio
 T=Sources/QXferTransfer
 D=Sources/QXferDiscovery
 S=Sources/QXferStream
-WIRE="$T/Wire/MessageCodec.swift $T/Wire/Messages.swift $T/Limits.swift $T/TransferError.swift $T/SaturatingArithmetic.swift"
+# TransferError escapes its messages (TerminalText); TextFormat formats numbers.
+PLAIN="Sources/PlainText/TerminalText.swift Sources/PlainText/TextFormat.swift"
+WIRE="$T/Wire/MessageCodec.swift $T/Wire/Messages.swift $T/Limits.swift $T/TransferError.swift $T/SaturatingArithmetic.swift $PLAIN"
 # The receiver's and sender's decisions after decoding, with the file store they write through.
 SESSION="$T/Receiver/OfferPlanner.swift $T/Receiver/ReceivingSession.swift $T/Sender/SenderLedger.swift $T/Session/InboundFunnel.swift
   $T/Session/TransferProgress.swift $T/Store/FileStore.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift
   $T/Paths/SafePath.swift $T/Hashing/Digest.swift $T/Store/FileCommitter.swift Sources/LinuxSystem/Locked.swift
-  Sources/LinuxSystem/DetachedThread.swift Sources/PlainText/TextFormat.swift Sources/FastHash/XXH3.swift Sources/SafeOutput/RenameAt.swift fuzz/support/SessionSupport.swift"
+  Sources/LinuxSystem/DetachedThread.swift Sources/FastHash/XXH3.swift Sources/SafeOutput/RenameAt.swift fuzz/support/SessionSupport.swift"
 STREAM="$S/WireFormat.swift $S/Bytes.swift $S/Frame.swift $S/RealtimeDatagrams.swift $S/ReedSolomon.swift Sources/PlainText/TextFormat.swift"
 CXXHASH=(-Xcc -fmodule-map-file=fuzz/support/CXXHash.modulemap -I Sources/CXXHash/include -lxxhash
   -Xcc -fmodule-map-file=fuzz/support/CFileSystemLinux.modulemap -I Sources/CFileSystemLinux/include)
@@ -42,8 +44,8 @@ sources() {
     case "$1" in
         codec)   echo "fuzz/harness/FuzzCodec.swift $WIRE" ;;
         frames)  echo "fuzz/harness/FuzzFrames.swift $WIRE" ;;
-        paths)   echo "fuzz/harness/FuzzPaths.swift $T/Paths/SafePath.swift $T/Limits.swift $T/TransferError.swift" ;;
-        journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $WIRE fuzz/support/JournalSupport.swift Sources/PlainText/TextFormat.swift" ;;
+        paths)   echo "fuzz/harness/FuzzPaths.swift $T/Paths/SafePath.swift $T/Limits.swift $T/TransferError.swift $PLAIN" ;;
+        journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $WIRE fuzz/support/JournalSupport.swift" ;;
         dns)     echo "fuzz/harness/FuzzDNS.swift $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift" ;;
         framers) echo "fuzz/harness/FuzzFramers.swift Sources/QXferCore/FrameRules.swift Sources/QXferCore/QXferError.swift" ;;
         media)   echo "fuzz/harness/FuzzMedia.swift $S/MediaFiles.swift $STREAM Sources/SafeOutput/OutputFile.swift Sources/SafeOutput/OutputKind.swift" ;;

@@ -1,4 +1,6 @@
+#if canImport(PlainText)  // fuzz/run.sh compiles TerminalText's source into its one module
 internal import PlainText
+#endif
 
 /// An error of the file-transfer layer: a stable ``Code`` (which is also the code carried by
 /// the qxfer/1 `Error` and `Failed` messages) and a one-line message for people.
