@@ -27,6 +27,8 @@ public func qxferFuzzCodec(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int32 
     } catch {
         switch error.code {
         case .malformed, .limitExceeded, .unsupported: break
+        // docs/PROTOCOL.md §3.6: a Batch inside a Batch is a protocol-violation, not malformed.
+        case .protocolViolation where type == MessageType.batch.rawValue && error.message == "a Batch inside a Batch": break
         default: fatalError("unexpected error code \(error.code): \(error.message)")
         }
         guard !error.message.contains("\n") else { fatalError("a multi-line error message") }
