@@ -30,3 +30,24 @@ func cancellingOnInterrupt<T: Sendable>(_ body: @escaping @Sendable () async thr
     if signalled.withLock({ $0 }) { throw CancellationError() }
     return value
 }
+
+/// What the message for an interrupt says after "interrupted": that running the same command
+/// again resumes something, only when something resumable was under way. A receiver waiting
+/// for senders, `browse` or `pair` holds nothing to resume.
+enum InterruptNote {
+    private static let state = Mutex((sendingFiles: false, receptions: 0))
+
+    /// A send of files began: the same command resumes them (standard input alone starts over).
+    static func sendingFiles() { state.withLock { $0.sendingFiles = true } }
+
+    /// A receiver accepted a transfer: its unfinished files are kept for resuming until it ends.
+    static func receptionStarted() { state.withLock { $0.receptions += 1 } }
+    static func receptionEnded() { state.withLock { $0.receptions -= 1 } }
+
+    static var message: String {
+        let (sendingFiles, receptions) = state.withLock { ($0.sendingFiles, $0.receptions) }
+        if sendingFiles { return "interrupted; the same command resumes what was left" }
+        if receptions > 0 { return "interrupted; unfinished files are kept, and the same send resumes them" }
+        return "interrupted"
+    }
+}

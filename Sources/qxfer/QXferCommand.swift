@@ -69,7 +69,7 @@ struct QXferCommand: AsyncParsableCommand {
     }
 
     private static func interrupted() -> Never {
-        fail("interrupted; the same command resumes what was left", code: "interrupted", status: 130)
+        fail(InterruptNote.message, code: "interrupted", status: 130)
     }
 
     private static func fail(_ message: String, code: String, status: Int32) -> Never {

@@ -210,7 +210,11 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
         // Each connection gets its own counters and clock, so concurrent transfers do not mix.
         var receiver = receiver
         let clock = TransferClock()
+        let accepted = OnceFlag()
+        // A reception that an interrupt cancels still counts when the interrupt is reported.
+        defer { if accepted.isSet && !Task.isCancelled { InterruptNote.receptionEnded() } }
         receiver.progress = clock.progress { event in
+            if case .accepted = event, accepted.setFirst() { InterruptNote.receptionStarted() }
             relay?.note(event)
             reporter.handle(event)
         }

@@ -149,6 +149,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
 
     private func transfer() async throws {
         let tree = try SourceTree.scan(paths, standardInputName: name)
+        if paths.contains(where: { $0 != "-" }) { InterruptNote.sendingFiles() }
         let endpoint: Endpoint
         var discoveredName: String?
         if let host {
@@ -293,4 +294,6 @@ final class OnceFlag: Sendable {
     private let value = Mutex(false)
     var isSet: Bool { value.withLock { $0 } }
     func set() { value.withLock { $0 = true } }
+    /// Sets the flag; true if it was not set before.
+    func setFirst() -> Bool { value.withLock { flag in defer { flag = true }; return !flag } }
 }

@@ -9,7 +9,7 @@
 # away is withdrawn and the next offer gets its own answer; two senders at once are asked one
 # after the other; the waiting sender says it waits for the receiver; "1 file"; summaries and
 # progress count only the time data moves (not the wait for the answer); recv exits 130 on
-# Ctrl-C; stream rows fit in 100 columns with no empty rows after the end, stream send reports
+# Ctrl-C (an interrupted send says the same command resumes it, an idle recv does not); stream rows fit in 100 columns with no empty rows after the end, stream send reports
 # progress and first contact; --json is one parseable event per line (time, event; errors and
 # warnings included, no escaped slashes); errors a user meets are immediate and clear; names
 # holding escape sequences or line breaks are shown escaped, not played on the terminal; recv
@@ -115,6 +115,9 @@ for stack in quic tls; do
     wait_for recv 'the question is withdrawn' $((withdrawn_before + 1)) 20
 done
 [ ! -e "$WORK/dst/two.bin" ] || fail "a withdrawn offer was received"
+# A send of files that Ctrl-C stops says the same command resumes it (after the echoed ^C).
+[ "$(screen send | grep -B1 '^EXIT=130$' | tail -n 2 | head -n 1 | sed 's/^^C//')" = "qxfer: interrupted; the same command resumes what was left" ] \
+    || { screen send >&2; fail "the interrupted send does not say the same command resumes it"; }
 # Two senders at once: one question at a time, each answer to its own offer.
 pane send2
 asked_before=$(count recv 'Accept\? \[y/N\]')
@@ -168,7 +171,11 @@ EOF
 T send-keys -t recv C-c
 wait_for recv '^EXIT='
 [ "$(screen recv | grep '^EXIT=' | tail -n 1)" = "EXIT=130" ] || { screen recv >&2; fail "recv after Ctrl-C"; }
-ok "recv exits 130 on Ctrl-C"
+# Nothing was under way: nothing to resume, and it does not claim otherwise (the terminal
+# echoes the key as ^C before the message).
+[ "$(screen recv | grep -B1 '^EXIT=130$' | tail -n 2 | head -n 1 | sed 's/^^C//')" = "qxfer: interrupted" ] \
+    || { screen recv >&2; fail "an idle recv stopped with Ctrl-C should say only 'interrupted'"; }
+ok "recv exits 130 on Ctrl-C, saying only 'interrupted' when idle"
 
 # --- 4. Streaming in the terminal ------------------------------------------------------------
 SPORT=$((PORT + 1))
