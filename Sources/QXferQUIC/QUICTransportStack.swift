@@ -48,7 +48,16 @@ struct QUICListener: BoundTransportListener {
     let acceptedContinuation: AsyncStream<Accepted>.Continuation
     let port: UInt16
     /// The socket in use, and whether the listener is stopping (then a closed socket stays closed).
-    private let socket: Locked<(channel: any Channel, stopping: Bool)>
+    private let socket: Locked<SocketState>
+
+    private struct SocketState {
+        var channel: any Channel
+        var stopping = false
+        /// When a socket was last bound again, and how many closes came each soon after the
+        /// one before: while a block lasts, every packet refused closes the new socket too.
+        var reopened: ContinuousClock.Instant?
+        var closesInARow = 0
+    }
     /// Binds a new socket on the listener's address and port.
     private let reopen: @Sendable () async throws -> any Channel
 
@@ -116,7 +125,7 @@ struct QUICListener: BoundTransportListener {
         let port = channel.localAddress?.port ?? Int(request.port)
         let listener = QUICListener(
             accepted: accepted, acceptedContinuation: continuation, port: UInt16(port),
-            socket: Locked((channel, false)), reopen: { try await open(port) })
+            socket: Locked(SocketState(channel: channel)), reopen: { try await open(port) })
         listener.watch(channel)
         return listener
     }
@@ -124,9 +133,18 @@ struct QUICListener: BoundTransportListener {
     /// When `channel` closes: the end if the listener is stopping, else a new socket.
     private func watch(_ channel: any Channel) {
         channel.closeFuture.whenComplete { _ in
-            let stopping = socket.withLock { $0.stopping }
+            let (stopping, closes) = socket.withLock { state in
+                let soonAfter = state.reopened.map { ContinuousClock.now - $0 < .seconds(60) } ?? false
+                state.closesInARow = soonAfter ? state.closesInARow + 1 : 1
+                return (state.stopping, state.closesInARow)
+            }
             guard !stopping else { return acceptedContinuation.finish() }
-            QUICConnector.logger.warning("the QUIC socket on UDP port \(port) was closed under the listener; listening again")
+            // Said once, then at 2, 4, 8… closes in a row: a lasting block does not flood the log.
+            if closes == 1 {
+                QUICConnector.logger.warning("the QUIC socket on UDP port \(port) was closed under the listener; listening again")
+            } else if closes & (closes - 1) == 0 {
+                QUICConnector.logger.warning("the QUIC socket on UDP port \(port) was closed again, \(closes) times in a row (this host refuses its sends); listening again")
+            }
             Task { await listenAgain() }
         }
     }
@@ -141,6 +159,7 @@ struct QUICListener: BoundTransportListener {
                 let channel = try await reopen()
                 let stopped = socket.withLock { state in
                     if !state.stopping { state.channel = channel }
+                    state.reopened = .now
                     return state.stopping
                 }
                 if stopped {

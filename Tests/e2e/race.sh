@@ -200,12 +200,20 @@ ip netns exec "$B" nft add chain inet qxrace output '{ type filter hook output p
 ip netns exec "$B" nft add rule inet qxrace output udp sport "$PORT" drop
 send refused-sends "$WORK/small.bin"
 [ "$RC" = 0 ] && [ "$STACK" = "TCP+TLS" ] || fail "the receiver's UDP sends refused: exit $RC over '$STACK': $(cat "$WORK/refused-sends.err")"
+# QUIC alone keeps knocking for its handshake timeout: every Initial that reaches the receiver
+# closes its new socket again.
+SEND_FLAGS="--stack quic" send refused-quic "$WORK/small.bin"
+[ "$RC" = 69 ] || fail "QUIC alone while the receiver's UDP sends are refused: exit $RC: $(cat "$WORK/refused-quic.err")"
 drop
 rm -f "$SEND_CFG/stacks"
 SEND_FLAGS="--stack quic" send after-refused "$WORK/small.bin"
 [ "$RC" = 0 ] && [ "$STACK" = "QUIC" ] || fail "after the receiver's UDP sends were refused: exit $RC over '$STACK': $(cat "$WORK/after-refused.err")"
 grep -q "was closed under the listener; listening again" "$WORK/recv.err" || fail "the receiver did not say it listened again: $(tail -3 "$WORK/recv.err")"
-ok "the receiver's UDP sends refused for a while: TCP+TLS then, and QUIC again after"
+# Each packet refused during the block closes the new socket again: said once, then only at
+# 2, 4, 8… closes in a row.
+[ "$(grep -c "was closed under the listener" "$WORK/recv.err")" = 1 ] \
+    || fail "the receiver repeated its warning for every socket the block closed: $(grep -c "was closed under the listener" "$WORK/recv.err") times"
+ok "the receiver's UDP sends refused for a while: TCP+TLS then, and QUIC again after ($(grep -c "listening again" "$WORK/recv.err") warnings)"
 
 # 4. Nothing listening.
 recv_stop
