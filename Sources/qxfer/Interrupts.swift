@@ -15,6 +15,7 @@ func cancellingOnInterrupt<T: Sendable>(_ body: @escaping @Sendable () async thr
         signal(number, SIG_IGN)
         let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
         source.setEventHandler {
+            InterruptNote.signalled()
             signalled.withLock { $0 = true }
             task.cancel()
         }
@@ -32,20 +33,31 @@ func cancellingOnInterrupt<T: Sendable>(_ body: @escaping @Sendable () async thr
 }
 
 /// What the message for an interrupt says after "interrupted": that running the same command
-/// again resumes something, only when something resumable was under way. A receiver waiting
-/// for senders, `browse` or `pair` holds nothing to resume.
+/// again resumes something, only when something resumable was under way when the signal came.
+/// A receiver waiting for senders, `browse` or `pair` holds nothing to resume.
 enum InterruptNote {
-    private static let state = Mutex((sendingFiles: false, receptions: 0))
+    private struct State {
+        var sendingFiles = false
+        var receptions = 0
+        /// `receptions` when the first signal arrived: the cancelled transfers end after it.
+        var receptionsWhenSignalled: Int?
+    }
+    private static let state = Mutex(State())
 
     /// A send of files began: the same command resumes them (standard input alone starts over).
     static func sendingFiles() { state.withLock { $0.sendingFiles = true } }
 
-    /// A receiver accepted a transfer: its unfinished files are kept for resuming until it ends.
+    /// A receiver accepted a transfer into its folder: its unfinished files are kept for resuming.
     static func receptionStarted() { state.withLock { $0.receptions += 1 } }
     static func receptionEnded() { state.withLock { $0.receptions -= 1 } }
 
+    /// SIGINT or SIGTERM arrived: what is under way now is what the message speaks of.
+    static func signalled() {
+        state.withLock { if $0.receptionsWhenSignalled == nil { $0.receptionsWhenSignalled = $0.receptions } }
+    }
+
     static var message: String {
-        let (sendingFiles, receptions) = state.withLock { ($0.sendingFiles, $0.receptions) }
+        let (sendingFiles, receptions) = state.withLock { ($0.sendingFiles, $0.receptionsWhenSignalled ?? $0.receptions) }
         if sendingFiles { return "interrupted; the same command resumes what was left" }
         if receptions > 0 { return "interrupted; unfinished files are kept, and the same send resumes them" }
         return "interrupted"

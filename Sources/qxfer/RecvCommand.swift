@@ -210,11 +210,12 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
         // Each connection gets its own counters and clock, so concurrent transfers do not mix.
         var receiver = receiver
         let clock = TransferClock()
+        // A reception into a folder keeps its unfinished files for resuming (--stdout resumes
+        // nothing): under way from its acceptance until this connection's handling ends.
         let accepted = OnceFlag()
-        // A reception that an interrupt cancels still counts when the interrupt is reported.
-        defer { if accepted.isSet && !Task.isCancelled { InterruptNote.receptionEnded() } }
+        defer { if accepted.isSet { InterruptNote.receptionEnded() } }
         receiver.progress = clock.progress { event in
-            if case .accepted = event, accepted.setFirst() { InterruptNote.receptionStarted() }
+            if case .accepted = event, relay == nil, accepted.setFirst() { InterruptNote.receptionStarted() }
             relay?.note(event)
             reporter.handle(event)
         }
