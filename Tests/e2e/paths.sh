@@ -58,9 +58,10 @@ topology() {
     ip -n "${NS}a" -6 route add default via fd66:1::2; ip -n "${NS}b" -6 route add default via fd66:2::1
     ip netns exec "${NS}r" sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
     # Neighbour discovery on a fresh IPv6 path takes about a second here: done before the probe,
-    # whose patience for a first answer is one second.
-    ip netns exec "${NS}a" ping -c 1 -W 3 10.66.2.2 >/dev/null || fail "topology $1/$2: no IPv4 route to b"
-    ip netns exec "${NS}a" ping -6 -c 1 -W 3 fd66:2::2 >/dev/null || fail "topology $1/$2: no IPv6 route to b"
+    # whose patience for a first answer is one second. Pinged until the first answer (-w), not
+    # once: one echo request lost while the fresh links settle failed a CI run.
+    ip netns exec "${NS}a" ping -c 1 -i 0.2 -w 10 10.66.2.2 >/dev/null || fail "topology $1/$2: no IPv4 route to b"
+    ip netns exec "${NS}a" ping -6 -c 1 -i 0.2 -w 10 fd66:2::2 >/dev/null || fail "topology $1/$2: no IPv6 route to b"
 }
 
 # transfer NAME FILE HOST: one QUIC send a -> b, the file checked; sets PROBED (the size the
