@@ -211,8 +211,8 @@ SEND_FLAGS="--stack quic" send after-refused "$WORK/small.bin"
 grep -q "was closed under the listener; listening again" "$WORK/recv.err" || fail "the receiver did not say it listened again: $(tail -3 "$WORK/recv.err")"
 # Each packet refused during the block closes the new socket again: said once, then only at
 # 2, 4, 8… closes in a row.
-[ "$(grep -c "was closed under the listener" "$WORK/recv.err")" = 1 ] \
-    || fail "the receiver repeated its warning for every socket the block closed: $(grep -c "was closed under the listener" "$WORK/recv.err") times"
+first_warnings=$(grep -c "was closed under the listener" "$WORK/recv.err" || true)
+[ "$first_warnings" = 1 ] || fail "the receiver repeated its warning for every socket the block closed: $first_warnings times"
 ok "the receiver's UDP sends refused for a while: TCP+TLS then, and QUIC again after ($(grep -c "listening again" "$WORK/recv.err") warnings)"
 
 # 4. Nothing listening.

@@ -9,8 +9,9 @@
 # away is withdrawn and the next offer gets its own answer; two senders at once are asked one
 # after the other; the waiting sender says it waits for the receiver; "1 file"; summaries and
 # progress count only the time data moves (not the wait for the answer); recv exits 130 on
-# Ctrl-C (an interrupted send says the same command resumes it, an idle recv does not); stream rows fit in 100 columns with no empty rows after the end, stream send reports
-# progress and first contact; --json is one parseable event per line (time, event; errors and
+# Ctrl-C (an interrupted send says the same command resumes it, an idle recv does not); stream
+# rows fit in 100 columns with no empty rows after the end, stream send reports progress and
+# first contact; --json is one parseable event per line (time, event; errors and
 # warnings included, no escaped slashes); errors a user meets are immediate and clear; names
 # holding escape sequences or line breaks are shown escaped, not played on the terminal; recv
 # --stdout pipes a file or a tar stream and fails a digest mismatch. Everything it creates is
@@ -53,6 +54,8 @@ run() { T send-keys -t "$1" "$2; echo EXIT=\$?" Enter; }
 screen() { T capture-pane -p -J -t "$1" -S -200; }
 # count NAME REGEX: how many lines on screen match.
 count() { screen "$1" | grep -cE "$2" || true; }
+# last_words NAME: the line before the last "EXIT=130", without the ^C the terminal echoed.
+last_words() { screen "$1" | grep -B1 '^EXIT=130$' | tail -n 2 | head -n 1 | sed 's/^^C//'; }
 # wait_for NAME REGEX [N] [SECONDS]: until at least N lines match.
 wait_for() {
     local name=$1 regex=$2 want=${3:-1} limit=${4:-60}
@@ -115,8 +118,8 @@ for stack in quic tls; do
     wait_for recv 'the question is withdrawn' $((withdrawn_before + 1)) 20
 done
 [ ! -e "$WORK/dst/two.bin" ] || fail "a withdrawn offer was received"
-# A send of files that Ctrl-C stops says the same command resumes it (after the echoed ^C).
-[ "$(screen send | grep -B1 '^EXIT=130$' | tail -n 2 | head -n 1 | sed 's/^^C//')" = "qxfer: interrupted; the same command resumes what was left" ] \
+# A send of files that Ctrl-C stops says the same command resumes it.
+[ "$(last_words send)" = "qxfer: interrupted; the same command resumes what was left" ] \
     || { screen send >&2; fail "the interrupted send does not say the same command resumes it"; }
 # Two senders at once: one question at a time, each answer to its own offer.
 pane send2
@@ -171,9 +174,8 @@ EOF
 T send-keys -t recv C-c
 wait_for recv '^EXIT='
 [ "$(screen recv | grep '^EXIT=' | tail -n 1)" = "EXIT=130" ] || { screen recv >&2; fail "recv after Ctrl-C"; }
-# Nothing was under way: nothing to resume, and it does not claim otherwise (the terminal
-# echoes the key as ^C before the message).
-[ "$(screen recv | grep -B1 '^EXIT=130$' | tail -n 2 | head -n 1 | sed 's/^^C//')" = "qxfer: interrupted" ] \
+# Nothing was under way: nothing to resume, and it does not claim otherwise.
+[ "$(last_words recv)" = "qxfer: interrupted" ] \
     || { screen recv >&2; fail "an idle recv stopped with Ctrl-C should say only 'interrupted'"; }
 ok "recv exits 130 on Ctrl-C, saying only 'interrupted' when idle"
 
