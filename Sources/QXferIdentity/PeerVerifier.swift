@@ -20,6 +20,8 @@
         @_spi(Stacks) public var failure: QXferError?
         /// A first contact to write to known hosts once the handshake has fully succeeded.
         @_spi(Stacks) public var pendingFirstUse: (KnownHosts, String)?
+        /// A verified pin to write to known hosts, for a host with no entry, likewise.
+        var pendingPin: (KnownHosts, String)?
     }
 
     @_spi(Stacks) public let role: Role
@@ -56,6 +58,20 @@
         }
     }
 
+    /// Writes what the handshake decided to keep, once it has fully succeeded (ALPN included):
+    /// a first contact, whose failure to be written fails the connection (it would be trusted
+    /// again unrecorded next time), and a verified pin for a host with no entry, which is only
+    /// a convenience and is written if it can be.
+    @_spi(Stacks) public func recordAfterHandshake(peer fingerprint: Fingerprint?) throws {
+        guard let fingerprint else { return }
+        let result = self.result
+        if let (file, key) = result.pendingFirstUse { try file.add(key, fingerprint) }
+        // Looked up again: a concurrent connection (the other stack of a race) may have written it.
+        if let (file, key) = result.pendingPin, (try? file.lookup(key)) == .some(nil) {
+            try? file.add(key, fingerprint)
+        }
+    }
+
     @_spi(Stacks) public func record(failure: QXferError) {
         outcome.withLock { $0.failure = failure }
     }
@@ -75,7 +91,12 @@
                         + "\(fingerprint); someone may be intercepting the connection. If '\(name)' really has a new "
                         + "identity, run 'qxfer unpair \(name)' and pair again"))
             case .pinned(let pins):
-                if pins.contains(presented) { return .success(.pinned) }
+                if pins.contains(presented) {
+                    if recordsFirstUse, let file = trust.pinRecord, (try? file.lookup(hostKey)) == .some(nil) {
+                        outcome.withLock { $0.pendingPin = (file, hostKey) }
+                    }
+                    return .success(.pinned)
+                }
                 let expected = pins.map(\.description).sorted().joined(separator: " or ")
                 return .failure(QXferError(
                     .fingerprintMismatch,

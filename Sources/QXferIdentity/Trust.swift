@@ -49,6 +49,8 @@ public struct PeerTrust: Sendable, Hashable {
     @_spi(Stacks) public let kind: Kind
     /// Paired devices (fingerprint → name) admitted whatever the kind says, before known hosts.
     var pairedDevices: [Fingerprint: String] = [:]
+    /// Where a pinned fingerprint, once verified, is recorded for a host that has no entry yet.
+    var pinRecord: KnownHosts?
 
     /// Only a server presenting one of these certificate fingerprints.
     public static func pinned(_ fingerprints: Fingerprint...) -> PeerTrust {
@@ -70,6 +72,16 @@ public struct PeerTrust: Sendable, Hashable {
     /// Any certificate: encrypts but does not authenticate. For tests and demos, and for
     /// protocols that authenticate the peer themselves (pairing's PAKE).
     public static let anyCertificate = PeerTrust(kind: .anyCertificate)
+
+    /// Also records a pinned fingerprint in `file` once a handshake has verified it, if the host
+    /// has no entry there yet: later connections that trust ``knownHosts(_:trustOnFirstUse:)``
+    /// then verify against what the pin proved instead of trusting on first use. An existing
+    /// entry is never changed, and a file that cannot be written does not fail the connection.
+    public func recordingPin(in file: KnownHosts) -> PeerTrust {
+        var copy = self
+        copy.pinRecord = file
+        return copy
+    }
 
     /// Also admits a server presenting the certificate of one of these paired devices
     /// (fingerprint → name), reported as ``TrustDecision/paired(name:)``, without consulting

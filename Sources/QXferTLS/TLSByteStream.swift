@@ -182,13 +182,11 @@ extension TLSByteStream {
         let stream = try await setup.finishHandshake(verifier: verifier, peerName: endpoint.description, timeout: timeout)
         logger.info("TLS 1.3 handshake with \(endpoint) done: ALPN \(stream.peer.applicationProtocol), peer \(stream.peer.fingerprint?.description ?? "-") trusted as \(stream.peer.trust)")
         // Record a first contact only now that the handshake, ALPN included, has succeeded.
-        if let (file, key) = verifier.result.pendingFirstUse, let fingerprint = stream.peer.fingerprint {
-            do {
-                try file.add(key, fingerprint)
-            } catch {
-                stream.close()
-                throw error
-            }
+        do {
+            try verifier.recordAfterHandshake(peer: stream.peer.fingerprint)
+        } catch {
+            stream.close()
+            throw error
         }
         if let remote = stream.channel.remoteAddress, let token = try? TLSStreamMultiplexer.token(of: stream) {
             let connector = TLSChildConnector(

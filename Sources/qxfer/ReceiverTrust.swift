@@ -5,17 +5,26 @@ import QXfer
 /// How `send` and `stream send` authenticate the receiver, strongest evidence first:
 /// an explicit `--fingerprint`; then a paired device reached at the address it was paired at
 /// (or under its name, found on the local network), pinned with no trust on first use; then
-/// known hosts, where any paired device's certificate is trusted as well.
+/// known hosts, where any paired device's certificate is trusted as well. A pin, once verified,
+/// is recorded in known hosts for a receiver that has no entry, so the next send there needs
+/// no `--fingerprint` and is not a first contact (nor denied early data as one).
 struct ReceiverTrust {
     let trust: PeerTrust
     let pairedDevices: PairedDevices
+    /// The known-hosts file and key a verified pin is recorded under (nil: nothing to record).
+    private let pinRecord: (file: KnownHosts, key: String)?
 
     init(fingerprint: String?, endpoint: Endpoint, discoveredName: String?, identity: HostIdentity, config: ConfigDirectory) throws {
         pairedDevices = PairedDevices(in: config, identity: identity)
         if let pinned = fingerprint.flatMap(Fingerprint.init(parsing:)) {
-            trust = .pinned(pinned)
+            let knownHosts = KnownHosts(in: config)
+            let key = KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))
+            let recorded = (try? knownHosts.lookup(key)) != .some(nil)
+            trust = recorded ? .pinned(pinned) : PeerTrust.pinned(pinned).recordingPin(in: knownHosts)
+            pinRecord = recorded ? nil : (knownHosts, key)
             return
         }
+        pinRecord = nil
         let devices = try pairedDevices.devices()
         let host = endpoint.host.lowercased()
         if let device = devices.last(where: { $0.address?.lowercased() == host || $0.name == discoveredName }) {
@@ -32,10 +41,20 @@ struct ReceiverTrust {
         guard case .paired = peer?.trust, let fingerprint = peer?.fingerprint else { return }
         try? pairedDevices.markSeen(fingerprint)
     }
-}
 
-/// What `send` and `stream send` say on first contact with a receiver (nil otherwise).
-func firstContactNotice(_ endpoint: Endpoint, _ peer: PeerIdentity?) -> String? {
-    guard case .firstUse(let file) = peer?.trust, let fingerprint = peer?.fingerprint else { return nil }
-    return "first contact with \(endpoint): trusting its fingerprint \(fingerprint) and recording it in \(file); compare it with 'qxfer id' on the receiver"
+    /// What `send` and `stream send` say once connected about a receiver met for the first
+    /// time: trusted on first use, or its verified pin now recorded (nil otherwise).
+    func notice(_ endpoint: Endpoint, _ peer: PeerIdentity?) -> String? {
+        guard let peer, let fingerprint = peer.fingerprint else { return nil }
+        switch peer.trust {
+        case .firstUse(let file):
+            return "first contact with \(endpoint): trusting its fingerprint \(fingerprint) and recording it in \(file); "
+                + "compare it with 'qxfer id' on the receiver"
+        case .pinned:
+            guard let pinRecord, (try? pinRecord.file.lookup(pinRecord.key))??.fingerprint == fingerprint else { return nil }
+            return "recorded \(endpoint)'s pinned fingerprint in \(pinRecord.file.path): later sends there need no --fingerprint"
+        default:
+            return nil
+        }
+    }
 }

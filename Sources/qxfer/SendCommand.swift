@@ -70,8 +70,10 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             again and races.
 
             The first connection to a host trusts and records its fingerprint (like ssh); a \
-            changed fingerprint is refused. --fingerprint pins one explicitly. A fingerprint \
-            advertised on the network is only a hint: the same rules apply.
+            changed fingerprint is refused. --fingerprint pins one explicitly; once verified it \
+            is recorded for a host with no entry, so later sends there need no --fingerprint \
+            (an entry is never changed). A fingerprint advertised on the network is only a \
+            hint: the same rules apply.
 
             Once the receiver has accepted, a network failure (connection reset, closed or \
             timed out, receiver unreachable) does not end the transfer: the sender reconnects \
@@ -255,7 +257,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         try await startFailingFast(connection)
         reporter.connected(over: connection.stackName)
         trust.connected(to: connection.peer)
-        if announce, let notice = firstContactNotice(endpoint, connection.peer) { reporter.warn(notice) }
+        if announce, let notice = trust.notice(endpoint, connection.peer) { reporter.warn(notice) }
         let progress = clock.progress { event in
             if case .accepted = event { accepted.set() }
             reporter.handle(event)

@@ -198,7 +198,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             ? "UDP did not get through to \(endpoint): the stream goes over TCP+TLS, where \(mode.rawValue) frames share one "
                 + "ordered stream (datagrams and per-frame streams degrade; the sender drops frames past their deadline)"
             : nil
-        async let _ = Self.watch(connection, endpoint: endpoint, json: json, refusal: refusal, fallbackNote: fallbackNote)
+        async let _ = Self.watch(connection, endpoint: endpoint, trust: trust, json: json, refusal: refusal, fallbackNote: fallbackNote)
         do {
             let summary = try await StreamSender.run(over: connection, source: source, options: options)
             trust.connected(to: connection.peer)
@@ -216,7 +216,8 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
     /// Fails a refused connection at once, prints the first-contact notice once connected, then
     /// reports progress until cancelled.
     private static func watch<Stack>(
-        _ connection: NetworkConnection<Stack>, endpoint: Endpoint, json: Bool, refusal: Refusal, fallbackNote: String?
+        _ connection: NetworkConnection<Stack>, endpoint: Endpoint, trust: ReceiverTrust, json: Bool, refusal: Refusal,
+        fallbackNote: String?
     ) async {
         // The sender connects only once its input has given a first frame.
         while connection.currentState == nil {
@@ -229,7 +230,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             refusal.error.withLock { $0 = error }
             return
         }
-        if let notice = firstContactNotice(endpoint, connection.peer) { Console.warn(notice) }
+        if let notice = trust.notice(endpoint, connection.peer) { Console.warn(notice) }
         if let fallbackNote, await (try? connection.hasIndependentStreams) == false { Console.warn(fallbackNote) }
         await reportProgress(of: connection, json: json)
     }

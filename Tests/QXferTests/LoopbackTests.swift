@@ -142,6 +142,60 @@ struct LoopbackTests {
 
     // MARK: 3. Known hosts and trust on first use
 
+    @Test("A verified pin is recorded in known hosts for a host with no entry; an entry is never changed, an unwritable file fails nothing")
+    func verifiedPinIsRecorded() async throws {
+        let directory = TemporaryDirectory()
+        let file = KnownHosts(path: directory.file("known_hosts"))
+        let other = try HostIdentity.ephemeral(commonName: "pin other")
+        @Sendable func connect(_ port: UInt16, _ trust: PeerTrust) -> NetworkConnection<TLS> {
+            NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) { TLS().identity(Identities.client).peerTrust(trust) }
+        }
+        try await withListener(Self.listener(identity: Identities.server), handler: Self.echo) { port in
+            let pinned = PeerTrust.pinned(Identities.server.fingerprint).recordingPin(in: file)
+            // A refused pin records nothing.
+            let refused = await qxferError {
+                try await Self.roundTrip(connect(port, PeerTrust.pinned(other.fingerprint).recordingPin(in: file)))
+            }
+            #expect(refused?.code == .fingerprintMismatch)
+            #expect(!FileManager.default.fileExists(atPath: file.path))
+
+            let first = connect(port, pinned)
+            try await Self.roundTrip(first)
+            #expect(first.peer?.trust == .pinned)
+            first.cancel()
+            let recorded = try String(contentsOfFile: file.path, encoding: .utf8)
+            #expect(recorded == "127.0.0.1:\(port) \(Identities.server.fingerprint)\n")
+
+            // Known hosts alone now verifies it, with no trust on first use; pinning again adds nothing.
+            let later = connect(port, .knownHosts(file, trustOnFirstUse: false))
+            try await Self.roundTrip(later)
+            #expect(later.peer?.trust == .knownHost)
+            later.cancel()
+            let again = connect(port, pinned)
+            try await Self.roundTrip(again)
+            again.cancel()
+            #expect(try String(contentsOfFile: file.path, encoding: .utf8) == recorded)
+
+            // An entry with another fingerprint stays as it is: the pin admits, the file is not rewritten.
+            let stale = KnownHosts(path: directory.file("stale_known_hosts"))
+            let staleText = "127.0.0.1:\(port) \(other.fingerprint)\n"
+            #expect(FileManager.default.createFile(
+                atPath: stale.path, contents: Data(staleText.utf8), attributes: [.posixPermissions: 0o600]))
+            let overridden = connect(port, PeerTrust.pinned(Identities.server.fingerprint).recordingPin(in: stale))
+            try await Self.roundTrip(overridden)
+            overridden.cancel()
+            #expect(try String(contentsOfFile: stale.path, encoding: .utf8) == staleText)
+
+            // A path that cannot be a known-hosts file: the pinned connection still succeeds.
+            let blocked = KnownHosts(path: directory.file("a-folder"))
+            try FileManager.default.createDirectory(atPath: blocked.path, withIntermediateDirectories: false)
+            let unrecorded = connect(port, PeerTrust.pinned(Identities.server.fingerprint).recordingPin(in: blocked))
+            try await Self.roundTrip(unrecorded)
+            #expect(unrecorded.peer?.trust == .pinned)
+            unrecorded.cancel()
+        }
+    }
+
     @Test("Known hosts: first use records 'host:port fingerprint' (0600), then knownHost; a new identity is refused loudly")
     func trustOnFirstUse() async throws {
         let directory = TemporaryDirectory()

@@ -98,6 +98,28 @@ struct QUICLoopbackTests {
         }
     }
 
+    @Test("A verified pin is recorded in known hosts on QUIC too, then known hosts alone verifies the receiver")
+    func verifiedPinIsRecorded() async throws {
+        let directory = TemporaryDirectory()
+        let file = KnownHosts(path: directory.file("known_hosts"))
+        let listener = echoListener(QUIC().identity(Identities.server))
+        try await withListener(listener, handler: Self.echo) { port in
+            let trusts = [
+                PeerTrust.pinned(Identities.server.fingerprint).recordingPin(in: file), .knownHosts(file, trustOnFirstUse: false),
+            ]
+            for (trust, expected) in zip(trusts, [TrustDecision.pinned, .knownHost]) {
+                let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
+                    QUIC().identity(Identities.client).peerTrust(trust)
+                }
+                try await connection.send(Data("hi".utf8))
+                _ = try await connection.receive(exactly: 2)
+                #expect(connection.peer?.trust == expected)
+                connection.cancel()
+            }
+            #expect(try file.entries().map(\.fingerprint) == [Identities.server.fingerprint])
+        }
+    }
+
     @Test("Framers run unchanged on QUIC")
     func coderOverQUIC() async throws {
         enum Chat: Codable, Sendable, Equatable { case hello(String), bye }

@@ -260,11 +260,24 @@ ok "a changed fingerprint is refused on both stacks (exit 77) showing both finge
 recv_start pin "" --dir "$dst" --yes --port 0 --host 127.0.0.1
 send_run pin-wrong "" "$WORK/small.txt" "127.0.0.1:$RECV_PORT" --fingerprint "$send_fp"
 [ "$SEND_RC" = 77 ] || fail "a wrong --fingerprint: exit $SEND_RC, expected 77"
+! grep -q "^127.0.0.1:$RECV_PORT " "$WORK/cfg-send/known_hosts" || fail "a refused pin was recorded in known_hosts"
 rm -f "$dst/small.txt"
 send_run pin-right "" "$WORK/small.txt" "127.0.0.1:$RECV_PORT" --fingerprint "$recv_fp" --stack tls
 [ "$SEND_RC" = 0 ] || fail "the right --fingerprint: exit $SEND_RC: $(cat "$WORK/pin-right.serr")"
+# A verified pin is remembered for a receiver with no entry: the next send needs no
+# --fingerprint, is no first contact, and resumes with early data like any known receiver.
+grep -q "recorded 127.0.0.1:$RECV_PORT's pinned fingerprint" "$WORK/pin-right.serr" || fail "no notice of the recorded pin: $(cat "$WORK/pin-right.serr")"
+[ "$(grep -c "^127.0.0.1:$RECV_PORT $recv_fp\$" "$WORK/cfg-send/known_hosts")" = 1 ] || fail "the verified pin is not in known_hosts once"
+for later in pin-later pin-later2; do
+    rm -f "$dst/small.txt"
+    send_run $later "" "$WORK/small.txt" "127.0.0.1:$RECV_PORT" --stack quic -v
+    [ "$SEND_RC" = 0 ] || fail "a send after the pin: exit $SEND_RC: $(cat "$WORK/$later.serr")"
+done
+grep -q "trusted as known host" "$WORK/pin-later.serr" && ! grep -q "first contact" "$WORK/pin-later.serr" \
+    || fail "the send after the pin was not verified against known_hosts: $(cat "$WORK/pin-later.serr")"
+grep -q "the receiver took the early data" "$WORK/pin-later2.serr" || fail "no early data to the pinned receiver: $(cat "$WORK/pin-later2.serr")"
 kill -9 "$RECV_PID" 2>/dev/null || true; wait "$RECV_PID" 2>/dev/null || true
-ok "--fingerprint pins the receiver"
+ok "--fingerprint pins the receiver and is remembered: the next send is verified by known_hosts, with early data"
 
 # --allow admits only listed senders (mutual TLS), on both stacks.
 recv_start allow "" --dir "$dst" --yes --port 0 --host 127.0.0.1 --allow "$other_fp"

@@ -78,13 +78,11 @@ enum QUICConnector {
         }
         let (transport, verifier) = winner
         logger.info("QUIC connection to \(endpoint) ready: ALPN \(transport.peer.applicationProtocol), peer \(transport.peer.fingerprint?.description ?? "-") trusted as \(transport.peer.trust)")
-        if let (file, key) = verifier.result.pendingFirstUse, let fingerprint = transport.peer.fingerprint {
-            do {
-                try file.add(key, fingerprint)
-            } catch {
-                transport.close()
-                throw error
-            }
+        do {
+            try verifier.recordAfterHandshake(peer: transport.peer.fingerprint)
+        } catch {
+            transport.close()
+            throw error
         }
         return transport
     }
