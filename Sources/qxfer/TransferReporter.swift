@@ -81,6 +81,14 @@ final class TransferReporter: Sendable {
             } else {
                 printLine("'\(path)' not transferred: \(error.message)")
             }
+        case .changed(let path, let sent):
+            logger.info("file '\(path)' changed while it was being sent; \(sent) bytes sent as read")
+            if style == .json {
+                emit("changed", ["path": path, "sent": sent])
+            } else {
+                printLine("'\(path)' changed while it was being sent: the receiver has the \(formatBytes(sent)) read then; "
+                    + "send it again once it no longer changes")
+            }
         }
     }
 

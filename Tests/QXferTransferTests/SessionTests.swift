@@ -1,5 +1,6 @@
 import Foundation
 import QXfer
+import LinuxSystem
 @testable import QXferTransfer
 import Testing
 
@@ -211,6 +212,47 @@ struct SessionTests {
         let received = #expect(throws: (any Error).self) { try server.get() }
         #expect(received.map { "\($0)" }?.contains("'log.bin' shrank while it was being sent") == true, "\(String(describing: received))")
         #expect(!exists(scratch.sub("dst/log.bin")))
+    }
+
+    @Test(
+        "A file written to after the offer is sent as far as its offered size and reported changed; an untouched one is not",
+        .timeLimit(.minutes(1)), arguments: StackKind.allCases, [6 << 20, 48 << 10])
+    func changedFile(_ kind: StackKind, size: Int) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        let original = pattern(size, seed: 7)
+        for change in ["none", "appended", "rewritten"] {
+            let source = scratch.sub("\(change).bin")
+            try Data(original).write(to: URL(fileURLWithPath: source))
+            let tree = try SourceTree.scan([source])
+            // Another program writes to it between the scan and the send: a log that grows, or
+            // the same bytes rewritten (same size, a new modification time).
+            switch change {
+            case "appended":
+                let handle = try #require(FileHandle(forWritingAtPath: source))
+                try handle.seekToEnd()
+                try handle.write(contentsOf: Data(repeating: 0x41, count: 1000))
+                try handle.close()
+            case "rewritten":
+                var times = [timespec(tv_sec: 1_000_000_000, tv_nsec: 0), timespec(tv_sec: 1_000_000_000, tv_nsec: 0)]
+                #expect(utimensat(AT_FDCWD, source, &times, 0) == 0)
+            default: break
+            }
+            let events = Locked<[String]>([])
+            let progress = TransferProgress { event in
+                if case .changed(let path, let sent) = event { events.withLock { $0.append("\(path) \(sent)") } }
+            }
+            let (server, client) = try await withConnectedPair(kind, receive: { peer in
+                try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+            }, send: { peer in
+                try await peer.runSender(TransferSender(tree: tree, progress: progress))
+            })
+            #expect(try client.get().isComplete && server.get().isComplete)
+            #expect(events.withLock { $0 } == (change == "none" ? [] : ["\(change).bin \(size)"]), "\(change)")
+            // What arrived is the file as offered, verified: its first `size` bytes.
+            #expect(try Data(contentsOf: URL(fileURLWithPath: scratch.sub("dst/\(change).bin"))) == Data(original), "\(change)")
+        }
     }
 
     @Test("What a folder holds that qxfer/1 does not carry is skipped; names it cannot carry are counted as unsent data; a pipe named alone is an error")

@@ -289,6 +289,7 @@ public struct TransferSender: Sendable {
                     batch.withLastPayload { hasher.update($0) }
                     progress.add(transferred: count)
                 }
+                noteIfChanged(file, job, path: path, sent: size)
             }
             let digest = hasher.digest()
             digests.withLock { $0[job.index] = hexString(digest) }
@@ -334,6 +335,7 @@ public struct TransferSender: Sendable {
                 offset += UInt64(count)
                 progress.add(transferred: count)
             }
+            noteIfChanged(file, job, path: path, sent: offset)
         }
         let digest = hasher.digest()
         digests.withLock { $0[job.index] = hexString(digest) }
@@ -342,6 +344,18 @@ public struct TransferSender: Sendable {
 }
 
 extension TransferSender {
+    /// Reports a file whose size or modification time, once read, is no longer the scan's:
+    /// something wrote to it during the send (a growing log, a download). What was read is
+    /// consistent with its digest, so the send goes on; the user is told to send it again.
+    private func noteIfChanged(_ file: Descriptor, _ job: FileJob, path: String, sent: UInt64) {
+        guard case .file = job.source, !job.entry.flags.contains(.sizeUnknown) else { return }
+        var info = stat()
+        guard fstat(file.fd, &info) == 0 else { return }
+        if UInt64(clamping: info.st_size) != job.entry.size || SourceTree.nanoseconds(info.st_mtim) != job.entry.modificationTime {
+            progress.report(.changed(path: path, sent: sent))
+        }
+    }
+
     /// A file that ended before the size offered for it: it shrank (or was replaced) since the scan.
     static func changed(_ path: String, read: UInt64, offered: UInt64) -> TransferError {
         TransferError(.io, "'\(path)' shrank while it was being sent (it ended after \(read) of the \(offered) bytes offered); send it again once it no longer changes")

@@ -15,6 +15,10 @@ public enum TransferEvent: Sendable {
     case verified(path: String, size: UInt64, digest: String)
     /// An entry could not be completed; the others carry on.
     case failed(path: String, error: TransferError)
+    /// A file was written to while it was being sent (sender): its size or modification time
+    /// is no longer the scan's. The receiver gets the `sent` bytes read, verified as read,
+    /// which may not be the file as it is now.
+    case changed(path: String, sent: UInt64)
 }
 
 /// Byte counters shared between the tasks of a transfer and whoever draws its progress.
