@@ -19,9 +19,9 @@ struct ReceiverTrust {
         if let pinned = fingerprint.flatMap(Fingerprint.init(parsing:)) {
             let knownHosts = KnownHosts(in: config)
             let key = KnownHosts.key(host: endpoint.host, port: Int(endpoint.port))
-            let recorded = (try? knownHosts.lookup(key)) != .some(nil)
-            trust = recorded ? .pinned(pinned) : PeerTrust.pinned(pinned).recordingPin(in: knownHosts)
-            pinRecord = recorded ? nil : (knownHosts, key)
+            trust = PeerTrust.pinned(pinned).recordingPin(in: knownHosts)
+            // Said once connected only if the host had no entry (the verifier writes none then).
+            pinRecord = (try? knownHosts.lookup(key)) == .some(nil) ? (knownHosts, key) : nil
             return
         }
         pinRecord = nil
