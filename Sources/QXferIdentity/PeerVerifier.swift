@@ -20,7 +20,7 @@
         @_spi(Stacks) public var failure: QXferError?
         /// A first contact to write to known hosts once the handshake has fully succeeded.
         @_spi(Stacks) public var pendingFirstUse: (KnownHosts, String)?
-        /// A verified pin to write to known hosts, for a host with no entry, likewise.
+        /// A verified pin to write to known hosts if the host has no entry, likewise.
         var pendingPin: (KnownHosts, String)?
     }
 
@@ -92,9 +92,9 @@
                         + "identity, run 'qxfer unpair \(name)' and pair again"))
             case .pinned(let pins):
                 if pins.contains(presented) {
-                    if recordsFirstUse, let file = trust.pinRecord, (try? file.lookup(hostKey)) == .some(nil) {
-                        outcome.withLock { $0.pendingPin = (file, hostKey) }
-                    }
+                    // Whether the host has an entry is looked up once, when writing (not here, in
+                    // the handshake's callback on the event loop).
+                    if recordsFirstUse, let file = trust.pinRecord { outcome.withLock { $0.pendingPin = (file, hostKey) } }
                     return .success(.pinned)
                 }
                 let expected = pins.map(\.description).sorted().joined(separator: " or ")
