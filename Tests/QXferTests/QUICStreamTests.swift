@@ -314,6 +314,32 @@ struct QUICStreamTests {
         }
     }
 
+    @Test("A stream the peer reset while nobody was reading fails the next read with the reset, never a clean end")
+    func resetWhileNobodyReads() async throws {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        let checked = Gate()
+        try await withListener(listener, handler: { connection in
+            for try await stream in connection.incomingStreams {
+                #expect(try await stream.receive(exactly: 5).content == Data("hello".utf8))
+                // The reset arrives (and the engine forgets the stream) before the next read.
+                try await Task.sleep(for: .milliseconds(600))
+                let error = await #expect(throws: QXferError.self) { _ = try await stream.receive(atLeast: 1, atMost: 100) }
+                #expect(error?.code == .connectionClosed && error?.message.contains("abandoned the stream (error 7)") == true, "\(String(describing: error))")
+                await checked.open()
+                return
+            }
+        }) { port in
+            let connection = client(port)
+            try await connection.start()
+            let stream = try await connection.openStream()
+            try await stream.send(Data("hello".utf8))
+            try await Task.sleep(for: .milliseconds(200))
+            stream.reset(errorCode: 7)
+            await checked.wait()
+            connection.cancel()
+        }
+    }
+
     @Test("An application close carries its code and reason to the peer, after the last reply")
     func applicationClose() async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }

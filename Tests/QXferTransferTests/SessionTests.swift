@@ -40,6 +40,8 @@ protocol TransferPeer: Sendable {
     /// The next data stream the peer opened (QUIC), or this connection (TLS).
     func acceptDataStream() async throws -> any TransferPeer
     func finish() async throws
+    /// Abandons a data stream (QUIC's RESET_STREAM); nothing on TCP+TLS.
+    func reset()
     var hasIndependentStreams: Bool { get }
 }
 
@@ -59,6 +61,7 @@ struct Peer<Stack: TLVStack>: TransferPeer {
         throw TransferError(.cancelled, "the connection ended without a data stream")
     }
     func finish() async throws { try await connection.finish() }
+    func reset() { if hasIndependentStreams { connection.reset() } }
     var hasIndependentStreams: Bool { connection.parameters.stack.transport.hasIndependentStreams }
 }
 
@@ -212,6 +215,35 @@ struct SessionTests {
         let received = #expect(throws: (any Error).self) { try server.get() }
         #expect(received.map { "\($0)" }?.contains("'log.bin' shrank while it was being sent") == true, "\(String(describing: received))")
         #expect(!exists(scratch.sub("dst/log.bin")))
+    }
+
+    @Test(
+        "A data stream reset before the sender's Error reaches the receiver: it reports the Error, or, with none, the reset after a grace",
+        .timeLimit(.minutes(1)), arguments: [true, false])
+    func resetBeforeReason(_ givesReason: Bool) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        let dst = scratch.sub("dst")
+        try FileManager.default.createDirectory(atPath: dst, withIntermediateDirectories: true)
+        // What a sender whose read failed mid-file does, with the reset made to overtake the
+        // Error (QUIC orders neither before the other).
+        let (server, _) = try await HostileNumbersTests.accepted(.quic, [HostileSenderTests.file(["log.bin"], size: 1000)], dst: dst) { peer, _ in
+            let data = try await peer.openDataStream()
+            try await data.send(.fileData(FileData(entry: 0, offset: 0, bytes: pattern(500))))
+            // (A stream reset before any of its data left is never seen by the receiver.)
+            try await Task.sleep(for: .milliseconds(300))
+            data.reset()
+            try await Task.sleep(for: .milliseconds(500))
+            if givesReason { try await peer.send(.error(Refusal(TransferError(.io, "'log.bin' could not be read: Input/output error")))) }
+            return data
+        }
+        let received = #expect(throws: (any Error).self) { try server.get() }.map { "\($0)" } ?? "nothing"
+        if givesReason {
+            #expect(received.contains("the sender: 'log.bin' could not be read: Input/output error"), "\(received)")
+        } else {
+            #expect(received.contains("the sender stopped with 1 file unfinished (the peer abandoned the stream"), "\(received)")
+        }
+        #expect(!exists(dst + "/log.bin"))
     }
 
     @Test(

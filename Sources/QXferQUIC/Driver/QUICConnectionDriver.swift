@@ -47,6 +47,10 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         var gatheredBytes = 0
         var pendingWrites = CircularBuffer<(ByteBuffer, EventLoopPromise<Void>)>()
         var error: QXferError?
+        /// The peer reset the stream and no reader has been told yet: the state outlives the
+        /// engine's stream until one is (dropped, the next read would find a clean end).
+        var resetUnreported = false
+        var closedInEngine = false
     }
 
     var handshakeResult: EventLoopFuture<String> { handshake.futureResult }
@@ -113,6 +117,7 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         try? engine.reset(stream: stream, errorCode: errorCode)
         try? engine.stopSending(stream: stream, errorCode: errorCode)
         failStream(stream, QXferError(.cancelled, "the stream was reset"))
+        if streams[stream]?.resetUnreported == true { streams[stream] = nil }  // given up unread
         process()
     }
 
@@ -233,6 +238,7 @@ final class QUICConnectionDriver: QUICEndpointConnection {
             case .streamReadable(let id), .streamFinished(let id):
                 serveReader(id)
             case .streamReset(let id, let code):
+                streams[id]?.resetUnreported = true
                 failStream(id, QXferError(.connectionClosed, "the peer abandoned the stream (error \(code))"))
             case .streamStopSending(let id, _):
                 failStream(id, QXferError(.connectionClosed, "the peer stopped reading the stream"))
@@ -240,7 +246,9 @@ final class QUICConnectionDriver: QUICEndpointConnection {
                 pumpWrites(id)
             case .streamClosed(let id, _):
                 serveReader(id)
-                if streams[id]?.readWaiter == nil && streams[id]?.pendingWrites.isEmpty != false {
+                if streams[id]?.resetUnreported == true {
+                    streams[id]?.closedInEngine = true
+                } else if streams[id]?.readWaiter == nil && streams[id]?.pendingWrites.isEmpty != false {
                     streams[id] = nil
                 }
             case .connectionIDIssued(let id, _):
@@ -325,6 +333,10 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         if !gathered.isEmpty {
             waiter.succeed(gathered)  // an end or a failure is reported to the next read
         } else if let failure {
+            if state.resetUnreported {
+                state.resetUnreported = false
+                streams[id] = state.closedInEngine ? nil : state
+            }
             waiter.fail(failure)
         } else {
             waiter.succeed(nil)

@@ -49,6 +49,12 @@ struct ReceivingSession {
         self.summary = TransferSummary(succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: offer.algorithm, digests: [])
     }
 
+    /// The first data stream the network ended (the sender reset it, or the connection was
+    /// lost): QUIC does not order a reset against the control stream, so the sender's Error, or
+    /// its close, may still be on its way there (docs/PROTOCOL.md §3.5). The caller waits
+    /// for that a little, then hands this back as the control stream's failure.
+    private(set) var lostDataStream: (any Error)?
+
     private var unfinished: String { pending.count == 1 ? "1 file" : "\(pending.count) files" }
 
     /// Whether every file has been answered.
@@ -122,6 +128,11 @@ struct ReceivingSession {
             // are; anything else is the network: a data stream reset or a connection lost
             // mid-file, and the partials stay resumable.
             if error is TransferError || error is CancellationError { throw error }
+            if case .data = source {
+                // The sender's reason may still be on its way on the control stream.
+                lostDataStream = lostDataStream ?? error
+                return []
+            }
             throw TransferError(.cancelled, "the sender stopped with \(unfinished) unfinished (\(error)); the same send resumes them")
         case .ended:
             if source == .control {

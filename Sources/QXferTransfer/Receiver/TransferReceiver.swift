@@ -67,6 +67,10 @@ public struct TransferReceiver: Sendable {
         try await connection.endingOnError { try await exchange(over: connection) }
     }
 
+    /// How long a data stream's reset waits for the sender's reason on the control stream
+    /// (the sender gives its Error up to 2 s to leave before it closes).
+    static let reasonGrace: Duration = .seconds(3)
+
     private func exchange<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
         let store = FileStore(directory: try TargetDirectory(path: directory), overwrite: overwrite)
         let offer = try await receiveOffer(from: connection)
@@ -149,6 +153,7 @@ public struct TransferReceiver: Sendable {
             // Verified files are committed (fsync, rename) beside this loop, one group at a time,
             // while it goes on reading; their outcomes come back through the funnel.
             var commit: Task<[CommitOutcome], Never>?
+            var waitsForReason = false
             do {
                 while !session.isFinished {
                     guard let delivery = await inbound.next() else { break }
@@ -156,6 +161,15 @@ public struct TransferReceiver: Sendable {
                     watchdog.busy()
                     if case .committed = delivery.event { commit = nil }
                     try await send(session.handle(delivery.event, from: delivery.source, usesStreams: usesStreams), on: connection, batching: session.usesBatches)
+                    if !waitsForReason, let lost = session.lostDataStream {
+                        // A data stream reset: the control stream says why within the grace, or
+                        // the reset is the reason.
+                        waitsForReason = true
+                        group.addTask {
+                            guard (try? await Task.sleep(for: Self.reasonGrace)) != nil else { return }
+                            await funnel.interrupt(with: lost)
+                        }
+                    }
                     if commit == nil, let files = session.takeCommitGroup() {
                         let task = Task { await FileCommitter.commitInBackground(files) }
                         commit = task

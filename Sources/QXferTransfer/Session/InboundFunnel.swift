@@ -48,7 +48,8 @@ final class InboundFunnel: Sendable {
     }
 
     /// Hands the consumer a failure that did not come from a stream (the transfer was taken
-    /// over), as if the control stream had failed; returns once it was handled.
+    /// over, a reset data stream's reason never came), as if the control stream had failed;
+    /// returns once it was handled.
     func interrupt(with error: any Error) async {
         await deliver(.control, .failed(error))
     }
