@@ -15,7 +15,9 @@
 # (the same with 1 % random loss each way); wan-long (100 ms one way, 100 Mbit/s, 100 ms queue:
 # an ocean away); wan-lossy (20 ms one way, 300 Mbit/s, 40 ms queue, 0.5 % random loss each
 # way); wan-jitter (20 ms ± 10 ms one way, order kept, 200 Mbit/s, 30 ms queue: a path whose
-# delay varies, as radio links' does); wan-far (50 ms one way, 500 Mbit/s, 100 ms queue: a fast
+# delay varies, as radio links' does); wan-reorder (wan with 5 % of the packets each way held
+# 10 ms, overtaken by the ~400 sent meanwhile: reordering, not loss, as link aggregation and
+# radio retries make), wan-far (50 ms one way, 500 Mbit/s, 100 ms queue: a fast
 # link across a continent) and wan-ocean (150 ms one way, 200 Mbit/s, 150 ms queue) only when
 # named in CONDITIONS (1 GiB over wan-ocean takes TCP minutes). The namespaces raise TCP's buffer
 # limits to 64 MiB, so that TCP can fill every path; a condition named with -stock (wan-far-stock,
@@ -124,6 +126,7 @@ setup() {
         wan-far) emulate=(--delay 50ms --rate 500mbit --queue 100ms) ;;
         wan-ocean) emulate=(--delay 150ms --rate 200mbit --queue 150ms) ;;
         wan-jitter) emulate=(--delay 20ms --jitter 10ms --rate 200mbit --queue 30ms) ;;
+        wan-reorder) emulate+=(--reorder 5% --reorder-delay 10ms) ;;
         *) echo "bench/transfer.sh: unknown condition '$1'" >&2; exit 2 ;;
     esac
     if [ "${#emulate[@]}" -eq 0 ]; then

@@ -321,6 +321,7 @@ struct QUICStreamTests {
         try await withListener(listener, handler: { connection in
             for try await stream in connection.incomingStreams {
                 #expect(try await stream.receive(exactly: 5).content == Data("hello".utf8))
+                try await stream.send(Data("k".utf8))
                 // The reset arrives (and the engine forgets the stream) before the next read.
                 try await Task.sleep(for: .milliseconds(600))
                 let error = await #expect(throws: QXferError.self) { _ = try await stream.receive(atLeast: 1, atMost: 100) }
@@ -333,7 +334,7 @@ struct QUICStreamTests {
             try await connection.start()
             let stream = try await connection.openStream()
             try await stream.send(Data("hello".utf8))
-            try await Task.sleep(for: .milliseconds(200))
+            _ = try await stream.receive(exactly: 1)  // read there: the stream is the peer's
             stream.reset(errorCode: 7)
             await checked.wait()
             connection.cancel()

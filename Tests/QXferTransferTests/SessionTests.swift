@@ -230,8 +230,8 @@ struct SessionTests {
         let (server, _) = try await HostileNumbersTests.accepted(.quic, [HostileSenderTests.file(["log.bin"], size: 1000)], dst: dst) { peer, _ in
             let data = try await peer.openDataStream()
             try await data.send(.fileData(FileData(entry: 0, offset: 0, bytes: pattern(500))))
-            // (A stream reset before any of its data left is never seen by the receiver.)
-            try await Task.sleep(for: .milliseconds(300))
+            // Once it is there: a stream reset before any of its data arrived is never seen.
+            while !exists(dst + "/.log.bin.qxfer-partial") { try await Task.sleep(for: .milliseconds(10)) }
             data.reset()
             try await Task.sleep(for: .milliseconds(500))
             if givesReason { try await peer.send(.error(Refusal(TransferError(.io, "'log.bin' could not be read: Input/output error")))) }
