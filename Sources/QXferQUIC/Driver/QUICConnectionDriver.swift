@@ -50,6 +50,7 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         /// The peer reset the stream and no reader has been told yet: the state outlives the
         /// engine's stream until one is (dropped, the next read would find a clean end).
         var resetUnreported = false
+        /// The engine has closed the stream: once the reset is told, nothing needs the state.
         var closedInEngine = false
     }
 
