@@ -221,10 +221,8 @@ struct SessionTests {
         "A data stream reset before the sender's Error reaches the receiver: it reports the Error, or, with none, the reset after a grace",
         .timeLimit(.minutes(1)), arguments: [true, false])
     func resetBeforeReason(_ givesReason: Bool) async throws {
-        let scratch = TempDir()
+        let (scratch, dst) = try HostileNumbersTests.emptyFolder()
         defer { scratch.cleanup() }
-        let dst = scratch.sub("dst")
-        try FileManager.default.createDirectory(atPath: dst, withIntermediateDirectories: true)
         // What a sender whose read failed mid-file does, with the reset made to overtake the
         // Error (QUIC orders neither before the other).
         let (server, _) = try await HostileNumbersTests.accepted(.quic, [HostileSenderTests.file(["log.bin"], size: 1000)], dst: dst) { peer, _ in
