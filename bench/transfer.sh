@@ -17,7 +17,8 @@
 # way); wan-jitter (20 ms ± 10 ms one way, order kept, 200 Mbit/s, 30 ms queue: a path whose
 # delay varies, as radio links' does); wan-reorder (wan with 5 % of the packets each way held
 # 10 ms, overtaken by the ~400 sent meanwhile: reordering, not loss, as link aggregation and
-# radio retries make), wan-far (50 ms one way, 500 Mbit/s, 100 ms queue: a fast
+# radio retries make), wan-thin (40 ms one way, 10 Mbit/s, a 10 ms queue of 8 full-size
+# packets: a slow uplink behind a router with a shallow buffer), wan-far (50 ms one way, 500 Mbit/s, 100 ms queue: a fast
 # link across a continent) and wan-ocean (150 ms one way, 200 Mbit/s, 150 ms queue) only when
 # named in CONDITIONS (1 GiB over wan-ocean takes TCP minutes). The namespaces raise TCP's buffer
 # limits to 64 MiB, so that TCP can fill every path; a condition named with -stock (wan-far-stock,
@@ -127,6 +128,7 @@ setup() {
         wan-ocean) emulate=(--delay 150ms --rate 200mbit --queue 150ms) ;;
         wan-jitter) emulate=(--delay 20ms --jitter 10ms --rate 200mbit --queue 30ms) ;;
         wan-reorder) emulate+=(--reorder 5% --reorder-delay 10ms) ;;
+        wan-thin) emulate=(--delay 40ms --rate 10mbit --queue 10ms) ;;
         *) echo "bench/transfer.sh: unknown condition '$1'" >&2; exit 2 ;;
     esac
     if [ "${#emulate[@]}" -eq 0 ]; then
