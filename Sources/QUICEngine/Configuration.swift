@@ -120,8 +120,8 @@ public struct QUICConfiguration: Sendable {
     /// work (AEAD set-up, ngtcp2's packet assembly, the kernel's) of one 1452-byte packet, for
     /// 45 times the bytes: `bench/loopback.sh` (1 GiB) went from about 450 to 1200 MB/s.
     public var loopbackUDPPayloadSize: Int? = 65_000
-    /// Most packets in one batch (one GSO send), within Linux's 64 segments and 64 000 bytes
-    /// and ngtcp2's send quantum. 1 disables batching.
+    /// Most packets in one batch (one GSO send), within Linux's 64 segments and 64 000 bytes,
+    /// ngtcp2's send quantum, and 1 ms at the pacing rate. 1 disables batching.
     public var maxSegmentsPerTransmit: Int = 64
     /// Length of the connection IDs this endpoint issues. A server's driver needs it to parse
     /// short headers (``QUICPacketHeader/decode(datagram:shortHeaderConnectionIDLength:)``).
