@@ -38,6 +38,14 @@ import Testing
                 sourceLocation: sourceLocation)
     }
 
+    /// At most one in `n` of the packets the sender sent was dropped at the link's queue.
+    static func expectDropped(_ outcome: Outcome, _ sim: Simulation, atMostOneIn n: Int,
+                              sourceLocation: SourceLocation = #_sourceLocation) {
+        let sent = Int(sim.client.stats.packetsSent)
+        #expect(outcome.droppedAtQueueOrLoss * n <= sent, "\(outcome.droppedAtQueueOrLoss) of \(sent) packets dropped at the link's queue",
+                sourceLocation: sourceLocation)
+    }
+
     static func run(seed: UInt64, loss: Double, size: Int, rtt: UInt64 = 50 * ms, rate: UInt64 = linkBitsPerSecond,
                     queue: UInt64? = nil, jitter: UInt64 = 0) throws -> (Simulation, BulkTransfer, Outcome) {
         let clientConfig = bulk(.test(.client, expectPeer: .server))
@@ -141,8 +149,7 @@ import Testing
             seed: 23, loss: 0, size: size, rtt: 20 * ms, rate: rate, queue: 30 * ms, jitter: 20 * ms)
         TransferTests.check(sim, transfer, size: size)
         Self.expectEstimateNearLink(outcome, bitsPerSecond: rate)
-        let sent = Int(sim.client.stats.packetsSent)
-        #expect(outcome.droppedAtQueueOrLoss * 50 <= sent, "\(outcome.droppedAtQueueOrLoss) of \(sent) packets dropped at the link's queue")
+        Self.expectDropped(outcome, sim, atMostOneIn: 50)
         #expect(outcome.goodputBytesPerSecond >= 20.5e6, "goodput \(outcome.goodputBytesPerSecond) B/s")
     }
 
@@ -158,8 +165,7 @@ import Testing
         let (sim, transfer, outcome) = try Self.run(seed: 7, loss: 0, size: size, rtt: 300 * ms, rate: rate, queue: 150 * ms)
         TransferTests.check(sim, transfer, size: size)
         Self.expectEstimateNearLink(outcome, bitsPerSecond: rate)
-        let sent = Int(sim.client.stats.packetsSent)
-        #expect(outcome.droppedAtQueueOrLoss * 200 <= sent, "\(outcome.droppedAtQueueOrLoss) of \(sent) packets dropped at the link's queue")
+        Self.expectDropped(outcome, sim, atMostOneIn: 200)
         #expect(outcome.goodputBytesPerSecond >= 17.8e6, "goodput \(outcome.goodputBytesPerSecond) B/s")
     }
 
@@ -176,9 +182,8 @@ import Testing
         let (sim, transfer, outcome) = try Self.run(seed: 7, loss: 0, size: size, rtt: 80 * ms, rate: rate, queue: 10 * ms)
         TransferTests.check(sim, transfer, size: size)
         Self.expectEstimateNearLink(outcome, bitsPerSecond: rate)
-        let sent = Int(sim.client.stats.packetsSent)
         #expect(outcome.maxBytesAtOneInstant <= 24_000, "\(outcome.maxBytesAtOneInstant) bytes left at one instant")
-        #expect(outcome.droppedAtQueueOrLoss * 5 <= sent, "\(outcome.droppedAtQueueOrLoss) of \(sent) packets dropped at the link's queue")
+        Self.expectDropped(outcome, sim, atMostOneIn: 5)
         #expect(outcome.goodputBytesPerSecond >= 0.9e6, "goodput \(outcome.goodputBytesPerSecond) B/s")
     }
 }
