@@ -18,8 +18,8 @@
 # delay varies, as radio links' does); wan-reorder (wan with 5 % of the packets each way held
 # 10 ms, overtaken by the ~400 sent meanwhile: reordering, not loss, as link aggregation and
 # radio retries make), wan-thin (40 ms one way, 10 Mbit/s, a 10 ms queue of 8 full-size
-# packets: a slow uplink behind a router with a shallow buffer), wan-far (50 ms one way, 500 Mbit/s, 100 ms queue: a fast
-# link across a continent) and wan-ocean (150 ms one way, 200 Mbit/s, 150 ms queue) only when
+# packets: a slow uplink behind a router with a shallow buffer), wan-far (50 ms one way,
+# 500 Mbit/s, 100 ms queue: a fast link across a continent) and wan-ocean (150 ms one way, 200 Mbit/s, 150 ms queue) only when
 # named in CONDITIONS (1 GiB over wan-ocean takes TCP minutes). The namespaces raise TCP's buffer
 # limits to 64 MiB, so that TCP can fill every path; a condition named with -stock (wan-far-stock,
 # wan-ocean-stock, any path) keeps Linux's own defaults instead (tcp_rmem up to 6 MiB, tcp_wmem up

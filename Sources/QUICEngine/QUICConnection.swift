@@ -555,6 +555,7 @@ public final class QUICConnection {
         sampleUnqueuedRTTExcess(s)
         let paced = s.bytes_in_flight > inFlightBefore ? s.bytes_in_flight - inFlightBefore : 0
         guard paced > 0 else { return }
+        highestDeliveryRate = max(highestDeliveryRate, s.delivery_rate_sec)
         // ngtcp2's own fallback when the controller sets no rate (RFC 9002 §7.7): cwnd / srtt × 1.25.
         var bytesPerNanosecond = s.pacing_rate > 0
             ? min(s.pacing_rate, startUpPacingCeiling(s)) : Double(s.cwnd) / Double(max(s.smoothed_rtt, 1)) * 1.25
@@ -580,7 +581,6 @@ public final class QUICConnection {
     /// (docs/benchmarks.md, "Bursts on a thin path"). BBR's own rate, a gain of at most 2.89
     /// over an estimate made of delivery-rate samples, always lies below, and stands.
     private func startUpPacingCeiling(_ s: ngtcp2_conn_stat) -> Double {
-        highestDeliveryRate = max(highestDeliveryRate, s.delivery_rate_sec)
         guard s.min_rtt != UInt64.max, s.smoothed_rtt > 0 else { return .infinity }
         let nominal = max(Double(s.cwnd) / Double(s.smoothed_rtt), Double(highestDeliveryRate) / 1e9)
         return Self.startUpPacingGain * nominal
