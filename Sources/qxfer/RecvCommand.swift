@@ -17,7 +17,8 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             accepted only when you answer yes, unless --yes. Names are checked before anything \
             is written: nothing can land outside the folder. Data goes to a hidden partial file \
             beside its target and gets the final name only after its digest matches; an \
-            interrupted file is resumed by sending it again.
+            interrupted file is resumed by sending it again. Blocks of zeros are left as holes, \
+            so a sparse disk image takes only the space of its data.
 
             An existing file of the same size is compared by digest and left alone; one of \
             another size is kept and reported (use --overwrite to replace it once the new one \

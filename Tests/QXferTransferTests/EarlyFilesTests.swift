@@ -176,5 +176,7 @@ struct EarlyFilesTests {
         #expect(try server.get() == small)
         let summary = try client.get()
         #expect(summary.failures.count == 1 && summary.failures.first?.path.hasSuffix("b-large") == true, "\(summary.failures)")
+        // The answer carries only a code: the sender says what it means.
+        #expect(summary.failures.first?.error.message.hasPrefix("the receiver already has something else under that name") == true)
     }
 }

@@ -427,6 +427,84 @@ import Testing
         #expect(readFile(temp.sub("big.bin")) == data)
     }
 
+    /// Blocks of zeros are left unwritten (holes): the file reads back identical and takes
+    /// about the space of its data, whatever the chunks' edges, and a trailing run of zeros
+    /// still gives the file its full length.
+    @Test(arguments: [7_000, 1 << 20]) func zerosBecomeHoles(chunk: Int) throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let store = try makeStore(temp.path, interval: 1 << 20)
+        var data = [UInt8](repeating: 0, count: 8 << 20)
+        data.replaceSubrange(0..<100_001, with: pattern(100_001, seed: 3))
+        data.replaceSubrange(3_000_003..<3_000_010, with: pattern(7, seed: 4))  // one block of data amid zeros
+        let file = try target("image.raw", data)
+        let writer = try store.openWriter(for: file)
+        try write(writer, data, from: 0, chunk: chunk)
+        try writer.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        let identical = readFile(temp.sub("image.raw")) == data  // (not printed: 8 MiB)
+        #expect(identical)
+        var info = stat()
+        #expect(stat(temp.sub("image.raw"), &info) == 0)
+        #expect(info.st_size == off_t(data.count))
+        #expect(info.st_mtim.tv_sec == 1_600_000_000)  // the length set before the time, not after
+        // 100 001 + 7 bytes of data: 26 blocks of 4 KiB, and some slack for the file system's own.
+        #expect(Int(info.st_blocks) * 512 <= 256 << 10, "\(info.st_blocks) blocks of 512 bytes allocated")
+    }
+
+    /// A checkpoint inside a run of zeros vouches for an offset beyond the partial's last
+    /// written byte: the partial is extended to it first, so the resume hashes it whole.
+    @Test func aCheckpointInsideZerosResumes() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        var data = pattern(300 * 1024, seed: 5)
+        data.replaceSubrange((100 * 1024)..., with: repeatElement(0, count: 200 * 1024))
+        let file = try target("tail", data)
+        do {
+            let writer = try makeStore(temp.path).openWriter(for: file)
+            try write(writer, Array(data[..<(215 * 1024)]), from: 0, chunk: 10 * 1024)
+            #expect(writer.checkpointedOffset == 210 * 1024)
+            // Crash: no abandon(), no finish().
+        }
+        let store = try makeStore(temp.path)
+        let resume = try store.resumeOffset(for: file)
+        #expect(resume.offset == 210 * 1024)
+        let writer = try store.openWriter(for: file, resumingAt: resume)
+        try write(writer, data, from: Int(resume.offset), chunk: 33_333)
+        try writer.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
+        let identical = readFile(temp.sub("tail")) == data
+        #expect(identical)
+    }
+
+    /// The ranges written cover every nonzero byte, leave out every aligned block of zeros
+    /// and are as few as possible (adjacent blocks of data merged), for random layouts.
+    @Test func dataRunsSkipOnlyZeros() {
+        var random = SplitMix64(seed: 11)
+        for _ in 0..<300 {
+            let block = FileWriter.holeBlockSize
+            var bytes = [UInt8](repeating: 0, count: Int.random(in: 0...(6 * block), using: &random))
+            for _ in 0..<Int.random(in: 0...6, using: &random) where !bytes.isEmpty {
+                bytes[Int.random(in: 0..<bytes.count, using: &random)] = UInt8.random(in: 1...255, using: &random)
+            }
+            let position = UInt64.random(in: 0...UInt64(3 * block), using: &random)
+            let runs = bytes.withUnsafeBytes { FileWriter.dataRuns(in: $0, at: position) }
+            var covered = [Bool](repeating: false, count: bytes.count)
+            for (index, run) in runs.enumerated() {
+                #expect(!run.isEmpty)
+                if index > 0 { #expect(runs[index - 1].upperBound < run.lowerBound) }  // merged when adjacent
+                for i in run { covered[i] = true }
+            }
+            for i in bytes.indices where bytes[i] != 0 { #expect(covered[i]) }
+            // A block (aligned on the file's offsets) is written only if it holds a nonzero byte.
+            var start = 0
+            while start < bytes.count {
+                let end = min(bytes.count, start + block - Int((position + UInt64(start)) % UInt64(block)))
+                #expect(covered[start] == bytes[start..<end].contains { $0 != 0 })
+                #expect(covered[start..<end].allSatisfy { $0 == covered[start] })
+                start = end
+            }
+        }
+    }
+
     /// The type of the mounted file system holding `path` (the longest mount point that is a
     /// prefix of it in /proc/self/mounts), or nil.
     func fileSystemType(holding path: String) -> String? {

@@ -4,9 +4,10 @@
 #
 #   sudo Tests/e2e/transfer.sh            (root: namespaces; QXFER=path picks the binary)
 #
-# Proves: a 1 GiB file and a tree with odd names arrive identical (contents, modes, times,
-# links); kill -9 of either side at random instants never leaves a partial under the final
-# name and the next run resumes (moving less than the whole file); trust on first use, a
+# Proves: a 1 GiB file, a sparse disk image (its zeros kept as holes) and a tree with odd names
+# arrive identical (contents, modes, times, links); kill -9 of either side at random instants
+# never leaves a partial under the final name and the next run resumes (moving less than the
+# whole file); trust on first use, a
 # changed fingerprint, --fingerprint pinning and --allow refusals; an offer declined when
 # there is no terminal to ask on; `send --to NAME` found over multicast DNS. Everything it
 # creates (processes, namespaces, files) is removed on exit, also when interrupted.
@@ -52,6 +53,11 @@ ln -s "level 1/level 2" "$TREE/deep/inside link"
 ln -s ../../../etc/passwd "$TREE/escaping link"
 chmod 640 "$TREE/deep/some.bin"; chmod 750 "$TREE/empty folder"
 touch -h -d '2001-09-09 01:46:40.123456789' "$TREE/empty file" "$TREE/deep/inside link"
+# A disk image: 64 MiB of which 200 KiB are data, the rest holes and a written run of zeros.
+truncate -s 64M "$SRC/disk.img"
+head -c 100000 /dev/urandom | dd of="$SRC/disk.img" bs=1 seek=5000000 conv=notrunc status=none
+head -c 1000000 /dev/zero | dd of="$SRC/disk.img" bs=1 seek=6000000 conv=notrunc status=none
+head -c 100000 /dev/urandom | dd of="$SRC/disk.img" bs=1 seek=$((64 * 1048576 - 100000)) conv=notrunc status=none
 
 # A tree's shape: type, mode, size, mtime, link target and content digest of every entry.
 shape() {
@@ -114,20 +120,24 @@ for where in loopback namespaces; do
         dst=$WORK/dst-$where-$stack; mkdir -p "$dst"
         if [ $where = loopback ]; then
             recv_start "r-$where-$stack" "" --dir "$dst" --yes --once --port 0 --host 127.0.0.1
-            send_run "s-$where-$stack" "" "$SRC/big.bin" "$TREE" "127.0.0.1:$RECV_PORT" --stack $stack
+            send_run "s-$where-$stack" "" "$SRC/big.bin" "$SRC/disk.img" "$TREE" "127.0.0.1:$RECV_PORT" --stack $stack
         else
             recv_start "r-$where-$stack" "${NS}b" --dir "$dst" --yes --once --port 7447
-            send_run "s-$where-$stack" "${NS}a" "$SRC/big.bin" "$TREE" 10.98.7.2 --stack $stack
+            send_run "s-$where-$stack" "${NS}a" "$SRC/big.bin" "$SRC/disk.img" "$TREE" 10.98.7.2 --stack $stack
         fi
         [ "$SEND_RC" = 0 ] || fail "$where $stack: send exit $SEND_RC: $(cat "$WORK/s-$where-$stack.serr")"
         wait_recv; [ "$RECV_RC" = 0 ] || fail "$where $stack: recv failed: $(cat "$WORK/r-$where-$stack.err")"
         grep -q "escaping link.*leaves the tree" "$WORK/s-$where-$stack.serr" || fail "$where $stack: the escaping link was not reported"
         cmp "$SRC/big.bin" "$dst/big.bin" || fail "$where $stack: big.bin differs"
+        cmp "$SRC/disk.img" "$dst/disk.img" || fail "$where $stack: disk.img differs"
+        # Its zeros stay holes: about the 200 KiB of data on disk (1 MiB allowed), not 64 MiB.
+        allocated=$(( $(stat -c '%b * %B' "$dst/disk.img") ))
+        [ "$allocated" -le 1048576 ] || fail "$where $stack: disk.img takes $allocated bytes on disk, its zeros written out"
         same_tree "$TREE" "$dst/odd tree" "$where $stack"
         [ -z "$(find "$dst" -name '*.qxfer-*')" ] || fail "$where $stack: partial or journal left behind"
         carrier=$([ $stack = quic ] && echo QUIC || echo TCP+TLS)
         grep -q "^received .* over $carrier" "$WORK/r-$where-$stack.out" || fail "$where $stack: the receiver's summary does not say 'over $carrier': $(cat "$WORK/r-$where-$stack.out")"
-        ok "$where $stack: ${BIG_MIB} MiB and the odd tree arrived identical ($(tail -1 "$WORK/s-$where-$stack.sout"))"
+        ok "$where $stack: ${BIG_MIB} MiB, a sparse disk image ($allocated bytes on disk) and the odd tree arrived identical ($(tail -1 "$WORK/s-$where-$stack.sout"))"
         rm -rf "$dst"
     done
 done

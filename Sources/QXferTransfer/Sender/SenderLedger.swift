@@ -43,7 +43,8 @@ struct SenderLedger {
             let number = UInt32(index)  // index < entries.count, which the codec bounds to 1 000 000
             switch answer.disposition {
             case .skip:
-                failures.append((Self.shown(entry), TransferError(TransferError.Code(rawValue: answer.code), "the receiver skipped it")))
+                let code = TransferError.Code(rawValue: answer.code)
+                failures.append((Self.shown(entry), TransferError(code, Self.skipped(code))))
             case .send, .present:
                 guard entry.kind == .file else {
                     mayFail.insert(number)
@@ -56,6 +57,18 @@ struct SenderLedger {
                     bytesToSend = bytesToSend.saturatingAdd(entry.size - answer.offset)  // offset <= size, checked above
                 }
             }
+        }
+    }
+
+    /// Why the receiver skipped an entry, from the code of its answer (which carries no text).
+    static func skipped(_ code: TransferError.Code) -> String {
+        switch code {
+        case .exists: "the receiver already has something else under that name and keeps it (a file of another size is replaced only by recv --overwrite)"
+        case .unsafePath: "the receiver refused its name or link target"
+        case .noSpace: "the receiver has no space left for it"
+        case .io: "the receiver could not write it"
+        case .unsupported: "the receiver does not support it"
+        default: "the receiver skipped it (\(code.name))"
         }
     }
 

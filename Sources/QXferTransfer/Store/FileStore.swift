@@ -280,6 +280,9 @@ public final class FileWriter {
     }
     /// The offset of the last checkpoint known to be durable.
     private var vouchedOffset: UInt64
+    /// The end of what the partial holds: below ``offset`` when its last bytes were zeros left
+    /// unwritten (see ``write(_:at:)``).
+    private var writtenEnd: UInt64
     /// Where the bytes begin whose write-back has not been started (see ``startWriteBack``).
     private var writeBackOffset: UInt64
     private let store: FileStore
@@ -305,6 +308,7 @@ public final class FileWriter {
         self.offset = start.offset
         self.vouchedOffset = start.offset
         self.writeBackOffset = start.offset
+        self.writtenEnd = start.offset  // the partial is cut to the resume point when opened
     }
 
     deinit {
@@ -334,19 +338,24 @@ public final class FileWriter {
             throw TransferError(.limitExceeded, "'\(target.path)' would grow past \(Int64.max) bytes")
         }
         let position = end - off_t(bytes.count)
-        var written = 0
-        while written < bytes.count {
-            let n = bytes.withUnsafeBytes { pwrite(file.fd, $0.baseAddress! + written, bytes.count - written, position + off_t(written)) }
-            if n < 0 {
-                let err = errno
-                if err == EINTR { continue }
-                try? checkpoint()
-                if journal == nil { unlinkat(parent.fd, names.partial, 0) }  // not resumable: see abandon()
-                self.file = nil
-                let error = TransferError.posix("cannot write", "'\(target.path)'", errno: err)
-                throw TransferError(error.code, "\(error.message) after \(checkpointedOffset) bytes; the partial file is kept for resuming")
+        let failure: Int32? = bytes.withUnsafeBytes { bytes in
+            // Blocks of zeros are not written: the partial reads as zeros there anyway (nothing
+            // lies beyond the offset written so far), and they stay holes, so a disk image takes
+            // only the space of its data. The length is set before anything relies on it.
+            for run in Self.dataRuns(in: bytes, at: offset) {
+                if let err = Self.writeAll(UnsafeRawBufferPointer(rebasing: bytes[run]), to: file.fd, at: position + off_t(run.lowerBound)) {
+                    return err
+                }
+                writtenEnd = max(writtenEnd, offset + UInt64(run.upperBound))  // fits: `end` does
             }
-            written += n
+            return nil
+        }
+        if let err = failure {
+            try? checkpoint()
+            if journal == nil { unlinkat(parent.fd, names.partial, 0) }  // not resumable: see abandon()
+            self.file = nil
+            let error = TransferError.posix("cannot write", "'\(target.path)'", errno: err)
+            throw TransferError(error.code, "\(error.message) after \(checkpointedOffset) bytes; the partial file is kept for resuming")
         }
         bytes.withUnsafeBytes { hasher.update($0) }
         offset += UInt64(bytes.count)
@@ -357,8 +366,72 @@ public final class FileWriter {
         }
         if target.size != nil, offset - (checkpointInFlight?.offset ?? vouchedOffset) >= store.checkpointInterval {
             try finishCheckpointInFlight()  // at once unless the device is slower than the link
-            startCheckpoint()
+            try startCheckpoint()
         }
+    }
+
+    /// The block size within which zeros are looked for: a file system's usual block.
+    static let holeBlockSize = 4096
+
+    /// The ranges of `bytes` (which start at file offset `position`) to write: everything but
+    /// the blocks, aligned on the file's offsets, that hold only zeros (at the edges, the part
+    /// of such a block). Adjacent blocks with data make one range, so a chunk without zeros
+    /// is one write. Checking a block of data costs its first nonzero word.
+    static func dataRuns(in bytes: UnsafeRawBufferPointer, at position: UInt64) -> [Range<Int>] {
+        var runs: [Range<Int>] = []
+        var start = 0
+        while start < bytes.count {
+            let end = min(bytes.count, start + holeBlockSize - Int((position % UInt64(holeBlockSize) + UInt64(start)) % UInt64(holeBlockSize)))
+            if !isZero(UnsafeRawBufferPointer(rebasing: bytes[start..<end])) {
+                if let last = runs.last, last.upperBound == start {
+                    runs[runs.count - 1] = last.lowerBound..<end
+                } else {
+                    runs.append(start..<end)
+                }
+            }
+            start = end
+        }
+        return runs
+    }
+
+    static func isZero(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        var index = 0
+        var bits: UInt64 = 0
+        while index + 8 <= bytes.count {
+            bits |= bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self)
+            if bits != 0 { return false }
+            index += 8
+        }
+        while index < bytes.count {
+            bits |= UInt64(bytes[index])
+            index += 1
+        }
+        return bits == 0
+    }
+
+    /// pwrite(2) of all of `bytes` at `position`; the errno of a failure.
+    private static func writeAll(_ bytes: UnsafeRawBufferPointer, to fd: Int32, at position: off_t) -> Int32? {
+        var written = 0
+        while written < bytes.count {
+            let n = pwrite(fd, bytes.baseAddress! + written, bytes.count - written, position + off_t(written))
+            if n < 0 {
+                if errno == EINTR { continue }
+                return errno
+            }
+            written += n
+        }
+        return nil
+    }
+
+    /// Extends the partial to the offset written so far when that ends in zeros left unwritten:
+    /// before a checkpoint vouches for the offset (a resume hashes the partial up to it) and
+    /// before the file is verified.
+    private func extendOverTrailingHole(_ file: Descriptor) throws(TransferError) {
+        guard writtenEnd < offset else { return }
+        guard let length = off_t(exactly: offset), ftruncate(file.fd, length) == 0 else {
+            throw TransferError.posix("cannot set the length of", "'\(target.path)'", errno: errno)
+        }
+        writtenEnd = offset
     }
 
     /// Makes the data written so far durable and records it in the journal: fdatasync of the
@@ -368,7 +441,7 @@ public final class FileWriter {
     public func checkpoint() throws(TransferError) {
         try finishCheckpointInFlight()
         guard target.size != nil else { return }
-        startCheckpoint(on: { $0() })  // on this thread
+        try startCheckpoint(on: { $0() })  // on this thread
         try finishCheckpointInFlight()
     }
 
@@ -379,8 +452,9 @@ public final class FileWriter {
     /// written before the sync began: fdatasync of the partial, the record written and synced,
     /// then the durable pages dropped from the page cache. `run` runs the steps (``checkpoint()``
     /// runs them on its own thread).
-    private func startCheckpoint(on run: (@escaping @Sendable () -> Void) -> Void = DetachedThread.run) {
+    private func startCheckpoint(on run: (@escaping @Sendable () -> Void) -> Void = DetachedThread.run) throws(TransferError) {
         guard let file, let journal else { return }
+        try extendOverTrailingHole(file)
         let record = Journal(target: target, offset: offset, prefixDigest: hasher.digest())
         let inFlight = CheckpointInFlight(offset: offset)
         let (start, shown, sync) = (vouchedOffset, target.path.description, store.syncData)
@@ -453,6 +527,7 @@ public final class FileWriter {
             throw TransferError(.digestMismatch, "'\(shown)': \(target.algorithm.name) mismatch (sent \(hexString(digest)), received \(hexString(hasher.digest()))); nothing written")
         }
         do {
+            try extendOverTrailingHole(file)  // before the modification time is set
             try store.directory.applyAttributes(file, mode: target.mode, modificationTime: target.modificationTime, shown: shown)
         } catch {
             close(discarding: true)
