@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmarks side by side in one go: file transfer (bench/transfer.sh), 1 KiB cold start
 # (bench/small.sh), many small files (bench/small-files.sh: 2000 files over the emulated 50 ms
-# path, 10 000 over loopback, medians of 3) and streaming (bench/stream.sh), then the tables
+# path, 10 000 over loopback, medians of 3), a sparse disk image (bench/sparse.sh: 1 GiB
+# holding 32 MiB, beside rsync --sparse and scp) and streaming (bench/stream.sh), then the tables
 # (bench/report.py) in bench/results/report-DATE.md and the plots beside it.
 #
 #     bench/run.sh quick     # make bench: 256 MiB x 1 run, 30 s cap, 3 small runs, 10 s streams with 1 % loss
@@ -64,6 +65,10 @@ echo "== many small files (3 runs)" >&2
 small_files_out=$(RUNS=3 bench/small-files.sh)
 echo "$small_files_out"
 
+echo "== a sparse disk image (3 runs)" >&2
+sparse_out=$(RUNS=3 bench/sparse.sh)
+echo "$sparse_out"
+
 echo "== streaming (${stream_args[*]}, $stream_repeats times)" >&2
 stream_baseline_results=bench/results/stream-baseline-$stamp.jsonl
 for _ in $(seq "$stream_repeats"); do
@@ -90,6 +95,10 @@ done
     echo
     echo "$small_files_out" | sed -n '/^|/p'
     echo
+    echo "## A sparse disk image: \`RUNS=3 bench/sparse.sh\`"
+    echo
+    echo "$sparse_out" | sed -n '/^|/p'
+    echo
     echo "## Streaming: \`bench/stream.sh ${stream_args[*]}\` ($stream_repeats times)"
     echo
     python3 bench/report.py stream "$stream_results"
@@ -100,7 +109,7 @@ done
         python3 bench/report.py stream "$stream_baseline_results"
         echo
     fi
-    echo "Results: $transfer_csv, $(echo "$small_out" | sed -n 's/^CSV: //p'), $(echo "$small_files_out" | sed -n 's/^CSV: //p'), $stream_results${QXFER_BASELINE:+, $stream_baseline_results}"
+    echo "Results: $transfer_csv, $(echo "$small_out" | sed -n 's/^CSV: //p'), $(echo "$small_files_out" | sed -n 's/^CSV: //p'), $(echo "$sparse_out" | sed -n 's/^CSV: //p'), $stream_results${QXFER_BASELINE:+, $stream_baseline_results}"
 } >"$report"
 # Debian's python3-matplotlib lives in /usr/bin/python3's path; another python3 may come first.
 plotter=python3

@@ -1,6 +1,7 @@
 // Checks, at compile time, that CQXferLinux.h agrees with the kernel's headers.
-#define _GNU_SOURCE  // fallocate
+#define _GNU_SOURCE  // fallocate, SEEK_DATA, SEEK_HOLE
 #include <fcntl.h>
+#include <unistd.h>
 #include "CQXferLinux.h"
 #include <stddef.h>
 #include <linux/tcp.h>
@@ -16,3 +17,6 @@ _Static_assert(TCP_USER_TIMEOUT == 18, "user timeout option");
 int cqxfer_punch_hole(int fd, int64_t offset, int64_t length) {
 	return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length);
 }
+
+int64_t cqxfer_seek_data(int fd, int64_t offset) { return lseek(fd, offset, SEEK_DATA); }
+int64_t cqxfer_seek_hole(int fd, int64_t offset) { return lseek(fd, offset, SEEK_HOLE); }

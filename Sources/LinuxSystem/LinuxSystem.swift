@@ -33,4 +33,16 @@ public enum FileSpace {
     public static func punchHole(descriptor: Int32, offset: Int64, length: Int64) -> Bool {
         cqxfer_punch_hole(descriptor, offset, length) == 0
     }
+
+    /// The offset of the first data at or after `offset` in the open file `descriptor`
+    /// (`lseek(SEEK_DATA)`); -1 with errno set, ENXIO when there is none.
+    public static func nextData(descriptor: Int32, from offset: Int64) -> Int64 {
+        cqxfer_seek_data(descriptor, offset)
+    }
+
+    /// The offset of the first hole at or after `offset` (`lseek(SEEK_HOLE)`; the end of the
+    /// file counts as one); -1 with errno set.
+    public static func nextHole(descriptor: Int32, from offset: Int64) -> Int64 {
+        cqxfer_seek_hole(descriptor, offset)
+    }
 }

@@ -5,6 +5,9 @@ public enum ProtocolLimits {
     public static let maximumMessageSize = 16 << 20
     /// The largest FileData payload, in bytes (1 MiB).
     public static let maximumChunkSize = 1 << 20
+    /// The longest run of zeros one Zeros message stands for, in bytes (1 GiB: hashing it takes
+    /// about a second at worst, docs/PROTOCOL.md §3.8).
+    public static let maximumZerosLength: UInt64 = 1 << 30
     /// The largest file an offer may mark early (sent before Accept, docs/PROTOCOL.md §3.7).
     public static let maximumEarlyFileSize: UInt64 = 256 << 10
     /// The most bytes the early files of one offer may add up to.

@@ -238,7 +238,7 @@ final class TransferReporter: Sendable {
         if style == .json {
             var object: [String: Any] = [
                 "succeeded": summary.succeeded, "failed": summary.failures.count,
-                "bytes": bytes, "resumed_bytes": summary.resumedBytes, "seconds": seconds,
+                "bytes": bytes, "resumed_bytes": summary.resumedBytes, "hole_bytes": summary.zeroBytes, "seconds": seconds,
                 "rate_bytes_per_s": wholeNumber(rate), "algorithm": summary.algorithm.name, "reconnects": reconnects,
             ]
             if let checksum { object["digest"] = checksum }
@@ -250,6 +250,7 @@ final class TransferReporter: Sendable {
         var line = "\(verb) \(formatBytes(bytes)) in \(TextFormat.fixed(seconds, places: 2)) s (\(formatRate(rate)))"
         if let carrier { line += " over \(carrier)" }
         if summary.resumedBytes > 0 { line += ", \(formatBytes(summary.resumedBytes)) resumed" }
+        if summary.zeroBytes > 0 { line += ", plus \(formatBytes(summary.zeroBytes)) of holes" }  // not counted in the rate
         line += "; \(count(summary.digests.count, "file", "files")) verified with \(summary.algorithm.name)"
         if let checksum { line += " \(checksum)" }
         if !summary.failures.isEmpty { line += "; \(summary.failures.count) not transferred" }

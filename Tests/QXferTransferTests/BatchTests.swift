@@ -41,10 +41,10 @@ struct BatchTests {
         #expect(two == .batch([.verified(entry: 1), .verified(entry: 1)]))
     }
 
-    @Test("Offer flags other than batches and early files are unsupported, as an older receiver refuses them")
+    @Test("Offer flags other than batches, early files and zeros are unsupported, as an older receiver refuses them")
     func unknownOfferFlags() {
         var body = MessageCodec.encodeBody(.offer(Offer(algorithm: .xxh3_128, entries: [])))
-        body[1] = 4
+        body[1] = 8
         #expect(throws: TransferError(.unsupported, "")) { try MessageCodec.decode(type: MessageType.offer.rawValue, body: body) }
     }
 

@@ -26,9 +26,12 @@ let sampleMessages: [Message] = [
     .complete(Complete(succeeded: 10, failed: 1)),
     .error(Refusal(code: .protocolViolation, message: "")),
     .offer(Offer(algorithm: .xxh3_128, entries: [], flags: .batches)),
+    .offer(Offer(algorithm: .xxh3_128, entries: [], flags: [.batches, .early, .zeros])),
+    .zeros(Zeros(entry: 2, offset: 1 << 40, length: ProtocolLimits.maximumZerosLength)),
     .batch([
         .fileData(FileData(entry: 0, offset: 0, bytes: pattern(100))),
-        .fileDone(FileDone(entry: 0, size: 100, algorithm: .xxh3_128, digest: Array(repeating: 1, count: 16))),
+        .zeros(Zeros(entry: 0, offset: 100, length: 1)),
+        .fileDone(FileDone(entry: 0, size: 101, algorithm: .xxh3_128, digest: Array(repeating: 1, count: 16))),
         .fileDone(FileDone(entry: 1, size: 0, algorithm: .xxh3_128, digest: Array(repeating: 2, count: 16))),
     ]),
     .batch([.verified(entry: 3), .failed(EntryFailure(entry: 4, code: .io, message: "disk"))]),
@@ -127,7 +130,7 @@ let sampleMessages: [Message] = [
         #expect(throws: TransferError(.malformed, "")) { try unknown.next() }
     }
 
-    @Test func countsOverLimitsRejected() {
+    @Test func countsOverLimitsRejected() throws {
         // Offer claiming 2^32-1 entries, then 1_000_001, then plausible-but-absent entries.
         #expect(throws: TransferError(.limitExceeded, "")) { try MessageCodec.decode(type: 1, body: [1, 0, 0xFF, 0xFF, 0xFF, 0xFF]) }
         #expect(throws: TransferError(.limitExceeded, "")) { try MessageCodec.decode(type: 1, body: [1, 0, 0x00, 0x0F, 0x42, 0x41]) }
@@ -147,6 +150,12 @@ let sampleMessages: [Message] = [
         let big = MessageCodec.encodeBody(.fileData(FileData(entry: 0, offset: 0, bytes: [UInt8](repeating: 1, count: ProtocolLimits.maximumChunkSize + 1))))
         #expect(throws: TransferError(.limitExceeded, "")) { try MessageCodec.decode(type: 4, body: big) }
         #expect(throws: TransferError(.malformed, "")) { try MessageCodec.decode(type: 4, body: [UInt8](repeating: 0, count: 12)) }
+        // Zeros one byte over its limit, of length 0, and running past 2^64.
+        let zeros = { (offset: UInt64, length: UInt64) in MessageCodec.encodeBody(.zeros(Zeros(entry: 0, offset: offset, length: length))) }
+        #expect(throws: TransferError(.limitExceeded, "")) { try MessageCodec.decode(type: 11, body: zeros(0, ProtocolLimits.maximumZerosLength + 1)) }
+        #expect(throws: TransferError(.malformed, "")) { try MessageCodec.decode(type: 11, body: zeros(0, 0)) }
+        #expect(throws: TransferError(.malformed, "")) { try MessageCodec.decode(type: 11, body: zeros(.max - 10, 11)) }
+        #expect(try MessageCodec.decode(type: 11, body: zeros(.max - 11, 11)) == .zeros(Zeros(entry: 0, offset: .max - 11, length: 11)))
         // Error text over 1024 bytes; unknown algorithm; wrong digest length.
         var text = ByteWriter()
         text.u16(1); text.string16(String(repeating: "x", count: 1025))

@@ -475,6 +475,39 @@ import Testing
         #expect(identical)
     }
 
+    /// Zeros messages (docs/PROTOCOL.md §3.8) write nothing, are hashed like the bytes they
+    /// stand for, are checked like data, and a checkpoint inside them resumes.
+    @Test(arguments: DigestAlgorithm.allCases) func zerosMessagesLeaveHoles(_ algorithm: DigestAlgorithm) throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        var data = [UInt8](repeating: 0, count: 6 << 20)
+        data.replaceSubrange(0..<100_000, with: pattern(100_000, seed: 8))
+        data.replaceSubrange(5_000_000..<5_000_007, with: pattern(7, seed: 9))
+        let file = try target("disk.img", data, algorithm)
+        do {
+            let writer = try makeStore(temp.path, interval: 1 << 20).openWriter(for: file)
+            try writer.write(Array(data[..<100_000]), at: 0)
+            #expect(throws: TransferError(.protocolViolation, "")) { try writer.appendZeros(10, at: 99_999) }
+            try writer.appendZeros(3_000_000, at: 100_000)
+            #expect(writer.checkpointedOffset == 3_100_000)
+            // Crash inside the zeros: the partial must hash to the checkpoint all the same.
+        }
+        let store = try makeStore(temp.path, interval: 1 << 20)
+        let resume = try store.resumeOffset(for: file)
+        #expect(resume.offset == 3_100_000)
+        let writer = try store.openWriter(for: file, resumingAt: resume)
+        try writer.appendZeros(5_000_000 - 3_100_000, at: 3_100_000)
+        try writer.write(Array(data[5_000_000..<5_000_007]), at: 5_000_000)
+        #expect(throws: TransferError(.protocolViolation, "")) { try writer.appendZeros(UInt64(data.count), at: 5_000_007) }
+        try writer.appendZeros(UInt64(data.count - 5_000_007), at: 5_000_007)
+        try writer.finish(size: UInt64(data.count), digest: algorithm.digest(of: data))
+        let identical = readFile(temp.sub("disk.img")) == data
+        #expect(identical)
+        var info = stat()
+        #expect(stat(temp.sub("disk.img"), &info) == 0 && info.st_size == off_t(data.count))
+        #expect(Int(info.st_blocks) * 512 <= 256 << 10, "\(info.st_blocks) blocks of 512 bytes allocated")
+    }
+
     /// The ranges written cover every nonzero byte, leave out every aligned block of zeros
     /// and are as few as possible (adjacent blocks of data merged), for random layouts.
     @Test func dataRunsSkipOnlyZeros() {

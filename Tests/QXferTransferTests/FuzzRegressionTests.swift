@@ -78,6 +78,6 @@ import Testing
             #expect(MessageCodec.encodeBody(message) == body, "\(name)")
             types.insert(type)
         }
-        #expect(types == Set(1...9), "every message type has a seed")
+        #expect(types == Set(1...9).union([MessageType.zeros.rawValue]), "every message type but Batch has a seed")
     }
 }

@@ -53,7 +53,8 @@ ln -s "level 1/level 2" "$TREE/deep/inside link"
 ln -s ../../../etc/passwd "$TREE/escaping link"
 chmod 640 "$TREE/deep/some.bin"; chmod 750 "$TREE/empty folder"
 touch -h -d '2001-09-09 01:46:40.123456789' "$TREE/empty file" "$TREE/deep/inside link"
-# A disk image: 64 MiB of which 200 KiB are data, the rest holes and a written run of zeros.
+# A disk image: 64 MiB of which 200 KiB are data, the rest holes (sent as Zeros) and a written
+# run of zeros (sent as data, not written).
 truncate -s 64M "$SRC/disk.img"
 head -c 100000 /dev/urandom | dd of="$SRC/disk.img" bs=1 seek=5000000 conv=notrunc status=none
 head -c 1000000 /dev/zero | dd of="$SRC/disk.img" bs=1 seek=6000000 conv=notrunc status=none
@@ -133,6 +134,7 @@ for where in loopback namespaces; do
         # Its zeros stay holes: about the 200 KiB of data on disk (1 MiB allowed), not 64 MiB.
         allocated=$(( $(stat -c '%b * %B' "$dst/disk.img") ))
         [ "$allocated" -le 1048576 ] || fail "$where $stack: disk.img takes $allocated bytes on disk, its zeros written out"
+        grep -q "plus [0-9.]* MB of holes" "$WORK/s-$where-$stack.sout" || fail "$where $stack: the image's holes did not travel as holes: $(tail -1 "$WORK/s-$where-$stack.sout")"
         same_tree "$TREE" "$dst/odd tree" "$where $stack"
         [ -z "$(find "$dst" -name '*.qxfer-*')" ] || fail "$where $stack: partial or journal left behind"
         carrier=$([ $stack = quic ] && echo QUIC || echo TCP+TLS)

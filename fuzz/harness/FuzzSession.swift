@@ -1,6 +1,7 @@
 // libFuzzer target: what each side of qxfer/1 computes from decoded messages, past the codec —
 // the receiver's offer checks and plan (Receiver/OfferPlanner.swift), its ReceivingSession fed
-// FileData, FileDone (alone or in Batches, with the offer's batches flag or without), stream ends,
+// FileData, Zeros, FileDone (alone or in Batches, with the offer's batches and zeros flags or
+// without), stream ends,
 // failures and its committer's outcomes, and its Complete; the sender's SenderLedger fed
 // hostile Accept, Verified, Failed and Complete. The input is not wire bytes but a script: each
 // byte picks the next step and its values, and numbers come from a table of extremes (0, 1,
@@ -115,8 +116,10 @@ func fuzzReceiver(_ script: inout Script) {
     let overwrite = script.byte() & 1 == 1
     let usesStreams = script.byte() & 1 == 1
     let batches = script.byte() & 1 == 1
+    let zeros: Offer.Flags = script.byte() & 1 == 1 ? .zeros : []
     // The offer travels through the codec, as on the wire: only what decodes reaches the planner.
-    let sent = Offer(algorithm: algorithm, entries: makeEntries(&script), flags: batches ? [.batches, .early] : [])
+    let flags: Offer.Flags = batches ? [.batches, .early] : []
+    let sent = Offer(algorithm: algorithm, entries: makeEntries(&script), flags: flags.union(zeros))
     guard case .offer(let offer) = try? MessageCodec.decode(type: MessageType.offer.rawValue, body: MessageCodec.encodeBody(.offer(sent))) else { return }
     let directory: TargetDirectory
     do { directory = try TargetDirectory(path: root) } catch { preconditionFailure("\(error)") }
@@ -190,10 +193,20 @@ func fuzzReceiver(_ script: inout Script) {
             let have = UInt64(sentBytes[e]?.count ?? 0)
             let offset = script.byte() < 200 ? have : script.number()
             let length = 1 + Int(script.byte() % 48)
-            let bytes = (0..<UInt64(length)).map { content(e, offset &+ $0) }
-            if offset == have { sentBytes[e, default: []] += bytes }
-            if offset == 0 && have > 0 { sentBytes[e] = bytes }  // a restart from 0
-            event = .message(.fileData(FileData(entry: e, offset: offset, bytes: bytes)))
+            if script.byte() % 4 == 0 {
+                // Zeros, of a length the codec lets through (1 … 1 GiB); what was "sent" keeps
+                // them when they are few enough to hold.
+                let count = script.byte() < 200 ? UInt64(length) * 1000 : script.pick([1, 4096, 1 << 20, ProtocolLimits.maximumZerosLength])
+                let kept = count <= 1 << 20 ? [UInt8](repeating: 0, count: Int(count)) : []
+                if offset == have { sentBytes[e, default: []] += kept }
+                if offset == 0 && have > 0 { sentBytes[e] = kept }
+                event = .message(.zeros(Zeros(entry: e, offset: offset, length: count)))
+            } else {
+                let bytes = (0..<UInt64(length)).map { content(e, offset &+ $0) }
+                if offset == have { sentBytes[e, default: []] += bytes }
+                if offset == 0 && have > 0 { sentBytes[e] = bytes }  // a restart from 0
+                event = .message(.fileData(FileData(entry: e, offset: offset, bytes: bytes)))
+            }
         case 3, 4:
             let e = entry(&script)
             let bytes = sentBytes[e] ?? []

@@ -39,6 +39,7 @@ let messages: [(String, Message)] = [
     ]))),
     ("decline", .decline(Refusal(code: .noSpace, message: "not enough free space: 1 GiB offered, 10 MiB free"))),
     ("filedata", .fileData(FileData(entry: 1, offset: 4096, bytes: Array("hello, world\n".utf8)))),
+    ("zeros", .zeros(Zeros(entry: 1, offset: 4109, length: 1 << 20))),
     ("filedone-xxh3", .fileDone(FileDone(entry: 1, size: 4109, algorithm: .xxh3_128, digest: digest16))),
     ("filedone-sha256", .fileDone(FileDone(entry: 0, size: 0, algorithm: .sha256, digest: digest32))),
     ("verified", .verified(entry: 3)),
@@ -50,8 +51,8 @@ for (name, message) in messages {
     write("codec", name, [UInt8(message.type.rawValue)] + MessageCodec.encodeBody(message))
 }
 // A sender's conversation and a receiver's, as they cross the wire (byte 0 seeds the cutting).
-let senderSide: [Message] = messages.filter { [.offer, .fileData, .fileDone].contains($0.1.type) }.map(\.1)
-let receiverSide: [Message] = messages.filter { ![.offer, .fileData, .fileDone].contains($0.1.type) }.map(\.1)
+let senderSide: [Message] = messages.filter { [.offer, .fileData, .zeros, .fileDone].contains($0.1.type) }.map(\.1)
+let receiverSide: [Message] = messages.filter { ![.offer, .fileData, .zeros, .fileDone].contains($0.1.type) }.map(\.1)
 write("frames", "sender", [3] + senderSide.flatMap(MessageCodec.encodeFrame))
 write("frames", "receiver", [200] + receiverSide.flatMap(MessageCodec.encodeFrame))
 write("frames", "one-offer", [0] + MessageCodec.encodeFrame(messages[0].1))

@@ -110,4 +110,9 @@ static inline int cqxfer_keep_freed_blocks(int mmap_threshold, int trim_threshol
 /// (`fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`, a GNU extension); 0 on success.
 int cqxfer_punch_hole(int fd, int64_t offset, int64_t length);
 
+/// The offset of the first data (`lseek(SEEK_DATA)`) or hole (`lseek(SEEK_HOLE)`, GNU
+/// extensions) at or after `offset`; -1 with errno set (ENXIO: none past `offset`).
+int64_t cqxfer_seek_data(int fd, int64_t offset);
+int64_t cqxfer_seek_hole(int fd, int64_t offset);
+
 #endif

@@ -17,6 +17,23 @@ public protocol StreamingHasher: AnyObject {
 }
 
 extension StreamingHasher {
+    /// Feeds `count` bytes of value 0 (a Zeros message, docs/PROTOCOL.md §3.8).
+    func updateWithZeros(_ count: UInt64) {
+        var left = count
+        zeroBlock.withUnsafeBytes { zeros in
+            while left > 0 {
+                let n = Int(min(left, UInt64(zeros.count)))
+                update(UnsafeRawBufferPointer(rebasing: zeros[..<n]))
+                left -= UInt64(n)
+            }
+        }
+    }
+}
+
+/// What ``StreamingHasher/updateWithZeros(_:)`` feeds, a piece at a time.
+private let zeroBlock = [UInt8](repeating: 0, count: 1 << 20)
+
+extension StreamingHasher {
     /// Feeds an array of bytes.
     public func update(_ bytes: [UInt8]) {
         bytes.withUnsafeBytes { update($0) }

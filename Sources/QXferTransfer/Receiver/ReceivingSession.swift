@@ -146,7 +146,24 @@ struct ReceivingSession {
             switch message {
             case .fileData(let data):
                 try bind(data.entry, to: source, usesStreams: usesStreams)
-                try receive(data)
+                let written = try receive(entry: data.entry, offset: data.offset, count: UInt64(data.bytes.count)) { writer throws(TransferError) in
+                    try writer.write(data.bytes, at: data.offset)
+                }
+                if written {
+                    summary.transferredBytes = summary.transferredBytes.saturatingAdd(UInt64(data.bytes.count))
+                    progress.add(transferred: data.bytes.count)
+                }
+                return []
+            case .zeros(let zeros):
+                guard offer.flags.contains(.zeros) else { throw TransferError(.malformed, "a Zeros message, but the offer did not set the zeros flag") }
+                try bind(zeros.entry, to: source, usesStreams: usesStreams)
+                let written = try receive(entry: zeros.entry, offset: zeros.offset, count: zeros.length) { writer throws(TransferError) in
+                    try writer.appendZeros(zeros.length, at: zeros.offset)
+                }
+                if written {
+                    summary.zeroBytes = summary.zeroBytes.saturatingAdd(zeros.length)
+                    progress.add(zeros: zeros.length)
+                }
                 return []
             case .fileDone(let done):
                 try bind(done.entry, to: source, usesStreams: usesStreams)
@@ -158,7 +175,7 @@ struct ReceivingSession {
                 var replies: [Message] = []
                 for inner in messages {
                     switch inner {
-                    case .fileData, .fileDone: replies += try handle(.message(inner), from: source, usesStreams: usesStreams)
+                    case .fileData, .zeros, .fileDone: replies += try handle(.message(inner), from: source, usesStreams: usesStreams)
                     default: throw TransferError(.protocolViolation, "the sender sent \(inner.type) inside a Batch")
                     }
                 }
@@ -188,27 +205,29 @@ struct ReceivingSession {
         }
     }
 
-    private mutating func receive(_ data: FileData) throws {
-        if let next = discarding[data.entry] {
-            let (end, overflow) = data.offset.addingReportingOverflow(UInt64(data.bytes.count))
-            guard data.offset == next, !overflow, end <= offer.entries[Int(data.entry)].size else {
-                throw TransferError(.protocolViolation, "early file data for '\(paths[Int(data.entry)])' at offset \(data.offset) does not follow its previous data or overruns its size")
+    /// Takes `count` bytes of `entry` at `offset` (a FileData, or a Zeros standing for them):
+    /// `append` writes them once the offset is checked; false when they were an early file's,
+    /// checked and dropped.
+    private mutating func receive(entry: UInt32, offset: UInt64, count: UInt64, append: (FileWriter) throws(TransferError) -> Void) throws -> Bool {
+        if let next = discarding[entry] {
+            let (end, overflow) = offset.addingReportingOverflow(count)
+            guard offset == next, !overflow, end <= offer.entries[Int(entry)].size else {
+                throw TransferError(.protocolViolation, "early file data for '\(paths[Int(entry)])' at offset \(offset) does not follow its previous data or overruns its size")
             }
-            discarding[data.entry] = end
-            return
+            discarding[entry] = end
+            return false
         }
-        guard case .receive(let target, let resume, var writer) = pending[data.entry] else {
-            throw TransferError(.protocolViolation, "file data for '\(paths[Int(data.entry)])', which the receiver already has")
+        guard case .receive(let target, let resume, var writer) = pending[entry] else {
+            throw TransferError(.protocolViolation, "file data for '\(paths[Int(entry)])', which the receiver already has")
         }
         if writer == nil {
-            writer = try open(target, resume, startingAt: data.offset)
+            writer = try open(target, resume, startingAt: offset)
             // Recorded before the first write, which may refuse the data: the partial is then
             // removed with the others when the transfer stops (§6, "Leftovers").
-            pending[data.entry] = .receive(target, resume, writer)
+            pending[entry] = .receive(target, resume, writer)
         }
-        try writer!.write(data.bytes, at: data.offset)
-        progress.add(transferred: data.bytes.count)
-        summary.transferredBytes = summary.transferredBytes.saturatingAdd(UInt64(data.bytes.count))
+        try append(writer!)
+        return true
     }
 
     /// The first chunk starts where the receiver asked, or at 0 when the sender's data differs

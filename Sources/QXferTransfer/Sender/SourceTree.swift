@@ -27,6 +27,9 @@ public struct SourceTree: Sendable {
     /// their names: data the user asked to send that does not arrive, so the send is incomplete.
     /// (Sockets, devices and links leaving the tree hold no data qxfer carries.)
     public private(set) var unsentForTheirNames = 0
+    /// Whether a file too large to be batched occupies fewer blocks than its size: it has holes
+    /// (or is compressed), so the offer lets Zeros stand for them (docs/PROTOCOL.md §3.8).
+    public private(set) var mayHaveHoles = false
 
     /// The bytes of all files of known size.
     public var totalSize: UInt64 { entries.reduce(0) { $0.saturatingAdd($1.size) } }  // sparse files may add up past 2^64
@@ -98,7 +101,9 @@ public struct SourceTree: Sendable {
         let mtime = Self.nanoseconds(info.st_mtim)
         switch info.st_mode & S_IFMT {
         case S_IFREG:
-            append(OfferEntry(kind: .file, path: components, size: UInt64(info.st_size), mode: mode, modificationTime: mtime), .file(path: path))
+            let size = UInt64(clamping: info.st_size)
+            if size > ProtocolLimits.maximumEarlyFileSize, info.st_blocks < info.st_size / 512 { mayHaveHoles = true }
+            append(OfferEntry(kind: .file, path: components, size: size, mode: mode, modificationTime: mtime), .file(path: path))
         case S_IFDIR:
             append(OfferEntry(kind: .directory, path: components, mode: mode, modificationTime: mtime), .none)
             let (children, undecodable) = try SourceTree.list(path)

@@ -48,7 +48,8 @@ public struct TransferSender: Sendable {
     static let batchFileCount = 256
 
     private func exchange<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
-        let offer = Offer(algorithm: algorithm, entries: markingEarlyFiles(tree.entries), flags: [.batches, .early])
+        // Zeros only when a file may have holes: a receiver from before them still takes the rest.
+        let offer = Offer(algorithm: algorithm, entries: markingEarlyFiles(tree.entries), flags: tree.mayHaveHoles ? [.batches, .early, .zeros] : [.batches, .early])
         progress.report(.offered(entries: offer.entries.count, bytes: tree.totalSize, sizeUnknown: tree.entries.contains { $0.flags.contains(.sizeUnknown) }))
         try await connection.send(.offer(offer))
 
@@ -79,6 +80,7 @@ public struct TransferSender: Sendable {
             }
             summary.transferredBytes = progress.transferredBytes
             summary.resumedBytes = progress.resumedBytes
+            summary.zeroBytes = progress.zeroBytes
             // Done: the receiver waits for us to close.
             try? await connection.finish()
             connection.cancel()
@@ -182,9 +184,9 @@ public struct TransferSender: Sendable {
         case .decline(let refusal):
             throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver declined: \(refusal.message)"))
         case .error(let refusal) where refusal.code == .unsupported && refusal.message.contains("offer flags"):
-            // docs/PROTOCOL.md §3.6 and §3.7, version rules: a receiver from before Batch or early
-            // files refuses the flags.
-            throw AlreadyCommunicated(error: TransferError(.unsupported, "the receiver runs an older qxfer, without batched and early files (it said: \(refusal.message)); update it"))
+            // docs/PROTOCOL.md §3.6-3.8, version rules: a receiver from before Batch, early files
+            // or Zeros refuses the flags.
+            throw AlreadyCommunicated(error: TransferError(.unsupported, "the receiver runs an older qxfer, without batched, early or sparse files (it said: \(refusal.message)); update it"))
         case .error(let refusal):
             throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver: \(refusal.message)"))
         default:
@@ -323,8 +325,22 @@ public struct TransferSender: Sendable {
                 }
             }
             progress.report(.started(path: path, size: size, offset: offset))
+            // The end of the run of data being sent; holes before the next one go as Zeros.
+            var dataEnd = tree.mayHaveHoles && job.source != .standardInput ? offset : (size ?? .max)
             while size.map({ offset < $0 }) ?? true {
-                let want = Int(min(UInt64(ProtocolLimits.maximumChunkSize), (size ?? .max) - offset))
+                if let size, offset >= dataEnd {
+                    let data = FileHoles.dataRun(in: file, from: offset, size: size)
+                    while offset < data.lowerBound {
+                        let length = min(data.lowerBound - offset, ProtocolLimits.maximumZerosLength)
+                        hasher.updateWithZeros(length)
+                        try await stream.send(.zeros(Zeros(entry: job.index, offset: offset, length: length)))
+                        offset += length
+                        progress.add(zeros: length)
+                    }
+                    dataEnd = data.upperBound
+                    continue
+                }
+                let want = Int(min(UInt64(ProtocolLimits.maximumChunkSize), min(size ?? .max, dataEnd) - offset))
                 let count = try await stream.sendFileData(
                     entry: job.index, offset: offset, from: file, capacity: want, sequential: job.source == .standardInput
                 ) { hasher.update($0) }

@@ -27,6 +27,7 @@ public final class TransferProgress: Sendable {
         var totalBytes: UInt64 = 0
         var transferredBytes: UInt64 = 0
         var resumedBytes: UInt64 = 0
+        var zeroBytes: UInt64 = 0
     }
     private let counters = Locked(Counters())
     private let onEvent: @Sendable (TransferEvent) -> Void
@@ -42,6 +43,9 @@ public final class TransferProgress: Sendable {
     public var transferredBytes: UInt64 { counters.withLock { $0.transferredBytes } }
     /// Bytes the receiver already held from an earlier attempt.
     public var resumedBytes: UInt64 { counters.withLock { $0.resumedBytes } }
+    /// Bytes of holes that travelled as Zeros messages: part of the files, not of the bytes
+    /// that cross the network (they leave ``totalBytes`` as they go).
+    public var zeroBytes: UInt64 { counters.withLock { $0.zeroBytes } }
 
     func report(_ event: TransferEvent) {
         if case .accepted(let bytes, let resumed, _, _) = event {
@@ -55,6 +59,15 @@ public final class TransferProgress: Sendable {
 
     func add(transferred bytes: Int) {
         counters.withLock { $0.transferredBytes = $0.transferredBytes.saturatingAdd(UInt64(clamping: bytes)) }
+    }
+
+    /// `bytes` of a hole went as a Zeros message instead of data: they no longer have to cross
+    /// the network.
+    func add(zeros bytes: UInt64) {
+        counters.withLock {
+            $0.zeroBytes = $0.zeroBytes.saturatingAdd(bytes)
+            $0.totalBytes = $0.totalBytes.saturatingSubtract(bytes)
+        }
     }
 
     /// A file announced as resumed from `bytes` starts again from 0 (the sender's data differs
@@ -77,6 +90,8 @@ public struct TransferSummary: Sendable {
     public var transferredBytes: UInt64
     /// Bytes not sent again because the receiver held them from an earlier attempt.
     public var resumedBytes: UInt64
+    /// Bytes of holes that travelled as Zeros messages (docs/PROTOCOL.md §3.8), not as data.
+    public var zeroBytes: UInt64 = 0
     /// The digest algorithm used.
     public var algorithm: DigestAlgorithm
     /// The digest of each verified file, by path.

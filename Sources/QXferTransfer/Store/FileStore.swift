@@ -325,28 +325,17 @@ public final class FileWriter {
     /// write error (disk full: ``TransferError/Code/noSpace``) the data written so far is
     /// checkpointed so the transfer can resume later, and the writer is closed.
     public func write(_ bytes: some ContiguousBytes & Collection<UInt8>, at position: UInt64) throws(TransferError) {
-        guard let file else { throw TransferError(.internal, "write after the file was closed") }
-        guard position == offset else {
-            throw TransferError(.protocolViolation, "data for '\(target.path)' at offset \(position), expected \(offset)")
-        }
-        if let size = target.size, UInt64(bytes.count) > size - offset {
-            throw TransferError(.protocolViolation, "more data for '\(target.path)' than its offered \(size) bytes")
-        }
-        // A file may hold at most Int64.max bytes: a size-unknown stream that claims to go past
-        // that is refused, not converted with a trap.
-        guard let end = off_t(exactly: offset.saturatingAdd(UInt64(bytes.count))) else {
-            throw TransferError(.limitExceeded, "'\(target.path)' would grow past \(Int64.max) bytes")
-        }
-        let position = end - off_t(bytes.count)
+        let file = try checkAppend(UInt64(bytes.count), at: position)
         let failure: Int32? = bytes.withUnsafeBytes { bytes in
             // Blocks of zeros are not written: the partial reads as zeros there anyway (nothing
             // lies beyond the offset written so far), and they stay holes, so a disk image takes
             // only the space of its data. The length is set before anything relies on it.
             for run in Self.dataRuns(in: bytes, at: offset) {
-                if let err = Self.writeAll(UnsafeRawBufferPointer(rebasing: bytes[run]), to: file.fd, at: position + off_t(run.lowerBound)) {
+                let start = off_t(offset) + off_t(run.lowerBound)  // fits: checkAppend
+                if let err = Self.writeAll(UnsafeRawBufferPointer(rebasing: bytes[run]), to: file.fd, at: start) {
                     return err
                 }
-                writtenEnd = max(writtenEnd, offset + UInt64(run.upperBound))  // fits: `end` does
+                writtenEnd = max(writtenEnd, offset + UInt64(run.upperBound))
             }
             return nil
         }
@@ -358,9 +347,41 @@ public final class FileWriter {
             throw TransferError(error.code, "\(error.message) after \(checkpointedOffset) bytes; the partial file is kept for resuming")
         }
         bytes.withUnsafeBytes { hasher.update($0) }
-        offset += UInt64(bytes.count)
+        try advance(by: UInt64(bytes.count), in: file)
+    }
+
+    /// Appends `count` zeros (a Zeros message), which must start at ``offset`` and not run past
+    /// the offered size: nothing is written, the partial gets its length before a checkpoint
+    /// or the verification needs it.
+    public func appendZeros(_ count: UInt64, at position: UInt64) throws(TransferError) {
+        let file = try checkAppend(count, at: position)
+        hasher.updateWithZeros(count)
+        try advance(by: count, in: file)
+    }
+
+    /// Checks that `count` bytes may be appended at `position`; the open partial.
+    private func checkAppend(_ count: UInt64, at position: UInt64) throws(TransferError) -> Descriptor {
+        guard let file else { throw TransferError(.internal, "write after the file was closed") }
+        guard position == offset else {
+            throw TransferError(.protocolViolation, "data for '\(target.path)' at offset \(position), expected \(offset)")
+        }
+        if let size = target.size, count > size - offset {
+            throw TransferError(.protocolViolation, "more data for '\(target.path)' than its offered \(size) bytes")
+        }
+        // A file may hold at most Int64.max bytes: a size-unknown stream that claims to go past
+        // that is refused, not converted with a trap.
+        guard off_t(exactly: offset.saturatingAdd(count)) != nil else {
+            throw TransferError(.limitExceeded, "'\(target.path)' would grow past \(Int64.max) bytes")
+        }
+        return file
+    }
+
+    /// Moves the offset past `count` bytes just appended; starts their write-back and a
+    /// checkpoint when one is due.
+    private func advance(by count: UInt64, in file: Descriptor) throws(TransferError) {
+        offset += count  // fits: checkAppend
         if offset - writeBackOffset >= Self.writeBackInterval {
-            // Both fit in off_t: `end` above is this offset.
+            // Both fit in off_t: checkAppend.
             _ = startWriteBack(of: file.fd, offset: Int64(writeBackOffset), length: Int64(offset - writeBackOffset))
             writeBackOffset = offset
         }

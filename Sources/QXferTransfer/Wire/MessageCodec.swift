@@ -49,6 +49,10 @@ public enum MessageCodec {
             w.u32(data.entry)
             w.u64(data.offset)
             w.bytes(data.bytes)
+        case .zeros(let zeros):
+            w.u32(zeros.entry)
+            w.u64(zeros.offset)
+            w.u64(zeros.length)
         case .fileDone(let done):
             w.u32(done.entry)
             w.u64(done.size)
@@ -121,6 +125,16 @@ public enum MessageCodec {
             }
             guard offset <= UInt64.max - UInt64(count) else { throw TransferError(.malformed, "FileData offset overflows") }
             message = .fileData(FileData(entry: entry, offset: offset, bytes: try r.bytes(count)))
+        case .zeros:
+            let entry = try r.u32()
+            let offset = try r.u64()
+            let length = try r.u64()
+            guard length > 0 else { throw TransferError(.malformed, "Zeros of length 0") }
+            guard length <= ProtocolLimits.maximumZerosLength else {
+                throw TransferError(.limitExceeded, "Zeros of \(length) bytes exceeds the \(ProtocolLimits.maximumZerosLength)-byte limit")
+            }
+            guard offset <= UInt64.max - length else { throw TransferError(.malformed, "Zeros offset overflows") }
+            message = .zeros(Zeros(entry: entry, offset: offset, length: length))
         case .fileDone:
             let entry = try r.u32()
             let size = try r.u64()

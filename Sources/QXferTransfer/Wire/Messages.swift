@@ -95,8 +95,11 @@ public struct Offer: Sendable, Hashable {
         /// Entries flagged ``OfferEntry/Flags/early`` follow the offer at once, before Accept
         /// (docs/PROTOCOL.md §3.7). A receiver that does not know it refuses the offer.
         public static let early = Flags(rawValue: 2)
+        /// The sender may send ``Message/zeros(_:)`` for runs of zeros (a sparse file's holes,
+        /// docs/PROTOCOL.md §3.8). A receiver that does not know it refuses the offer.
+        public static let zeros = Flags(rawValue: 4)
         /// All flags this implementation understands; others are ``TransferError/Code/unsupported``.
-        public static let known: Flags = [.batches, .early]
+        public static let known: Flags = [.batches, .early, .zeros]
     }
 
     /// The digest the sender computes for every file.
@@ -186,6 +189,22 @@ public struct FileData: Sendable, Hashable {
     }
 }
 
+/// Sender → receiver: `length` bytes of value 0 of one file at an offset, in place of a
+/// FileData carrying them (docs/PROTOCOL.md §3.8); only when the offer set ``Offer/Flags/zeros``.
+public struct Zeros: Sendable, Hashable {
+    /// The index of the entry in the offer.
+    public var entry: UInt32
+    /// Where the zeros go in the file.
+    public var offset: UInt64
+    /// 1 ... ``ProtocolLimits/maximumZerosLength``.
+    public var length: UInt64
+    public init(entry: UInt32, offset: UInt64, length: UInt64) {
+        self.entry = entry
+        self.offset = offset
+        self.length = length
+    }
+}
+
 /// Sender → receiver: all of a file has been sent; its size and whole-file digest.
 public struct FileDone: Sendable, Hashable {
     public var entry: UInt32
@@ -230,12 +249,13 @@ public enum Message: Sendable, Hashable {
     case accept(Accept)
     case decline(Refusal)
     case fileData(FileData)
+    case zeros(Zeros)
     case fileDone(FileDone)
     case verified(entry: UInt32)
     case failed(EntryFailure)
     case complete(Complete)
     case error(Refusal)
-    /// Several FileData/FileDone (sender) or Verified/Failed (receiver) in one frame, handled
+    /// Several FileData/Zeros/FileDone (sender) or Verified/Failed (receiver) in one frame, handled
     /// in order as if each had come alone; only when the offer set ``Offer/Flags/batches``.
     indirect case batch([Message])
 
@@ -246,6 +266,7 @@ public enum Message: Sendable, Hashable {
         case .accept: .accept
         case .decline: .decline
         case .fileData: .fileData
+        case .zeros: .zeros
         case .fileDone: .fileDone
         case .verified: .verified
         case .failed: .failed
@@ -268,4 +289,5 @@ public enum MessageType: UInt32, Sendable, Hashable, CaseIterable {
     case complete = 8
     case error = 9
     case batch = 10
+    case zeros = 11
 }

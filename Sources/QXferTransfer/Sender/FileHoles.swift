@@ -1,0 +1,24 @@
+import Glibc
+internal import LinuxSystem
+
+/// Where a file's data lies between its holes, as its file system reports them
+/// (`lseek(SEEK_DATA)` and `lseek(SEEK_HOLE)`): the sender sends Zeros for the holes
+/// (docs/PROTOCOL.md §3.8) and FileData for the rest.
+enum FileHoles {
+    /// The first run of data at or after `offset`, both ends at most `size` (the size offered:
+    /// the file may have grown since). Empty at `size` when only a hole is left; from `offset`
+    /// to `size` where the file system does not tell (it then reports one run of data).
+    static func dataRun(in file: Descriptor, from offset: UInt64, size: UInt64) -> Range<UInt64> {
+        guard offset < size, let position = Int64(exactly: offset) else { return size..<size }
+        let start = FileSpace.nextData(descriptor: file.fd, from: position)
+        if start < 0 {
+            return errno == ENXIO ? size..<size : offset..<size  // ENXIO: no data past offset
+        }
+        let end = FileSpace.nextHole(descriptor: file.fd, from: start)
+        let first = min(UInt64(start), size)  // lseek returns offsets ≥ 0 on success
+        let last = end < 0 ? size : min(UInt64(end), size)
+        // A run that does not reach past `offset` (a file changing under us): the rest as data.
+        guard last > offset, last > first else { return offset..<size }
+        return max(first, offset)..<last
+    }
+}

@@ -1,0 +1,118 @@
+import Foundation
+import QXfer
+@testable import QXferTransfer
+import Testing
+
+/// Sparse files (docs/PROTOCOL.md §3.8): their holes travel as Zeros messages and stay holes on
+/// the receiver; a hostile Zeros gets the refusals a FileData would.
+@Suite("Sparse files: holes as Zeros")
+struct SparseFileTests {
+    /// A file of `size` bytes with `runs` of data (offset, length) and holes elsewhere; returns
+    /// its content.
+    static func makeSparseFile(_ path: String, size: Int, runs: [(Int, Int)]) throws -> [UInt8] {
+        var content = [UInt8](repeating: 0, count: size)
+        let fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0o644)
+        guard fd >= 0 else { throw TransferError(.io, "cannot create \(path)") }
+        defer { close(fd) }
+        #expect(ftruncate(fd, off_t(size)) == 0)
+        for (index, (offset, length)) in runs.enumerated() {
+            let data = pattern(length, seed: index + 1)
+            content.replaceSubrange(offset..<offset + length, with: data)
+            #expect(data.withUnsafeBytes { pwrite(fd, $0.baseAddress, length, off_t(offset)) } == length)
+        }
+        return content
+    }
+
+    static func allocatedBytes(_ path: String) -> Int {
+        var info = stat()
+        return stat(path, &info) == 0 ? Int(info.st_blocks) * 512 : -1
+    }
+
+    @Test("A sparse file's holes travel as Zeros and stay holes; the bytes that travel are its data", arguments: StackKind.allCases)
+    func holesTravelAsZeros(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("src"), withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        let size = 64 << 20
+        // Data at the start, in the middle (not block-aligned) and at the very end.
+        let content = try Self.makeSparseFile(scratch.sub("src/disk.img"), size: size, runs: [(0, 100_000), (30_000_123, 5_000), (size - 4_096, 4_096)])
+        let dense = pattern(3 << 20, seed: 7)
+        try Data(dense).write(to: URL(fileURLWithPath: scratch.sub("src/dense.bin")))
+        let tree = try SourceTree.scan([scratch.sub("src")])
+        #expect(tree.mayHaveHoles)
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        let sent = try client.get(), received = try server.get()
+        #expect(sent.isComplete && received.isComplete)
+        let identical = readFile(scratch.sub("dst/src/disk.img")) == content
+        #expect(identical)
+        #expect(readFile(scratch.sub("dst/src/dense.bin")) == dense)
+        // What the file system reports as data (in blocks) travels; the rest is holes.
+        let data = UInt64(100_000 + 5_000 + 4_096 + dense.count)
+        #expect(sent.transferredBytes >= data && sent.transferredBytes <= data + (64 << 10), "\(sent.transferredBytes) bytes sent")
+        #expect(sent.zeroBytes + sent.transferredBytes == UInt64(size + dense.count))
+        #expect(received.zeroBytes == sent.zeroBytes && received.transferredBytes == sent.transferredBytes)
+        #expect(Self.allocatedBytes(scratch.sub("dst/src/disk.img")) <= 512 << 10)
+    }
+
+    @Test("Files without holes are offered without the zeros flag, so an older receiver still takes them")
+    func denseFilesKeepTheOldOffer() throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try Data(pattern(2 << 20)).write(to: URL(fileURLWithPath: scratch.sub("dense.bin")))
+        // A small file full of holes travels in a Batch, where Zeros are not used.
+        _ = try Self.makeSparseFile(scratch.sub("small.img"), size: Int(ProtocolLimits.maximumEarlyFileSize), runs: [])
+        #expect(!(try SourceTree.scan([scratch.sub("dense.bin"), scratch.sub("small.img")])).mayHaveHoles)
+        _ = try Self.makeSparseFile(scratch.sub("large.img"), size: 8 << 20, runs: [(4096, 4096)])
+        #expect(try SourceTree.scan([scratch.sub("dense.bin"), scratch.sub("large.img")]).mayHaveHoles)
+    }
+
+    @Test("The runs of data between holes, as the file system reports them")
+    func dataRuns() throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        let mebibyte = 1 << 20
+        _ = try Self.makeSparseFile(scratch.sub("f"), size: 4 * mebibyte, runs: [(0, 4096), (mebibyte, 8192)])
+        let file = Descriptor(open(scratch.sub("f"), O_RDONLY))
+        #expect(file.fd >= 0)
+        let size = UInt64(4 * mebibyte)
+        #expect(FileHoles.dataRun(in: file, from: 0, size: size) == 0..<4096)
+        #expect(FileHoles.dataRun(in: file, from: 100, size: size) == 100..<4096)
+        #expect(FileHoles.dataRun(in: file, from: 4096, size: size) == UInt64(mebibyte)..<UInt64(mebibyte + 8192))
+        #expect(FileHoles.dataRun(in: file, from: UInt64(mebibyte + 8192), size: size) == size..<size)
+        // The size offered bounds the runs (a file that grew since the scan).
+        #expect(FileHoles.dataRun(in: file, from: 4096, size: UInt64(mebibyte + 10)) == UInt64(mebibyte)..<UInt64(mebibyte + 10))
+        #expect(FileHoles.dataRun(in: file, from: size, size: size) == size..<size)
+    }
+
+    @Test("A Zeros without the offer's flag, past the file's size, or at a gap is refused, and nothing is written", arguments: StackKind.allCases)
+    func hostileZeros(_ kind: StackKind) async throws {
+        let attacks: [(String, Offer.Flags, [Message], TransferError.Code)] = [
+            ("without the flag", [], [.zeros(Zeros(entry: 0, offset: 0, length: 10))], .malformed),
+            ("past its size", [.zeros], [.zeros(Zeros(entry: 0, offset: 0, length: 1001))], .protocolViolation),
+            ("at a gap", [.zeros], [.fileData(FileData(entry: 0, offset: 0, bytes: pattern(10))), .zeros(Zeros(entry: 0, offset: 20, length: 10))], .protocolViolation),
+            ("in a Batch, past its size", [.zeros, .batches], [.batch([.zeros(Zeros(entry: 0, offset: 0, length: 999)), .zeros(Zeros(entry: 0, offset: 999, length: 2))])], .protocolViolation),
+            ("of the largest length", [.zeros], [.zeros(Zeros(entry: 0, offset: 0, length: ProtocolLimits.maximumZerosLength))], .protocolViolation),
+        ]
+        for (name, flags, messages, code) in attacks {
+            let (scratch, dst) = try HostileNumbersTests.emptyFolder()
+            defer { scratch.cleanup() }
+            let (server, replies) = try await HostileNumbersTests.accepted(kind, [HostileNumbersTests.file(["target"], size: 1000)], dst: dst, flags: flags) { peer, _ in
+                let data = try await peer.openDataStream()
+                for message in messages { try await data.send(message) }
+                return data
+            }
+            #expect(throws: TransferError(code, ""), "\(name)") { try server.get() }
+            guard case .error(let refusal)? = replies.last else {
+                Issue.record("\(name): expected an Error, got \(replies)")
+                continue
+            }
+            #expect(refusal.code == code, "\(name): \(refusal.message)")
+            #expect(!FileManager.default.fileExists(atPath: dst + "/target"), "\(name)")
+        }
+    }
+}
