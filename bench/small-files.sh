@@ -34,37 +34,8 @@ CONDITIONS=${CONDITIONS:-wan loopback}
 TOOLS=${TOOLS:-qxfer-quic qxfer-tls ${QXFER_BASELINE:+baseline-quic baseline-tls} rsync scp}
 CAP=${CAP:-30}
 SCRATCH=${SCRATCH:-.build-bench}
-PREFIX=qsf$$
-[ "$(id -u)" = 0 ] || { echo "bench/small-files.sh: run as root (namespaces, sshd)" >&2; exit 1; }
-for tool in scp rsync xxhsum python3; do
-    command -v "$tool" >/dev/null || { echo "bench/small-files.sh: $tool missing (make bench-deps)" >&2; exit 1; }
-done
-[ -x /usr/sbin/sshd ] || { echo "bench/small-files.sh: sshd missing (make bench-deps)" >&2; exit 1; }
-
-if [ -z "${QXFER:-}" ]; then
-    echo "building qxfer and qxfer-linkemu (release, --scratch-path $SCRATCH)" >&2
-    swift build -c release --static-swift-stdlib --scratch-path "$SCRATCH" --product qxfer >&2
-    swift build -c release --static-swift-stdlib --scratch-path "$SCRATCH" --product qxfer-linkemu >&2
-    QXFER="$(swift build -c release --scratch-path "$SCRATCH" --show-bin-path)/qxfer"
-fi
-export LINKEMU_BIN=${LINKEMU_BIN:-$(dirname "$QXFER")/qxfer-linkemu}
-
-WORK=$(mktemp -d /tmp/qxfer-small-files.XXXXXX)
-RECV_PIDS=()
-stop_receivers() {
-    local pid
-    for pid in "${RECV_PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
-    for pid in "${RECV_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    RECV_PIDS=()
-}
-cleanup() {
-    stop_receivers
-    [ ! -s "$WORK/sshd.pid" ] || kill "$(cat "$WORK/sshd.pid")" 2>/dev/null || true
-    LE_QUIET=1 bench/netns/linkemu-down.sh --prefix "$PREFIX" >/dev/null 2>&1 || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+. bench/file-peers.sh
+bench_file_peers_init bench/small-files.sh qsf
 
 # make_tree DIR FILES FOLDERS MIN MAX: FILES files of MIN..MAX bytes (random sizes and bytes,
 # fixed seed) spread over FOLDERS folders.
@@ -83,74 +54,38 @@ EOF
 # One digest of a tree: every file's relative path and bytes, in name order.
 tree_sum() { (cd "$1" && find . -type f -print0 | sort -z | while IFS= read -r -d '' f; do echo "$f"; cat "$f"; done) | xxhsum -H2 - | cut -d' ' -f1; }
 
-# ssh: keys of our own, sshd on port 2222 in the receiver's namespace.
-. bench/sshd.sh
-bench_sshd_setup "$WORK"
-mkdir -p bench/results
-FP=$("$QXFER" id --config-dir "$WORK/cfg-recv")
-[ -z "${QXFER_BASELINE:-}" ] || "$QXFER_BASELINE" id --config-dir "$WORK/cfg-recv" >/dev/null  # same identity
-"$QXFER" id --config-dir "$WORK/cfg-send" >/dev/null
 CSV=bench/results/small-files-$(date +%Y%m%d-%H%M%S).csv
 echo "condition,tool,run,files,bytes,seconds,load1,complete,arrived" >"$CSV"
 
 for condition in $CONDITIONS; do
-    LE_QUIET=1 bench/netns/linkemu-down.sh --prefix "$PREFIX" >/dev/null 2>&1 || true
     rm -rf "$WORK/tree"
     case $condition in
-        wan)
-            make_tree "$WORK/tree" 2000 40 1024 8192
-            LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net 10.99.78 -- --delay 25ms --rate 500mbit --queue 50ms >/dev/null
-            RECV_NS=${PREFIX}b; HOST=10.99.78.2 ;;
-        loopback)
-            make_tree "$WORK/tree" 10000 100 4096 4096
-            LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net 10.99.78 --no-emu >/dev/null
-            RECV_NS=${PREFIX}a; HOST=127.0.0.1 ;;
-        *) echo "bench/small-files.sh: unknown condition '$condition' (wan, loopback)" >&2; exit 2 ;;
+        wan) make_tree "$WORK/tree" 2000 40 1024 8192 ;;
+        loopback) make_tree "$WORK/tree" 10000 100 4096 4096 ;;
     esac
-    SEND_NS=${PREFIX}a
+    bench_path_up "$condition" 10.99.78
     files=$(find "$WORK/tree" -type f | wc -l)
     bytes=$(find "$WORK/tree" -type f -printf '%s\n' | awk '{ s += $1 } END { print s }')
     sum=$(tree_sum "$WORK/tree")
     echo "== $condition: $files files, $bytes bytes, $RUNS runs (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-    ip netns exec "$RECV_NS" /usr/sbin/sshd -f "$WORK/sshd_config" -E "$WORK/sshd.log"
-    mkdir -p "$WORK/dst"
-    ip netns exec "$RECV_NS" "$QXFER" recv --config-dir "$WORK/cfg-recv" --dir "$WORK/dst" --yes --port 7447 --no-advertise >/dev/null 2>"$WORK/recv.err" &
-    RECV_PIDS+=($!)
-    if [ -n "${QXFER_BASELINE:-}" ]; then
-        ip netns exec "$RECV_NS" "$QXFER_BASELINE" recv --config-dir "$WORK/cfg-recv" --dir "$WORK/dst" --yes --port 7448 --no-advertise >/dev/null 2>"$WORK/recv-baseline.err" &
-        RECV_PIDS+=($!)
-    fi
-    sleep 0.5
+    bench_receivers_start "$WORK/dst"
     for run in $(seq 1 "$RUNS"); do
         for tool in $TOOLS; do
-            sync  # each run starts without the previous one's dirty pages
-            case $tool in
-                qxfer-quic|qxfer-tls) command=("$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/tree" "$HOST:7447" --stack "${tool#qxfer-}" --fingerprint "$FP") ;;
-                baseline-quic|baseline-tls) command=("$QXFER_BASELINE" send --config-dir "$WORK/cfg-send" "$WORK/tree" "$HOST:7448" --stack "${tool#baseline-}" --fingerprint "$FP") ;;
-                rsync) command=(rsync -a -e "ssh ${SSH_OPTS[*]}" "$WORK/tree" "root@$HOST:$WORK/dst/") ;;
-                scp) command=(scp -q -r "${SSH_OPTS[@]}" "$WORK/tree" "root@$HOST:$WORK/dst/") ;;
-                *) echo "bench/small-files.sh: unknown tool '$tool'" >&2; exit 2 ;;
-            esac
-            start=$(date +%s%N)
-            status=0
-            ip netns exec "$SEND_NS" timeout -s INT "$CAP" "${command[@]}" >/dev/null 2>"$WORK/send.err" || status=$?
-            seconds=$(awk -v s="$start" -v e="$(date +%s%N)" 'BEGIN { printf "%.4f", (e - s) / 1e9 }')
+            bench_send "$tool" "$WORK/tree" "$WORK/dst" -a
             complete=1
-            if [ "$status" = 124 ]; then
+            if [ "$STATUS" = 124 ]; then
                 complete=0
                 sleep 0.5  # the receiving side's last writes
             else
-                [ "$status" = 0 ] || { cat "$WORK/send.err" "$WORK/recv.err" >&2; exit 1; }
                 [ "$(tree_sum "$WORK/dst/tree")" = "$sum" ] || { echo "bench: $tool delivered a different tree" >&2; exit 1; }
             fi
             arrived=$(find "$WORK/dst/tree" -type f ! -name '.*' 2>/dev/null | wc -l)
-            echo "$condition,$tool,$run,$files,$bytes,$seconds,$(cut -d' ' -f1 /proc/loadavg),$complete,$arrived" | tee -a "$CSV" >&2
+            echo "$condition,$tool,$run,$files,$bytes,$SECONDS_TAKEN,$(cut -d' ' -f1 /proc/loadavg),$complete,$arrived" | tee -a "$CSV" >&2
             mkdir -p "$WORK/kept"
             mv "$WORK/dst/tree" "$WORK/kept/$condition-$tool-$run" 2>/dev/null || true  # removed at the end
         done
     done
-    stop_receivers
-    kill "$(cat "$WORK/sshd.pid")" 2>/dev/null || true; rm -f "$WORK/sshd.pid"
+    bench_receivers_stop
 done
 
 echo

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# sshd for the scp and rsync contenders (sourced by bench/transfer.sh and bench/small-files.sh):
+# sshd for the scp and rsync contenders (sourced by bench/transfer.sh and bench/file-peers.sh):
 # a host key and a client key of our own in $1 (the run's work folder), sshd_config there for
 # port 2222 (the caller starts /usr/sbin/sshd -f "$1/sshd_config" in the receiver's namespace;
 # its pid lands in "$1/sshd.pid"), and SSH_OPTS for ssh, scp and rsync -e.
