@@ -71,6 +71,23 @@ struct SparseFileTests {
         #expect(try SourceTree.scan([scratch.sub("dense.bin"), scratch.sub("large.img")]).mayHaveHoles)
     }
 
+    @Test("An offer that may send Zeros is not declined for sizes beyond the free space; one without the flag is")
+    func freeSpaceAndHoles() throws {
+        let (scratch, dst) = try HostileNumbersTests.emptyFolder()
+        defer { scratch.cleanup() }
+        let store = FileStore(directory: try TargetDirectory(path: dst))
+        let image = [HostileNumbersTests.file(["image.raw"], size: 1 << 52)]  // 4 PiB
+        let planner = OfferPlanner(maximumEntries: 10, overwrite: false)
+        let dense = Offer(algorithm: .xxh3_128, entries: image, flags: [.batches, .early])
+        #expect(throws: TransferError(.noSpace, "")) { try planner.plan(dense, paths: try planner.check(dense), store: store) }
+        let sparse = Offer(algorithm: .xxh3_128, entries: image, flags: [.batches, .early, .zeros])
+        let plans = try planner.plan(sparse, paths: try planner.check(sparse), store: store)
+        guard case .receive? = plans.first else {
+            Issue.record("planned \(plans)")
+            return
+        }
+    }
+
     @Test("The runs of data between holes, as the file system reports them")
     func dataRuns() throws {
         let scratch = TempDir()

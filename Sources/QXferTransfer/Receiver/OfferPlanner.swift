@@ -55,7 +55,8 @@ struct OfferPlanner {
         return paths
     }
 
-    /// What to do with each entry given what is on disk; checks the free space.
+    /// What to do with each entry given what is on disk; checks the free space (unless the offer
+    /// may send Zeros).
     func plan(_ offer: Offer, paths: [SafePath], store: FileStore) throws(TransferError) -> [Plan] {
         var plans: [Plan] = []
         var needed: UInt64 = 0
@@ -95,7 +96,10 @@ struct OfferPlanner {
                 }
             }
         }
-        try store.checkFreeSpace(for: needed)
+        // An offer that may send Zeros says its files' sizes, not how much of them is holes,
+        // which take no space: a disk image larger than the free space may well fit. Running
+        // out of space while writing stops the transfer resumably, as for any file.
+        if !offer.flags.contains(.zeros) { try store.checkFreeSpace(for: needed) }
         return plans
     }
 }
