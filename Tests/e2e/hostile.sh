@@ -3,7 +3,9 @@
 # (Tests/e2e/hostile_peer.py): the path-traversal corpus declined with nothing written, hostile
 # numbers (two files of 2^63 bytes, a frame over 16 MiB) refused with limit-exceeded, a TLS
 # 1.2-only client and clients offering another ALPN refused, a sender's Error carrying terminal
-# escapes shown harmless; then a real `qxfer send` still goes through. No root needed;
+# escapes shown harmless, and (not hostile) a sparse file whose hole travels as a Zeros message
+# from this independent sender arrives verified and sparse; then a real `qxfer send` still goes
+# through. No root needed;
 # everything it creates is removed on exit.
 #
 #   Tests/e2e/hostile.sh        (QXFER=path picks the binary)

@@ -13,13 +13,16 @@ so it is also an independent encoder of qxfer/1 Offers. Checks, on the stack giv
   * a client offering ALPN h2 (TLS) or h3 (QUIC) is refused: no handshake, or a connection the
     receiver closes without answering an Offer;
   * an Error whose words carry terminal escapes, a line break and a bidirectional override, sent
-    after an accepted Offer (hostile.sh checks that the receiver showed them harmless).
+    after an accepted Offer (hostile.sh checks that the receiver showed them harmless);
+  * not hostile: a sparse file sent with the `zeros` flag (FileData, Zeros, FileData, FileDone
+    with SHA-256, §3.8) is Verified, arrives identical and takes less space than its size.
 Prints one line per check; exits 1 on the first failure.
 
     hostile_peer.py --stack tls|quic --port P --target DIR
 """
 import argparse
 import asyncio
+import hashlib
 import os
 import socket
 import ssl
@@ -217,6 +220,75 @@ def check_words(stack, port):
     ok(f"{stack}: an Error with terminal escapes sent after Accept")
 
 
+SHA256, ZEROS_FLAG = 2, 4
+
+
+def read_until_complete(chunks):
+    """Frames from an iterator of received byte chunks, up to Complete (type 8); their types."""
+    data, types = b"", []
+    for chunk in chunks:
+        data += chunk
+        while len(data) >= 8 and len(data) >= 8 + struct.unpack(">I", data[4:8])[0]:
+            kind, length = struct.unpack(">II", data[:8])
+            types.append(kind)
+            data = data[8 + length:]
+            if kind in (8, 9):
+                return types
+    return types
+
+
+def check_zeros(stack, port, target):
+    """An independent sender of a sparse file: its hole as one Zeros message (§3.8)."""
+    head, tail, hole = b"the head of a disk image", b"and its tail", 3 * 1024 * 1024 + 5
+    content = head + b"\0" * hole + tail
+    sent_offer = frame(1, struct.pack(">BBI", SHA256, ZEROS_FLAG, 1) + entry([b"sparse.img"], size=len(content)))
+    data = (frame(4, struct.pack(">IQ", 0, 0) + head)
+            + frame(11, struct.pack(">IQQ", 0, len(head), hole))
+            + frame(4, struct.pack(">IQ", 0, len(head) + hole) + tail)
+            + frame(5, struct.pack(">IQBB", 0, len(content), SHA256, 32) + hashlib.sha256(content).digest()))
+    if stack == "tls":
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            with tls_context().wrap_socket(raw, server_hostname="qxfer") as sock:
+                sock.sendall(sent_offer)
+                accept = read_reply(sock)
+                sock.sendall(data)
+                sock.settimeout(10)
+                types = read_until_complete(iter(lambda: sock.recv(65536), b""))
+    else:
+        async def run():
+            from aioquic.asyncio import connect
+            from aioquic.quic.configuration import QuicConfiguration
+            configuration = QuicConfiguration(is_client=True, alpn_protocols=["qxfer/1"], verify_mode=ssl.CERT_NONE)
+            async with connect("127.0.0.1", port, configuration=configuration, wait_connected=True) as client:
+                reader, writer = await client.create_stream()
+                writer.write(sent_offer)
+                accept = await asyncio.wait_for(reader.read(65536), 10)
+                _, data_writer = await client.create_stream()  # the file's own data stream (§1)
+                data_writer.write(data)
+                data_writer.write_eof()
+                received = []
+                while 8 not in read_until_complete(received) and 9 not in read_until_complete(received):
+                    chunk = await asyncio.wait_for(reader.read(65536), 10)
+                    if not chunk:
+                        break
+                    received.append(chunk)
+                return accept, read_until_complete(received)
+        accept, types = asyncio.run(asyncio.wait_for(run(), 30))
+    if len(accept) < 8 or struct.unpack(">I", accept[:4])[0] != 2:
+        fail(f"a sparse file: expected Accept, got {accept[:16]!r}")
+    if 6 not in types or types[-1:] != [8]:
+        fail(f"a sparse file: expected Verified and Complete, got message types {types}")
+    path = os.path.join(target, "sparse.img")
+    with open(path, "rb") as received:
+        if received.read() != content:
+            fail("a sparse file: it arrived different")
+    allocated = os.stat(path).st_blocks * 512
+    if allocated >= len(content) // 2:
+        fail(f"a sparse file of {len(content)} bytes takes {allocated} on the receiver")
+    os.remove(path)
+    ok(f"{stack}: a sparse file sent with a Zeros message is verified and takes {allocated} bytes for {len(content)}")
+
+
 def snapshot(target):
     parent = os.path.dirname(os.path.abspath(target))
     return sorted(os.listdir(parent)), sorted(os.listdir(target))
@@ -244,6 +316,7 @@ def main():
     ok(f"{args.stack}: {len(CORPUS)} hostile offers declined (codes {dict(sorted(codes.items()))}), nothing written")
     check_numbers(args.stack, args.port, args.target)
     check_words(args.stack, args.port)
+    check_zeros(args.stack, args.port, args.target)
 
     probe = offer(entry([b"probe.txt"], size=5))
     if args.stack == "tls":
