@@ -59,6 +59,26 @@ struct SparseFileTests {
         #expect(Self.allocatedBytes(scratch.sub("dst/src/disk.img")) <= 512 << 10)
     }
 
+    @Test("A sparse file that shrinks after the offer is reported as such, its lost end not sent as a hole", arguments: StackKind.allCases)
+    func shrinkingSparseFile(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        let size = 8 << 20
+        _ = try Self.makeSparseFile(scratch.sub("disk.img"), size: size, runs: [(0, 100_000), (6 << 20, 4096)])
+        let tree = try SourceTree.scan([scratch.sub("disk.img")])
+        #expect(tree.mayHaveHoles)
+        #expect(truncate(scratch.sub("disk.img"), 3 << 20) == 0)  // its end, data and hole, gone
+        let (_, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        let sent = #expect(throws: TransferError.self) { try client.get() }
+        #expect(sent?.message.contains("'disk.img' shrank while it was being sent (it ended after \(3 << 20) of the \(size) bytes offered)") == true, "\(String(describing: sent))")
+        #expect(!FileManager.default.fileExists(atPath: scratch.sub("dst/disk.img")))
+    }
+
     @Test("Files without holes are offered without the zeros flag, so an older receiver still takes them")
     func denseFilesKeepTheOldOffer() throws {
         let scratch = TempDir()

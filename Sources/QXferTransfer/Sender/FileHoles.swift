@@ -7,12 +7,17 @@ internal import LinuxSystem
 enum FileHoles {
     /// The first run of data at or after `offset`, both ends at most `size` (the size offered:
     /// the file may have grown since). Empty at `size` when only a hole is left; from `offset`
-    /// to `size` where the file system does not tell (it then reports one run of data).
+    /// to `size` where the file system does not tell (it then reports one run of data), and
+    /// where the file is now shorter than `size`: reading it finds the end, and the sender
+    /// reports a file that shrank, as without holes.
     static func dataRun(in file: Descriptor, from offset: UInt64, size: UInt64) -> Range<UInt64> {
         guard offset < size, let position = Int64(exactly: offset) else { return size..<size }
         let start = FileSpace.nextData(descriptor: file.fd, from: position)
         if start < 0 {
-            return errno == ENXIO ? size..<size : offset..<size  // ENXIO: no data past offset
+            // ENXIO: no data past offset, or offset past the end of a file that shrank.
+            var info = stat()
+            let holeToTheEnd = errno == ENXIO && fstat(file.fd, &info) == 0 && UInt64(clamping: info.st_size) >= size
+            return holeToTheEnd ? size..<size : offset..<size
         }
         let end = FileSpace.nextHole(descriptor: file.fd, from: start)
         let first = min(UInt64(start), size)  // lseek returns offsets ≥ 0 on success
