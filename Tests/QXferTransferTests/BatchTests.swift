@@ -120,17 +120,7 @@ struct BatchTests {
         for (name, flags, inner, code) in attacks {
             let (scratch, dst) = try HostileNumbersTests.emptyFolder()
             defer { scratch.cleanup() }
-            let (server, replies) = try await HostileNumbersTests.accepted(kind, [Self.file(["target"], size: 1000)], dst: dst, flags: flags) { peer, _ in
-                let data = try await peer.openDataStream()
-                try await data.send(.batch(inner))
-                return data
-            }
-            #expect(throws: TransferError(code, ""), "\(name)") { try server.get() }
-            guard case .error(let refusal)? = replies.last else {
-                Issue.record("\(name): expected an Error, got \(replies)")
-                continue
-            }
-            #expect(refusal.code == code, "\(name): \(refusal.message)")
+            try await HostileNumbersTests.expectRefused(kind, name, [Self.file(["target"], size: 1000)], dst: dst, flags: flags, sending: [.batch(inner)], code: code)
             let left = try FileManager.default.contentsOfDirectory(atPath: dst)
             #expect(left.isEmpty, "\(name) left \(left)")
         }

@@ -111,6 +111,24 @@ struct HostileNumbersTests {
         return (server, try client.get())
     }
 
+    /// Sends `messages` on a data stream once the receiver has accepted `entries`, and expects
+    /// the receiver to fail with `code` and to tell the sender with an Error of that code.
+    static func expectRefused(
+        _ kind: StackKind, _ name: String, _ entries: [OfferEntry], dst: String, flags: Offer.Flags, sending messages: [Message], code: TransferError.Code
+    ) async throws {
+        let (server, replies) = try await accepted(kind, entries, dst: dst, flags: flags) { peer, _ in
+            let data = try await peer.openDataStream()
+            for message in messages { try await data.send(message) }
+            return data
+        }
+        #expect(throws: TransferError(code, ""), "\(name)") { try server.get() }
+        guard case .error(let refusal)? = replies.last else {
+            Issue.record("\(name): expected an Error, got \(replies)")
+            return
+        }
+        #expect(refusal.code == code, "\(name): \(refusal.message)")
+    }
+
     /// Sends one whole file on its own data stream (QUIC) or the connection (TLS).
     static func sendFile(_ peer: any TransferPeer, entry: UInt32, _ content: [UInt8], announcing size: UInt64? = nil) async throws -> any TransferPeer {
         let data = try await peer.openDataStream()

@@ -138,17 +138,7 @@ struct SparseFileTests {
         for (name, flags, messages, code) in attacks {
             let (scratch, dst) = try HostileNumbersTests.emptyFolder()
             defer { scratch.cleanup() }
-            let (server, replies) = try await HostileNumbersTests.accepted(kind, [HostileNumbersTests.file(["target"], size: 1000)], dst: dst, flags: flags) { peer, _ in
-                let data = try await peer.openDataStream()
-                for message in messages { try await data.send(message) }
-                return data
-            }
-            #expect(throws: TransferError(code, ""), "\(name)") { try server.get() }
-            guard case .error(let refusal)? = replies.last else {
-                Issue.record("\(name): expected an Error, got \(replies)")
-                continue
-            }
-            #expect(refusal.code == code, "\(name): \(refusal.message)")
+            try await HostileNumbersTests.expectRefused(kind, name, [HostileNumbersTests.file(["target"], size: 1000)], dst: dst, flags: flags, sending: messages, code: code)
             #expect(!FileManager.default.fileExists(atPath: dst + "/target"), "\(name)")
         }
     }
