@@ -59,6 +59,31 @@ struct SparseFileTests {
         #expect(Self.allocatedBytes(scratch.sub("dst/src/disk.img")) <= 512 << 10)
     }
 
+    @Test("Short holes travel as data in full chunks, long ones as Zeros; both stay holes", arguments: StackKind.allCases)
+    func shortHolesTravelAsData(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        // 4 MiB of 4 KiB of data and 4 KiB of hole in turn, an 8 MiB hole, 4 KiB of data.
+        let runs = stride(from: 0, to: 4 << 20, by: 8192).map { ($0, 4096) } + [(12 << 20, 4096)]
+        let content = try Self.makeSparseFile(scratch.sub("fragmented.img"), size: (12 << 20) + 4096, runs: runs)
+        let tree = try SourceTree.scan([scratch.sub("fragmented.img")])
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        let sent = try client.get()
+        #expect(try server.get().isComplete)
+        let identical = readFile(scratch.sub("dst/fragmented.img")) == content
+        #expect(identical)
+        // The short holes went as data (4 MiB, less the last one, which ends the span), the
+        // long one as Zeros.
+        #expect(sent.transferredBytes >= 4 << 20 - 4096 && sent.transferredBytes <= (4 << 20) + 4096, "\(sent.transferredBytes) bytes sent")
+        #expect(sent.zeroBytes == UInt64(content.count) - sent.transferredBytes)
+        #expect(Self.allocatedBytes(scratch.sub("dst/fragmented.img")) <= (2 << 20) + (256 << 10), "its zeros were written")
+    }
+
     @Test("A sparse file that shrinks after the offer is reported as such, its lost end not sent as a hole", arguments: StackKind.allCases)
     func shrinkingSparseFile(_ kind: StackKind) async throws {
         let scratch = TempDir()
@@ -121,6 +146,16 @@ struct SparseFileTests {
         #expect(FileHoles.dataRun(in: file, from: 100, size: size) == 100..<4096)
         #expect(FileHoles.dataRun(in: file, from: 4096, size: size) == UInt64(mebibyte)..<UInt64(mebibyte + 8192))
         #expect(FileHoles.dataRun(in: file, from: UInt64(mebibyte + 8192), size: size) == size..<size)
+        // Spans: short holes inside, up to a long one, at least `length` when the runs allow.
+        _ = try Self.makeSparseFile(scratch.sub("g"), size: 6 * mebibyte, runs: [(0, 4096), (8192, 4096), (3 * mebibyte, 4096)])
+        let g = Descriptor(open(scratch.sub("g"), O_RDONLY))
+        let gSize = UInt64(6 * mebibyte), third = UInt64(3 * mebibyte)
+        #expect(FileHoles.dataSpan(in: g, from: 0, size: gSize, length: 1 << 20) == 0..<12288)
+        #expect(FileHoles.dataSpan(in: g, from: 0, size: gSize, length: 4096) == 0..<4096)
+        #expect(FileHoles.dataSpan(in: g, from: 12288, size: gSize, length: 1 << 20) == third..<third + 4096)
+        #expect(FileHoles.dataSpan(in: g, from: third + 4096, size: gSize, length: 1 << 20) == gSize..<gSize)
+        // A short hole at the end goes as data.
+        #expect(FileHoles.dataSpan(in: g, from: third + 4096, size: third + 4196, length: 1 << 20) == third + 4096..<third + 4196)
         // The size offered bounds the runs (a file that grew since the scan).
         #expect(FileHoles.dataRun(in: file, from: 4096, size: UInt64(mebibyte + 10)) == UInt64(mebibyte)..<UInt64(mebibyte + 10))
         #expect(FileHoles.dataRun(in: file, from: size, size: size) == size..<size)

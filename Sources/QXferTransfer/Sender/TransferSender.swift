@@ -325,11 +325,11 @@ public struct TransferSender: Sendable {
                 }
             }
             progress.report(.started(path: path, size: size, offset: offset))
-            // The end of the run of data being sent; holes before the next one go as Zeros.
+            // The end of the span being sent as data; a long hole before the next one goes as Zeros.
             var dataEnd = tree.mayHaveHoles && job.source != .standardInput ? offset : (size ?? .max)
             while size.map({ offset < $0 }) ?? true {
                 if let size, offset >= dataEnd {
-                    let data = FileHoles.dataRun(in: file, from: offset, size: size)
+                    let data = FileHoles.dataSpan(in: file, from: offset, size: size, length: UInt64(ProtocolLimits.maximumChunkSize))
                     while offset < data.lowerBound {
                         let length = min(data.lowerBound - offset, ProtocolLimits.maximumZerosLength)
                         hasher.updateWithZeros(length)
