@@ -179,10 +179,10 @@ final class TransferReporter: Sendable {
         let outcome: Result<T, any Error>
         do {
             outcome = .success(try await body())
-            clock.stop(adding: progress.transferredBytes, complete: true)
+            clock.stop(adding: progress.transferredBytes, holes: progress.zeroBytes, complete: true)
         } catch {
             outcome = .failure(error)
-            clock.stop(adding: progress.transferredBytes, complete: false)
+            clock.stop(adding: progress.transferredBytes, holes: progress.zeroBytes, complete: false)
         }
         // Wait for the drawing task to end before clearing the bar: cancelled while it drew
         // (past its checks), it put the bar back after the clear, behind the summary line.
@@ -232,13 +232,13 @@ final class TransferReporter: Sendable {
     func finish(_ summary: TransferSummary, clock: TransferClock, reconnects: Int = 0, over stack: String? = nil) {
         let carrier = stack ?? self.carrier.withLock { $0 }
         let seconds = max(clock.elapsed.seconds, 0.000_001)
-        let bytes = clock.bytes
+        let (bytes, holes) = (clock.bytes, clock.holeBytes)
         let rate = Double(bytes) / seconds
         let checksum = summary.digests.count == 1 ? summary.digests[0].digest : nil
         if style == .json {
             var object: [String: Any] = [
                 "succeeded": summary.succeeded, "failed": summary.failures.count,
-                "bytes": bytes, "resumed_bytes": summary.resumedBytes, "hole_bytes": summary.zeroBytes, "seconds": seconds,
+                "bytes": bytes, "resumed_bytes": summary.resumedBytes, "hole_bytes": holes, "seconds": seconds,
                 "rate_bytes_per_s": wholeNumber(rate), "algorithm": summary.algorithm.name, "reconnects": reconnects,
             ]
             if let checksum { object["digest"] = checksum }
@@ -250,7 +250,7 @@ final class TransferReporter: Sendable {
         var line = "\(verb) \(formatBytes(bytes)) in \(TextFormat.fixed(seconds, places: 2)) s (\(formatRate(rate)))"
         if let carrier { line += " over \(carrier)" }
         if summary.resumedBytes > 0 { line += ", \(formatBytes(summary.resumedBytes)) resumed" }
-        if summary.zeroBytes > 0 { line += ", plus \(formatBytes(summary.zeroBytes)) of holes" }  // not counted in the rate
+        if holes > 0 { line += ", plus \(formatBytes(holes)) of holes" }  // not counted in the rate
         line += "; \(count(summary.digests.count, "file", "files")) verified with \(summary.algorithm.name)"
         if let checksum { line += " \(checksum)" }
         if !summary.failures.isEmpty { line += "; \(summary.failures.count) not transferred" }
@@ -289,6 +289,7 @@ final class TransferClock: Sendable {
         var since: ContinuousClock.Instant?
         var lastVerdict: ContinuousClock.Instant?
         var bytes: UInt64 = 0
+        var holeBytes: UInt64 = 0
     }
     private let state = Mutex(State())
 
@@ -302,8 +303,9 @@ final class TransferClock: Sendable {
         state.withLock { $0.lastVerdict = .now }
     }
 
-    /// A connection ended having moved `bytes`: `complete`, the time ends at the last verdict.
-    func stop(adding bytes: UInt64, complete: Bool) {
+    /// A connection ended having moved `bytes` and sent `holes` bytes of holes as such:
+    /// `complete`, the time ends at the last verdict.
+    func stop(adding bytes: UInt64, holes: UInt64, complete: Bool) {
         state.withLock {
             if let since = $0.since {
                 let end = complete ? ($0.lastVerdict.map { max($0, since) } ?? .now) : .now
@@ -312,6 +314,8 @@ final class TransferClock: Sendable {
             $0.since = nil
             $0.lastVerdict = nil
             $0.bytes += bytes
+            let (sum, overflow) = $0.holeBytes.addingReportingOverflow(holes)  // a peer's claim
+            $0.holeBytes = overflow ? .max : sum
         }
     }
 
@@ -320,6 +324,8 @@ final class TransferClock: Sendable {
     var elapsed: Duration { state.withLock { $0.earlier + ($0.since.map { ContinuousClock.now - $0 } ?? .zero) } }
     /// Bytes moved by the connections that ended.
     var bytes: UInt64 { state.withLock { $0.bytes } }
+    /// Bytes of holes those connections sent as holes (not in ``bytes``).
+    var holeBytes: UInt64 { state.withLock { $0.holeBytes } }
 
     /// A progress counter feeding this clock and `report`.
     func progress(reporting report: @escaping @Sendable (TransferEvent) -> Void) -> TransferProgress {
