@@ -23,7 +23,7 @@ enum FileHoles {
         while end < size, end - start < length {
             let next = dataRun(in: file, from: end, size: size)  // past `end`, or empty at `size`
             guard next.lowerBound - end < minimumHole else { break }
-            end = max(next.upperBound, next.lowerBound)
+            end = next.upperBound
         }
         return start..<end
     }
