@@ -50,8 +50,8 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             standard input as a file named by --name; a pipe or device named as a path is an \
             error (pipe it into '-').
 
-            A sparse file's holes travel as holes (a few bytes each, not their length) and stay \
-            holes on the receiver.
+            A sparse file's holes of 1 MiB or more travel as holes (a few bytes each, not their \
+            length), and every block of zeros stays a hole on the receiver.
 
             Every file is checked end to end with XXH3-128 (or SHA-256 with --checksum \
             sha256) and gets its final name on the receiver only once the digests match. \
