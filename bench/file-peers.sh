@@ -24,13 +24,8 @@ bench_file_peers_init() {
         command -v "$tool" >/dev/null || { echo "$BENCH_NAME: $tool missing (make bench-deps)" >&2; exit 1; }
     done
     [ -x /usr/sbin/sshd ] || { echo "$BENCH_NAME: sshd missing (make bench-deps)" >&2; exit 1; }
-    if [ -z "${QXFER:-}" ]; then
-        echo "building qxfer and qxfer-linkemu (release, --scratch-path $SCRATCH)" >&2
-        swift build -c release --static-swift-stdlib --scratch-path "$SCRATCH" --product qxfer >&2
-        swift build -c release --static-swift-stdlib --scratch-path "$SCRATCH" --product qxfer-linkemu >&2
-        QXFER="$(swift build -c release --scratch-path "$SCRATCH" --show-bin-path)/qxfer"
-    fi
-    export LINKEMU_BIN=${LINKEMU_BIN:-$(dirname "$QXFER")/qxfer-linkemu}
+    . bench/build.sh
+    bench_build_qxfer "$SCRATCH"
     WORK=$(mktemp -d "/tmp/qxfer-$(basename "$1" .sh).XXXXXX")
     RECV_PIDS=()
     trap bench_file_peers_cleanup EXIT

@@ -34,14 +34,9 @@ case $mode in
 esac
 [ "$(id -u)" = 0 ] || { echo "bench/run.sh: run as root (network namespaces, sshd)" >&2; exit 1; }
 
-if [ -z "${QXFER:-}" ]; then
-    scratch=${SCRATCH:-.build-bench}
-    echo "building qxfer and qxfer-linkemu (release, --scratch-path $scratch)" >&2
-    swift build -c release --static-swift-stdlib --scratch-path "$scratch" --product qxfer >&2
-    swift build -c release --static-swift-stdlib --scratch-path "$scratch" --product qxfer-linkemu >&2
-    QXFER="$(swift build -c release --scratch-path "$scratch" --show-bin-path)/qxfer"
-fi
-export QXFER QXFER_BIN=$QXFER LINKEMU_BIN=${LINKEMU_BIN:-$(dirname "$QXFER")/qxfer-linkemu}
+. bench/build.sh
+bench_build_qxfer "${SCRATCH:-.build-bench}"
+export QXFER QXFER_BIN=$QXFER
 
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p bench/results

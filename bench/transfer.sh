@@ -19,8 +19,8 @@
 # 10 ms, overtaken by the ~400 sent meanwhile: reordering, not loss, as link aggregation and
 # radio retries make), wan-thin (40 ms one way, 10 Mbit/s, a 10 ms queue of 8 full-size
 # packets: a slow uplink behind a router with a shallow buffer), wan-far (50 ms one way,
-# 500 Mbit/s, 100 ms queue: a fast link across a continent) and wan-ocean (150 ms one way, 200 Mbit/s, 150 ms queue) only when
-# named in CONDITIONS (1 GiB over wan-ocean takes TCP minutes). The namespaces raise TCP's buffer
+# 500 Mbit/s, 100 ms queue: a fast link across a continent) and wan-ocean (150 ms one way,
+# 200 Mbit/s, 150 ms queue) only when named in CONDITIONS (1 GiB over wan-ocean takes TCP minutes). The namespaces raise TCP's buffer
 # limits to 64 MiB, so that TCP can fill every path; a condition named with -stock (wan-far-stock,
 # wan-ocean-stock, any path) keeps Linux's own defaults instead (tcp_rmem up to 6 MiB, tcp_wmem up
 # to 4 MiB: what an untuned host gives every TCP tool, a QUIC stack's windows being its own).
@@ -76,13 +76,8 @@ if [ "${#need[@]}" -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-if [ -z "${QXFER:-}" ]; then
-    echo "building qxfer and qxfer-linkemu (release, --scratch-path $SCRATCH)" >&2
-    swift build -c release --static-swift-stdlib --scratch-path "$SCRATCH" --product qxfer >&2
-    swift build -c release --static-swift-stdlib --scratch-path "$SCRATCH" --product qxfer-linkemu >&2
-    QXFER="$(swift build -c release --scratch-path "$SCRATCH" --show-bin-path)/qxfer"
-fi
-export LINKEMU_BIN=${LINKEMU_BIN:-$(dirname "$QXFER")/qxfer-linkemu}
+. bench/build.sh
+bench_build_qxfer "$SCRATCH"
 
 WORK=$(mktemp -d /tmp/qxfer-bench.XXXXXX)
 PIDS=()

@@ -102,7 +102,7 @@ public struct SourceTree: Sendable {
         switch info.st_mode & S_IFMT {
         case S_IFREG:
             let size = UInt64(clamping: info.st_size)
-            if size > ProtocolLimits.maximumEarlyFileSize, info.st_blocks < info.st_size / 512 { mayHaveHoles = true }
+            if size > TransferSender.batchedFileLimit, info.st_blocks < info.st_size / 512 { mayHaveHoles = true }
             append(OfferEntry(kind: .file, path: components, size: size, mode: mode, modificationTime: mtime), .file(path: path))
         case S_IFDIR:
             append(OfferEntry(kind: .directory, path: components, mode: mode, modificationTime: mtime), .none)
