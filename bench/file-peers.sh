@@ -7,20 +7,23 @@
 #                                    and tools checked, qxfer and qxfer-linkemu built unless QXFER
 #                                    is set (in SCRATCH), WORK made and removed on exit, sshd keys
 #                                    (SSH_OPTS), identities (FP: the receiver's)
-#   bench_path_up CONDITION NET      wan (25 ms each way, 500 Mbit/s, 50 ms queue) or loopback;
-#                                    sets RECV_NS, SEND_NS, HOST
+#   bench_path_up CONDITION NET      wan (25 ms each way, 500 Mbit/s, 50 ms queue), wan-loss (the
+#                                    same, 1 % random loss each way), veth (a veth pair, MTU 1500,
+#                                    nothing emulated) or loopback; sets RECV_NS, SEND_NS, HOST
 #   bench_receivers_start DIR        sshd, qxfer recv into DIR on port 7447 (QXFER_BASELINE's on 7448)
 #   bench_receivers_stop             both, and sshd
 #   bench_send TOOL SOURCE DIR [rsync option...]
 #                                    one run of TOOL (qxfer-quic, qxfer-tls, baseline-quic,
 #                                    baseline-tls, rsync, scp) sending SOURCE into DIR, stopped
-#                                    after CAP seconds; sets SECONDS_TAKEN and STATUS (124: stopped)
+#                                    after CAP seconds; sets SECONDS_TAKEN, STATUS (124: stopped),
+#                                    SEND_CPU (user + system seconds of the sending side's processes)
+#                                    and SEND_RSS_KIB (the largest one's peak)
 bench_file_peers_init() {
     BENCH_NAME=$1
     PREFIX=$2$$
     [ "$(id -u)" = 0 ] || { echo "$BENCH_NAME: run as root (namespaces, sshd)" >&2; exit 1; }
     local tool
-    for tool in scp rsync xxhsum python3; do
+    for tool in scp rsync xxhsum python3 /usr/bin/time; do
         command -v "$tool" >/dev/null || { echo "$BENCH_NAME: $tool missing (make bench-deps)" >&2; exit 1; }
     done
     [ -x /usr/sbin/sshd ] || { echo "$BENCH_NAME: sshd missing (make bench-deps)" >&2; exit 1; }
@@ -47,13 +50,26 @@ bench_file_peers_cleanup() {
 bench_path_up() {
     LE_QUIET=1 bench/netns/linkemu-down.sh --prefix "$PREFIX" >/dev/null 2>&1 || true
     case $1 in
-        wan)
-            LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net "$2" -- --delay 25ms --rate 500mbit --queue 50ms >/dev/null
+        wan|wan-loss)
+            local loss=()
+            [ "$1" = wan ] || loss=(--loss 1%)
+            LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net "$2" -- --delay 25ms --rate 500mbit --queue 50ms "${loss[@]}" >/dev/null
+            RECV_NS=${PREFIX}b; HOST=$2.2 ;;
+        veth)
+            # The namespaces with their TUN devices' addresses moved to a veth pair between them.
+            LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net "$2" --no-emu >/dev/null
+            ip -n "${PREFIX}a" addr flush dev tun0
+            ip -n "${PREFIX}b" addr flush dev tun0
+            ip link add "${PREFIX}va" netns "${PREFIX}a" mtu 1500 type veth peer name "${PREFIX}vb" netns "${PREFIX}b" mtu 1500
+            ip -n "${PREFIX}a" addr add "$2.1/30" dev "${PREFIX}va"
+            ip -n "${PREFIX}b" addr add "$2.2/30" dev "${PREFIX}vb"
+            ip -n "${PREFIX}a" link set "${PREFIX}va" up
+            ip -n "${PREFIX}b" link set "${PREFIX}vb" up
             RECV_NS=${PREFIX}b; HOST=$2.2 ;;
         loopback)
             LE_QUIET=1 bench/netns/linkemu-up.sh --prefix "$PREFIX" --net "$2" --no-emu >/dev/null
             RECV_NS=${PREFIX}a; HOST=127.0.0.1 ;;
-        *) echo "$BENCH_NAME: unknown condition '$1' (wan, loopback)" >&2; exit 2 ;;
+        *) echo "$BENCH_NAME: unknown condition '$1' (wan, wan-loss, veth, loopback)" >&2; exit 2 ;;
     esac
     SEND_NS=${PREFIX}a
 }
@@ -93,8 +109,10 @@ bench_send() {
     local start
     start=$(date +%s%N)
     STATUS=0
-    ip netns exec "$SEND_NS" timeout -s INT "$CAP" "${command[@]}" >/dev/null 2>"$WORK/send.err" || STATUS=$?
+    ip netns exec "$SEND_NS" /usr/bin/time -f "%U %S %M" -o "$WORK/send.time" timeout -s INT "$CAP" "${command[@]}" >/dev/null 2>"$WORK/send.err" || STATUS=$?
     SECONDS_TAKEN=$(awk -v s="$start" -v e="$(date +%s%N)" 'BEGIN { printf "%.4f", (e - s) / 1e9 }')
+    read -r user system SEND_RSS_KIB < <(tail -n 1 "$WORK/send.time")
+    SEND_CPU=$(awk -v u="$user" -v s="$system" 'BEGIN { printf "%.2f", u + s }')
     if [ "$STATUS" != 0 ] && [ "$STATUS" != 124 ]; then
         cat "$WORK/send.err" "$WORK/recv.err" >&2
         exit 1

@@ -6,13 +6,15 @@
 #   wan       the emulated path (25 ms each way, 500 Mbit/s, 50 ms queue: bench/netns,
 #             qxfer-linkemu between two namespaces)
 #   loopback  both ends in one namespace over lo
+#   (by name in CONDITIONS also veth, a veth pair at MTU 1500, and wan-loss, wan with 1 % loss)
 #
 #     bench/sparse.sh                                  # both conditions, 3 runs, 1 GiB
 #     RUNS=5 SIZE=4G CONDITIONS=wan QXFER=path/to/qxfer bench/sparse.sh
 #     QXFER_BASELINE=path/to/older/qxfer bench/sparse.sh   # adds baseline-quic, baseline-tls
 #
-# Each run is the wall time of the sending process (start to exit, handshake included), and the
-# space the received image takes (`stat` blocks); every received image is compared with the
+# Each run is the wall time of the sending process (start to exit, handshake included), its CPU
+# time and peak RSS (ssh's included for rsync and scp), and the space the received image takes
+# (`stat` blocks); every received image is compared with the
 # source. qxfer sends a hole as one Zeros message (docs/PROTOCOL.md §3.8) and writes no block of
 # zeros; rsync --sparse sends the zeros and seeks over them when writing; scp sends and writes
 # them. A run still going after CAP seconds (default 120) is stopped and counted as such.
@@ -50,7 +52,7 @@ sum=$(xxhsum -H2 "$WORK/src/disk.img" | cut -d' ' -f1)
 source_blocks=$(( $(stat -c '%b * %B' "$WORK/src/disk.img") ))
 
 CSV=bench/results/sparse-$(date +%Y%m%d-%H%M%S).csv
-echo "condition,tool,run,size,source_allocated,seconds,allocated,load1,complete" >"$CSV"
+echo "condition,tool,run,size,source_allocated,seconds,allocated,sender_cpu_s,sender_rss_kib,load1,complete" >"$CSV"
 
 for condition in $CONDITIONS; do
     bench_path_up "$condition" 10.99.79
@@ -67,7 +69,7 @@ for condition in $CONDITIONS; do
                 [ "$(xxhsum -H2 "$WORK/dst/disk.img" | cut -d' ' -f1)" = "$sum" ] || { echo "bench: $tool delivered a different image" >&2; exit 1; }
             fi
             allocated=$(( $(stat -c '%b * %B' "$WORK/dst/disk.img" 2>/dev/null || echo 0) ))
-            echo "$condition,$tool,$run,$size,$source_blocks,$SECONDS_TAKEN,$allocated,$(cut -d' ' -f1 /proc/loadavg),$complete" | tee -a "$CSV" >&2
+            echo "$condition,$tool,$run,$size,$source_blocks,$SECONDS_TAKEN,$allocated,$SEND_CPU,$SEND_RSS_KIB,$(cut -d' ' -f1 /proc/loadavg),$complete" | tee -a "$CSV" >&2
         done
     done
     bench_receivers_stop
@@ -81,9 +83,10 @@ import csv, statistics, sys
 runs = {}
 for row in csv.DictReader(open(sys.argv[1])):
     key = (row["condition"], int(row["size"]), int(row["source_allocated"]))
-    runs.setdefault(key, {}).setdefault(row["tool"], []).append((float(row["seconds"]), int(row["allocated"]), row["complete"] == "1"))
-print("| condition | image (allocated) | tool | median s | on the receiver | time vs rsync --sparse |")
-print("|---|---|---|---|---|---|")
+    runs.setdefault(key, {}).setdefault(row["tool"], []).append(
+        (float(row["seconds"]), int(row["allocated"]), row["complete"] == "1", float(row["sender_cpu_s"]), int(row["sender_rss_kib"])))
+print("| condition | image (allocated) | tool | median s | on the receiver | sender CPU s | sender peak RSS MiB | time vs rsync --sparse |")
+print("|---|---|---|---|---|---|---|---|")
 for (condition, size, allocated), tools in runs.items():
     rsync = tools.get("rsync")
     for tool, results in tools.items():
@@ -92,7 +95,9 @@ for (condition, size, allocated), tools in runs.items():
         stopped = "" if all(r[2] for r in results) else " (stopped at CAP)"
         shown = f"> {seconds:.1f}" if stopped else f"{seconds:.3f}"
         vs = f"{seconds / statistics.median(r[0] for r in rsync):.3f}x" if rsync else "-"
-        print(f"| {condition} | {size / 2**30:.1f} GiB ({allocated / 2**20:.0f} MiB) | {tool}{stopped} | {shown} | {space / 2**20:.1f} MiB | {vs} |")
+        cpu = statistics.median(r[3] for r in results)
+        rss = max(r[4] for r in results) / 1024
+        print(f"| {condition} | {size / 2**30:.1f} GiB ({allocated / 2**20:.0f} MiB) | {tool}{stopped} | {shown} | {space / 2**20:.1f} MiB | {cpu:.2f} | {rss:.0f} | {vs} |")
 EOF
 echo
 echo "CSV: $CSV"
