@@ -46,9 +46,10 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             times; symlinks inside a folder are sent as links (never followed), those pointing \
             out of it are skipped, as are sockets, FIFOs and devices. A file or folder whose \
             name qxfer/1 cannot carry (control characters, a reserved suffix, not UTF-8) is \
-            skipped too, and then the command exits 77 once the rest has arrived. '-' sends \
-            standard input as a file named by --name; a pipe or device named as a path is an \
-            error (pipe it into '-').
+            skipped too, and then the command exits 77 once the rest has arrived; one inside a \
+            folder that you may not read (or list) is skipped and the command exits 74 once the \
+            rest has arrived. '-' sends standard input as a file named by --name; a pipe or \
+            device named as a path is an error (pipe it into '-'), as is a path you may not read.
 
             A sparse file's holes of 1 MiB or more travel as holes (a few bytes each, not their \
             length), and every block of zeros stays a hole on the receiver.
@@ -180,7 +181,14 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             identity: identity, trust: receiverTrust.trust, tcp: transferTCP, config: global.config,
             probesPathMTU: tree.totalSize >= Self.pathProbeThreshold || tree.sources.contains(.standardInput), leadsEarly: true)
         // Everything else arrived, but a script that deletes its source after a send that
-        // exited 0 must not lose the files whose names could not travel.
+        // exited 0 must not lose the files that could not be read or whose names could not travel.
+        if tree.unreadable > 0 {
+            let one = tree.unreadable == 1
+            throw TransferError(
+                .io,
+                "\(count(tree.unreadable, "file or folder", "files or folders")) named above could not be read and \(one ? "was" : "were") not sent; "
+                    + "everything else arrived")
+        }
         if tree.unsentForTheirNames > 0 {
             let one = tree.unsentForTheirNames == 1
             throw TransferError(

@@ -9,7 +9,8 @@
 # never leaves a partial under the final name and the next run resumes (moving less than the
 # whole file); trust on first use, a
 # changed fingerprint, --fingerprint pinning and --allow refusals; an offer declined when
-# there is no terminal to ask on; `send --to NAME` found over multicast DNS. Everything it
+# there is no terminal to ask on; `send --to NAME` found over multicast DNS; a sender who may
+# not read everything in a folder delivers the rest and exits 74. Everything it
 # creates (processes, namespaces, files) is removed on exit, also when interrupted.
 set -euo pipefail
 
@@ -313,5 +314,35 @@ send_run ask "" "$WORK/small.txt" "127.0.0.1:$RECV_PORT" --fingerprint "$recv_fp
 grep -q "declined" "$WORK/ask.serr" || fail "the sender was not told: $(cat "$WORK/ask.serr")"
 wait_recv
 ok "an offer nobody can confirm is declined (exit 77: $(tail -1 "$WORK/ask.serr"))"
+
+# --- 6. A user who may not read everything in a folder: the rest arrives, then exit 74 -----
+# The sender runs as nobody (root reads everything); its files, binary and folders are its own.
+SOLO=$WORK/unprivileged; mkdir -p "$SOLO/cfg" "$SOLO/home/tree/open" "$SOLO/home/tree/locked" "$SOLO/home/tree/unsearchable"
+cp "$QXFER" "$SOLO/qxfer"; chmod 755 "$WORK"
+echo readable >"$SOLO/home/tree/open/a.txt"; echo secret >"$SOLO/home/tree/locked/b.txt"
+echo hidden >"$SOLO/home/tree/unsearchable/c.txt"; echo private >"$SOLO/home/tree/private.txt"
+chown -R nobody "$SOLO"
+# Owned by root with no access for others: nobody may not read these.
+chown root "$SOLO/home/tree/private.txt" "$SOLO/home/tree/locked" "$SOLO/home/tree/unsearchable"
+chmod 600 "$SOLO/home/tree/private.txt"; chmod 700 "$SOLO/home/tree/locked"; chmod 744 "$SOLO/home/tree/unsearchable"
+as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups "$SOLO/qxfer" send --config-dir "$SOLO/cfg" "$@"; }
+dst=$WORK/dst-unreadable; mkdir -p "$dst"
+recv_start unreadable "" --dir "$dst" --yes --once --port 0 --host 127.0.0.1
+set +e; as_nobody "$SOLO/home/tree" "127.0.0.1:$RECV_PORT" >"$WORK/unreadable.sout" 2>"$WORK/unreadable.serr"; rc=$?; set -e
+[ "$rc" = 74 ] || fail "a folder holding unreadable items: send exit $rc, expected 74: $(cat "$WORK/unreadable.serr")"
+for _ in $(seq 1 100); do kill -0 "$RECV_PID" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$RECV_PID" 2>/dev/null && fail "the sender gave up before sending anything: $(cat "$WORK/unreadable.serr")"
+wait_recv; [ "$RECV_RC" = 0 ] || fail "a folder holding unreadable items: recv exit $RECV_RC: $(cat "$WORK/unreadable.err")"
+cmp "$SOLO/home/tree/open/a.txt" "$dst/tree/open/a.txt" || fail "the readable file did not arrive"
+for gone in locked unsearchable private.txt; do
+    [ ! -e "$dst/tree/$gone" ] || fail "'$gone', unreadable to the sender, was created on the receiver"
+    grep -q "tree/$gone': cannot .*: Permission denied; not sent" "$WORK/unreadable.serr" || fail "'$gone' was not reported: $(cat "$WORK/unreadable.serr")"
+done
+grep -q "3 files or folders named above could not be read and were not sent; everything else arrived" "$WORK/unreadable.serr" \
+    || fail "no closing line for the unread items: $(cat "$WORK/unreadable.serr")"
+set +e; as_nobody "$SOLO/home/tree/private.txt" 127.0.0.1:9 >/dev/null 2>"$WORK/unreadable1.serr"; rc=$?; set -e
+[ "$rc" = 74 ] && grep -q "cannot read '.*private.txt': Permission denied" "$WORK/unreadable1.serr" \
+    || fail "an unreadable file named on the command line: exit $rc: $(cat "$WORK/unreadable1.serr")"
+ok "unreadable items inside a folder are reported and skipped, the rest arrives, exit 74; an unreadable path named is refused before connecting"
 
 echo "e2e: all transfer tests passed"

@@ -27,6 +27,9 @@ public struct SourceTree: Sendable {
     /// their names: data the user asked to send that does not arrive, so the send is incomplete.
     /// (Sockets, devices and links leaving the tree hold no data qxfer carries.)
     public private(set) var unsentForTheirNames = 0
+    /// How many of the skipped items are files or folders inside a folder that this process may
+    /// not read (or list): the rest is sent, and the send then fails, as `scp -r` and rsync do.
+    public private(set) var unreadable = 0
     /// Whether a file too large to be batched occupies fewer blocks than its size: it has holes
     /// (or is compressed), so the offer lets Zeros stand for them (docs/PROTOCOL.md §3.8).
     public private(set) var mayHaveHoles = false
@@ -72,6 +75,8 @@ public struct SourceTree: Sendable {
                 throw TransferError(
                     .io, "cannot send '\(path)': it is \(kind), not a file or folder (to send what a program writes, pipe it: … | qxfer send - HOST --name NAME)")
             }
+            // Named by the user: refused before anything is offered, not skipped.
+            guard isReadable(path, info) else { throw TransferError.posix("cannot read", "'\(path)'", errno: errno) }
             try tree.add(path: path, components: [name], info: info)
         }
         guard tree.entries.count <= ProtocolLimits.maximumEntries else {
@@ -105,8 +110,8 @@ public struct SourceTree: Sendable {
             if size > TransferSender.batchedFileLimit, info.st_blocks < info.st_size / 512 { mayHaveHoles = true }
             append(OfferEntry(kind: .file, path: components, size: size, mode: mode, modificationTime: mtime), .file(path: path))
         case S_IFDIR:
-            append(OfferEntry(kind: .directory, path: components, mode: mode, modificationTime: mtime), .none)
             let (children, undecodable) = try SourceTree.list(path)
+            append(OfferEntry(kind: .directory, path: components, mode: mode, modificationTime: mtime), .none)
             if undecodable > 0 {
                 skipped.append("'\(path)': \(undecodable) names that are not valid UTF-8; not sent")
                 unsentForTheirNames += undecodable
@@ -120,7 +125,17 @@ public struct SourceTree: Sendable {
                 }
                 var childInfo = stat()
                 guard lstat(childPath, &childInfo) == 0 else {
-                    throw TransferError.posix("cannot read", "'\(childPath)'", errno: errno)
+                    let error = errno
+                    // Gone since the listing: nothing of it can be sent, nothing is lost.
+                    if error == ENOENT { skipped.append("'\(childPath)': removed while the folder was read; not sent"); continue }
+                    throw TransferError.posix("cannot read", "'\(childPath)'", errno: error)
+                }
+                let kind = childInfo.st_mode & S_IFMT
+                if kind == S_IFREG || kind == S_IFDIR, !Self.isReadable(childPath, childInfo) {
+                    let reason = String(cString: strerror(errno))
+                    skipped.append("'\(childPath)': \(kind == S_IFDIR ? "cannot list" : "cannot read"): \(reason); not sent")
+                    unreadable += 1
+                    continue
                 }
                 try add(path: childPath, components: components + [name], info: childInfo)
             }
@@ -136,6 +151,20 @@ public struct SourceTree: Sendable {
         default:
             skipped.append("'\(path)': \(Self.specialKind(info) ?? "not a regular file"), not a file, folder or symlink; not sent")
         }
+    }
+
+    /// Whether this process may read the file, or list and enter the folder, at `path`. The
+    /// permission bits settle the usual cases (own or everyone's) without a system call; the
+    /// kernel decides the rest (groups, ACLs, root's override), and sets `errno` when it says no.
+    /// A file may still become unreadable before its turn; the send then fails with an I/O
+    /// error (docs/PROTOCOL.md §3.5).
+    static func isReadable(_ path: String, _ info: stat) -> Bool {
+        let folder = info.st_mode & S_IFMT == S_IFDIR
+        let needed: mode_t = folder ? 0o5 : 0o4  // read, and search for a folder
+        let owner = (info.st_mode >> 6) & needed == needed
+        let groupAndOthers = (info.st_mode >> 3) & needed == needed && info.st_mode & needed == needed
+        if info.st_uid == geteuid() ? owner : groupAndOthers { return true }
+        return faccessat(AT_FDCWD, path, folder ? R_OK | X_OK : R_OK, AT_EACCESS) == 0
     }
 
     /// What a path that is neither file, folder nor symlink is, in words; nil for those three.
