@@ -95,6 +95,37 @@ import Testing
         #expect(readFile(outside + "/victim") == Array("secret".utf8))
     }
 
+    /// A read-only folder an earlier transfer of the same tree left takes new files: its owner
+    /// gets read, write and search until the offered mode is applied; a folder of another owner,
+    /// or one a symlink stands in for, is left as it is.
+    @Test func readOnlyFolderOfOursTakesNewFiles() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        let target = temp.sub("t")
+        try FileManager.default.createDirectory(atPath: target + "/ours", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: target + "/theirs", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: temp.sub("elsewhere"), withIntermediateDirectories: true)
+        #expect(symlink(temp.sub("elsewhere"), target + "/pointer") == 0)
+        #expect(chmod(target + "/ours", 0o555) == 0 && chmod(target + "/theirs", 0o555) == 0 && chmod(temp.sub("elsewhere"), 0o555) == 0)
+        #expect(chown(target + "/theirs", geteuid() &+ 1, getegid()) == 0 || geteuid() != 0)
+        func mode(_ path: String) -> mode_t {
+            var info = stat()
+            return lstat(path, &info) == 0 ? info.st_mode & 0o7777 : 0
+        }
+        let dir = try TargetDirectory(path: target)
+        try dir.createDirectory(SafePath(validating: "ours"))
+        #expect(mode(target + "/ours") == 0o755)
+        #expect(throws: TransferError(.exists, "")) { try dir.createDirectory(SafePath(validating: "pointer")) }
+        #expect(mode(temp.sub("elsewhere")) == 0o555)
+        if geteuid() == 0 {  // only root can give a folder to someone else
+            try dir.createDirectory(SafePath(validating: "theirs"))
+            #expect(mode(target + "/theirs") == 0o555)
+        }
+        try dir.setDirectoryAttributes(SafePath(validating: "ours"), mode: 0o555, modificationTime: 0)
+        #expect(mode(target + "/ours") == 0o555)
+        _ = chmod(target + "/ours", 0o755); _ = chmod(target + "/theirs", 0o755); _ = chmod(temp.sub("elsewhere"), 0o755)
+    }
+
     /// Every accepted path of the corpus is created inside the target and nothing else appears
     /// outside it; every rejected one never reaches the file system.
     @Test func corpusCreatesOnlyInsideTarget() throws {

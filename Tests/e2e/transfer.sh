@@ -345,4 +345,24 @@ set +e; as_nobody "$SOLO/home/tree/private.txt" 127.0.0.1:9 >/dev/null 2>"$WORK/
     || fail "an unreadable file named on the command line: exit $rc: $(cat "$WORK/unreadable1.serr")"
 ok "unreadable items inside a folder are reported and skipped, the rest arrives, exit 74; an unreadable path named is refused before connecting"
 
+# A read-only folder, sent again once it holds a new file: the receiver (nobody too) writes into
+# its own read-only copy and leaves it read-only again.
+mkdir -p "$SOLO/home/ro/sub" "$SOLO/inbox"; echo one >"$SOLO/home/ro/sub/one"; chown -R nobody "$SOLO/home/ro" "$SOLO/inbox"
+chmod 555 "$SOLO/home/ro/sub" "$SOLO/home/ro"
+for round in first second; do
+    [ $round = second ] && { chmod 755 "$SOLO/home/ro/sub"; echo two >"$SOLO/home/ro/sub/two"; chmod 555 "$SOLO/home/ro/sub"; }
+    setpriv --reuid=nobody --regid=nogroup --clear-groups "$SOLO/qxfer" recv --config-dir "$SOLO/cfg-recv" --no-advertise \
+        --dir "$SOLO/inbox" --yes --once --port 0 --host 127.0.0.1 >"$WORK/ro-$round.out" 2>"$WORK/ro-$round.err" </dev/null &
+    RECV_PID=$!; PIDS+=("$RECV_PID"); RECV_PORT=
+    for _ in $(seq 1 100); do
+        RECV_PORT=$(grep -o 'on port [0-9]*' "$WORK/ro-$round.out" 2>/dev/null | grep -o '[0-9]*$' || true); [ -n "$RECV_PORT" ] && break; sleep 0.1
+    done
+    set +e; as_nobody "$SOLO/home/ro" "127.0.0.1:$RECV_PORT" >"$WORK/ro-$round.sout" 2>"$WORK/ro-$round.serr"; rc=$?; set -e
+    [ "$rc" = 0 ] || fail "a read-only folder, $round send: exit $rc: $(cat "$WORK/ro-$round.serr")"
+    wait_recv; [ "$RECV_RC" = 0 ] || fail "a read-only folder, $round send: recv exit $RECV_RC: $(cat "$WORK/ro-$round.err")"
+done
+same_tree "$SOLO/home/ro" "$SOLO/inbox/ro" "a read-only folder sent again"
+[ "$(stat -c %a "$SOLO/inbox/ro/sub")" = 555 ] || fail "the read-only folder was left $(stat -c %a "$SOLO/inbox/ro/sub")"
+ok "a read-only folder sent again with a new file in it: the receiver's read-only copy takes it and stays read-only"
+
 echo "e2e: all transfer tests passed"

@@ -3,6 +3,7 @@ import Glibc
 #elseif canImport(Musl)
 import Musl
 #endif
+internal import LinuxSystem
 
 /// An open file descriptor, closed when the last reference goes away (immutable, so it may be
 /// handed between threads).
@@ -98,7 +99,10 @@ public final class TargetDirectory {
     }
 
     /// Creates the directory `path` and any missing parents; an existing directory is fine,
-    /// anything else at that name is ``TransferError/Code/exists``.
+    /// anything else at that name is ``TransferError/Code/exists``. An existing directory of
+    /// ours that its owner may not read, write into or enter (a read-only folder, as an earlier
+    /// transfer of the same tree left it) gets those bits until
+    /// ``setDirectoryAttributes(_:mode:modificationTime:)`` applies the offered mode, as rsync does.
     public func createDirectory(_ path: SafePath) throws(TransferError) {
         let parent = try openParent(of: path, create: true)
         if mkdirat(parent.fd, path.name, 0o700) != 0 {
@@ -106,6 +110,15 @@ public final class TargetDirectory {
             guard err == EEXIST else { throw TransferError.posix("cannot create directory", path.description, errno: err) }
             guard case .directory = try kind(of: path.name, in: parent) else {
                 throw TransferError(.exists, "'\(path)' exists and is not a directory")
+            }
+            // O_PATH opens a folder its owner may not read; chmod through /proc/self/fd changes
+            // exactly the folder opened, never what a symlink put at the name since points to.
+            let fd = DirectoryHandle.open(path.name, in: parent.fd)
+            guard fd >= 0 else { return }
+            defer { close(fd) }
+            var info = stat()
+            if fstat(fd, &info) == 0, info.st_uid == geteuid(), info.st_mode & S_IRWXU != S_IRWXU {
+                _ = chmod("/proc/self/fd/\(fd)", (info.st_mode & 0o7777) | S_IRWXU)  // if refused, writing into it says why
             }
         }
     }
