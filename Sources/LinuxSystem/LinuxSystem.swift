@@ -1,3 +1,4 @@
+import Glibc
 internal import CQXferLinux
 
 /// glibc's allocator, as a process tunes it.
@@ -22,6 +23,31 @@ public enum MallocArenas {
     @discardableResult
     public static func keepFreedBlocks(upTo largestBlock: Int32, retaining retained: Int32) -> Bool {
         cqxfer_keep_freed_blocks(largestBlock, retained) == 1
+    }
+}
+
+/// How many files a process may hold open.
+public enum OpenFileLimit {
+    /// Raises the soft limit on open files to the hard one and returns the limit in force.
+    /// Many systems start programs at 1 024 (the soft limit, kept low for `select(2)`) below a
+    /// hard limit of hundreds of thousands; qxfer uses no `select`, and a receiver of many
+    /// small files holds a descriptor for each file being committed.
+    @discardableResult
+    public static func raiseToHard() -> UInt64 {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 1024 }
+        if limit.rlim_cur < limit.rlim_max {
+            var raised = limit
+            raised.rlim_cur = limit.rlim_max
+            if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 { return UInt64(raised.rlim_cur) }
+        }
+        return UInt64(limit.rlim_cur)
+    }
+
+    /// The limit on open files in force (the soft one).
+    public static var current: UInt64 {
+        var limit = rlimit()
+        return getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 ? UInt64(limit.rlim_cur) : 1024
     }
 }
 

@@ -73,7 +73,8 @@ public struct TransferError: Error, Hashable, CustomStringConvertible, Sendable 
 
     /// Builds an ``Code/io`` error from `errno` for an operation on a path.
     static func posix(_ operation: String, _ path: String, errno err: Int32) -> TransferError {
-        let reason = String(cString: strerror(err))
+        var reason = String(cString: strerror(err))
+        if err == EMFILE { reason += " (raise this process's limit: ulimit -n)" }
         let code: Code = (err == ENOSPC || err == EFBIG || err == EDQUOT) ? .noSpace : .io
         return TransferError(code, "\(operation) \(path): \(reason)")
     }

@@ -35,6 +35,7 @@ struct QXferCommand: AsyncParsableCommand {
         // receiver that drains a backlog in bursts peaked at 56–64 MiB (faults.sh, slow reader,
         // QUIC, four runs; 66 in CI) against 53–59 MiB with two arenas: the brief wants < 64.
         MallocArenas.limit(to: 2)
+        OpenFileLimit.raiseToHard()
         // Before parsing, for usage errors; the parsed command says for sure.
         Console.json = CommandLine.arguments.contains("--json")
         do {

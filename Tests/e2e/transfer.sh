@@ -365,4 +365,33 @@ same_tree "$SOLO/home/ro" "$SOLO/inbox/ro" "a read-only folder sent again"
 [ "$(stat -c %a "$SOLO/inbox/ro/sub")" = 555 ] || fail "the read-only folder was left $(stat -c %a "$SOLO/inbox/ro/sub")"
 ok "a read-only folder sent again with a new file in it: the receiver's read-only copy takes it and stays read-only"
 
+# --- 7. Thousands of small files to a receiver allowed few open files --------------------
+# Verified files hold their partials open until committed; the receiver keeps them within its
+# limit (ulimit -n 200, soft and hard) by reading more slowly, on both stacks.
+MANY=$WORK/many
+python3 - "$MANY" <<'PY'
+import os, random, sys
+random.seed(7)
+for d in range(12):
+    os.makedirs(f"{sys.argv[1]}/d{d}", exist_ok=True)
+    for f in range(250):
+        with open(f"{sys.argv[1]}/d{d}/f{f}", "wb") as out: out.write(random.randbytes(random.randint(1, 6000)))
+PY
+for stack in quic tls; do
+    dst=$WORK/dst-many-$stack; mkdir -p "$dst"
+    : >"$WORK/many-$stack.out"
+    (ulimit -n 200; exec "$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --dir "$dst" --yes --once --port 0 --host 127.0.0.1 \
+        >"$WORK/many-$stack.out" 2>"$WORK/many-$stack.err" </dev/null) &
+    RECV_PID=$!; PIDS+=("$RECV_PID"); RECV_PORT=
+    for _ in $(seq 1 100); do
+        RECV_PORT=$(grep -o 'on port [0-9]*' "$WORK/many-$stack.out" | grep -o '[0-9]*$' || true); [ -n "$RECV_PORT" ] && break; sleep 0.1
+    done
+    send_run "many-$stack" "" "$MANY" "127.0.0.1:$RECV_PORT" --stack $stack
+    [ "$SEND_RC" = 0 ] || fail "3000 files to a receiver allowed 200 open files, $stack: send exit $SEND_RC: $(tail -2 "$WORK/many-$stack.serr")"
+    wait_recv; [ "$RECV_RC" = 0 ] || fail "3000 files, $stack: recv exit $RECV_RC: $(tail -2 "$WORK/many-$stack.err")"
+    same_tree "$MANY" "$dst/many" "3000 files, $stack"
+    rm -rf "$dst"
+done
+ok "3000 small files to a receiver allowed 200 open files arrived whole on both stacks"
+
 echo "e2e: all transfer tests passed"

@@ -57,6 +57,9 @@ struct ReceivingSession {
 
     private var unfinished: String { pending.count == 1 ? "1 file" : "\(pending.count) files" }
 
+    /// Verified files that hold their partial open until the committer is done with them.
+    var filesAwaitingCommit: Int { readyToCommit.count + committing.count }
+
     /// Whether every file has been answered.
     var isFinished: Bool { pending.isEmpty && readyToCommit.isEmpty && committing.isEmpty }
 

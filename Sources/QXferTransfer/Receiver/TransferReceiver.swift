@@ -151,12 +151,27 @@ public struct TransferReceiver: Sendable {
                 }
             }
             // Verified files are committed (fsync, rename) beside this loop, one group at a time,
-            // while it goes on reading; their outcomes come back through the funnel.
+            // while it goes on reading; their outcomes come back through the funnel. Each holds
+            // a descriptor until then: past the budget, what the streams bring is held back (so
+            // they stop reading, and the sender slows down) until a commit has let files go.
             var commit: Task<[CommitOutcome], Never>?
+            var heldBack: [InboundFunnel.Delivery] = []
+            let committingBudget = Self.committingBudget()
             var waitsForReason = false
             do {
                 while !session.isFinished {
-                    guard let delivery = await inbound.next() else { break }
+                    let mustWait = commit != nil && session.filesAwaitingCommit >= committingBudget
+                    let delivery: InboundFunnel.Delivery
+                    if !mustWait, !heldBack.isEmpty {
+                        delivery = heldBack.removeFirst()
+                    } else {
+                        guard let next = await inbound.next() else { break }
+                        if mustWait, next.source != .committer {
+                            heldBack.append(next)
+                            continue
+                        }
+                        delivery = next
+                    }
                     defer { delivery.handled.resume() }
                     watchdog.busy()
                     if case .committed = delivery.event { commit = nil }
@@ -179,6 +194,7 @@ public struct TransferReceiver: Sendable {
                     if commit == nil { watchdog.idle(allowance: session.hashingAllowance) }
                 }
                 watchdog.stop()
+                release(&heldBack)
                 for reply in try session.finishTree() {
                     try await connection.send(reply)
                 }
@@ -189,6 +205,7 @@ public struct TransferReceiver: Sendable {
                 // Partials checkpointed and closed first: a newer transfer may be waiting for them.
                 // The files being committed are the committer's until it is done with them.
                 _ = await commit?.value
+                release(&heldBack)
                 session.abandonOpenFiles()
                 registry.release(registration)
                 if let error = error as? TransferError {
@@ -202,6 +219,18 @@ public struct TransferReceiver: Sendable {
                 throw error
             }
         }
+    }
+
+    /// The most verified files that wait for the committer, holding their partials open: half
+    /// of the descriptors this process may open beyond those its streams' files (up to 128 at
+    /// once), the folders it keeps open and the network take; at least 16.
+    static func committingBudget() -> Int { max(16, (Int(clamping: OpenFileLimit.current) - 256) / 2) }
+
+    /// Lets the streams whose messages were held back go on (their messages unread: the
+    /// transfer ended, or they come after its end).
+    private func release(_ heldBack: inout [InboundFunnel.Delivery]) {
+        for delivery in heldBack { delivery.handled.resume() }
+        heldBack.removeAll()
     }
 
     /// Sends the verdicts of one step: in Batches when the offer allows them, else one by one.
