@@ -45,7 +45,7 @@ sources() {
         codec)   echo "fuzz/harness/FuzzCodec.swift $WIRE" ;;
         frames)  echo "fuzz/harness/FuzzFrames.swift $WIRE" ;;
         paths)   echo "fuzz/harness/FuzzPaths.swift $T/Paths/SafePath.swift $T/Limits.swift $T/TransferError.swift $PLAIN" ;;
-        journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $WIRE fuzz/support/JournalSupport.swift" ;;
+        journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $WIRE Sources/SafeOutput/RenameAt.swift fuzz/support/JournalSupport.swift" ;;
         dns)     echo "fuzz/harness/FuzzDNS.swift $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift" ;;
         framers) echo "fuzz/harness/FuzzFramers.swift Sources/QXferCore/FrameRules.swift Sources/QXferCore/QXferError.swift" ;;
         media)   echo "fuzz/harness/FuzzMedia.swift $S/MediaFiles.swift $STREAM Sources/SafeOutput/OutputFile.swift Sources/SafeOutput/OutputKind.swift" ;;
@@ -113,7 +113,7 @@ if [ "$mode" = seeds ]; then
     # shellcheck disable=SC2046
     "$SWIFTC" -swift-version 6 -module-name QXferFuzzSeeds -module-cache-path "$OUT/module-cache" \
         "${CXXHASH[@]}" fuzz/seeds/main.swift $WIRE $T/Store/Journal.swift $T/Paths/TargetDirectory.swift \
-        $T/Paths/SafePath.swift fuzz/support/JournalSupport.swift \
+        $T/Paths/SafePath.swift Sources/SafeOutput/RenameAt.swift fuzz/support/JournalSupport.swift \
         $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift -o "$OUT/seeds"
     "$OUT/seeds" fuzz/corpus
     python3 fuzz/seeds/wire_seeds.py fuzz/corpus

@@ -1,5 +1,5 @@
 // Checks, at compile time, that CQXferLinux.h agrees with the kernel's headers.
-#define _GNU_SOURCE  // fallocate, SEEK_DATA, SEEK_HOLE, O_PATH
+#define _GNU_SOURCE  // fallocate, SEEK_DATA, SEEK_HOLE
 #include <fcntl.h>
 #include <unistd.h>
 #include "CQXferLinux.h"
@@ -20,7 +20,3 @@ int cqxfer_punch_hole(int fd, int64_t offset, int64_t length) {
 
 int64_t cqxfer_seek_data(int fd, int64_t offset) { return lseek(fd, offset, SEEK_DATA); }
 int64_t cqxfer_seek_hole(int fd, int64_t offset) { return lseek(fd, offset, SEEK_HOLE); }
-
-int cqxfer_open_directory_handle(int dirfd, const char *name) {
-	return openat(dirfd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-}

@@ -51,16 +51,6 @@ public enum OpenFileLimit {
     }
 }
 
-/// A folder named without opening it for reading.
-public enum DirectoryHandle {
-    /// Opens the folder `name` in the folder `parent` as a handle only (`O_PATH`), never through
-    /// a symlink: its owner need not be allowed to read it, and `fstat` and `/proc/self/fd/N`
-    /// work on it. -1 with errno set.
-    public static func open(_ name: String, in parent: Int32) -> Int32 {
-        cqxfer_open_directory_handle(parent, name)
-    }
-}
-
 /// Space a file occupies on disk.
 public enum FileSpace {
     /// Frees the blocks of `[offset, offset + length)` of the open file `descriptor` and keeps

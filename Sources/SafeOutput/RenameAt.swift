@@ -36,3 +36,12 @@ public func startWriteBack(of file: Int32, offset: Int64, length: Int64) -> Int3
     guard cfslinux_start_write_back(file, offset, length) == 0 else { return errno }
     return 0
 }
+
+/// Opens the folder `name` in the open folder `directory` as a handle only, never through a
+/// symlink: its owner need not be allowed to read it, and `fstat` and `/proc/self/fd/N` work on
+/// it. Returns the descriptor, or -1 with `errno` set.
+///
+/// The corresponding Linux call is `openat(2)` with `O_PATH | O_DIRECTORY | O_NOFOLLOW`.
+public func openDirectoryHandle(_ name: String, in directory: Int32) -> Int32 {
+    cfslinux_open_directory_handle(directory, name)
+}

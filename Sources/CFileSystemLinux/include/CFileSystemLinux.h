@@ -1,5 +1,5 @@
 // Linux file-system calls Swift's Glibc module does not show (renameat2 is variadic syscall(2)
-// underneath, which Swift cannot call; syncfs and sync_file_range are declared only under
+// underneath, which Swift cannot call; syncfs, sync_file_range and O_PATH are declared only under
 // _GNU_SOURCE): used only through SafeOutput's Swift wrappers.
 #ifndef CFILESYSTEMLINUX_H
 #define CFILESYSTEMLINUX_H
@@ -24,5 +24,11 @@ static inline int cfslinux_syncfs(int fd) {
 /// without waiting for them. Returns 0 or -1 with errno set.
 static inline int cfslinux_start_write_back(int fd, long long offset, long long length) {
     return sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE);
+}
+
+/// openat(2) of the folder `name` in `dirfd` as a handle only (O_PATH): no read permission
+/// needed, never through a symlink. Returns the descriptor or -1 with errno set.
+static inline int cfslinux_open_directory_handle(int dirfd, const char *name) {
+    return openat(dirfd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 }
 #endif

@@ -115,8 +115,4 @@ int cqxfer_punch_hole(int fd, int64_t offset, int64_t length);
 int64_t cqxfer_seek_data(int fd, int64_t offset);
 int64_t cqxfer_seek_hole(int fd, int64_t offset);
 
-/// Opens the directory `name` in `dirfd` as a handle only (`O_PATH`, a GNU extension), not
-/// following a symlink: no read permission is needed. -1 with errno set.
-int cqxfer_open_directory_handle(int dirfd, const char *name);
-
 #endif

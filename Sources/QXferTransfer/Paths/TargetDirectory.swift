@@ -3,7 +3,9 @@ import Glibc
 #elseif canImport(Musl)
 import Musl
 #endif
-internal import LinuxSystem
+#if canImport(SafeOutput)  // fuzz/run.sh compiles its source into its one module
+internal import SafeOutput
+#endif
 
 /// An open file descriptor, closed when the last reference goes away (immutable, so it may be
 /// handed between threads).
@@ -113,7 +115,7 @@ public final class TargetDirectory {
             }
             // O_PATH opens a folder its owner may not read; chmod through /proc/self/fd changes
             // exactly the folder opened, never what a symlink put at the name since points to.
-            let fd = DirectoryHandle.open(path.name, in: parent.fd)
+            let fd = openDirectoryHandle(path.name, in: parent.fd)
             guard fd >= 0 else { return }
             defer { close(fd) }
             var info = stat()
