@@ -11,6 +11,7 @@ packages=(
   iproute2 iputils-ping iperf3 jq bc procps time             # namespaces, the link emulator's self-test, bench
   nftables                                                   # Tests/e2e/race.sh drops UDP or TCP between namespaces
   tmux                                                       # Tests/e2e/terminal.sh drives qxfer in a real terminal
+  exfat-fuse exfatprogs                                      # Tests/e2e/transfer.sh receives onto a USB stick's exFAT (FUSE)
   ffmpeg                                                     # qxfer stream: the tests check that ffmpeg reads its IVF output
   python3-zeroconf                                           # an independent mDNS/DNS-SD peer for the discovery tests
 )

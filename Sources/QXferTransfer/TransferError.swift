@@ -64,8 +64,16 @@ public struct TransferError: Error, Hashable, CustomStringConvertible, Sendable 
     /// One line for a person (never contains a newline).
     public let message: String
 
+    /// The `errno` value behind an error of a system call, when there is one.
+    let systemError: Int32?
+
     public init(_ code: Code, _ message: String) {
+        self.init(code, message, systemError: nil)
+    }
+
+    init(_ code: Code, _ message: String, systemError: Int32?) {
         self.code = code
+        self.systemError = systemError
         // Control characters escaped (``TerminalText``): a message, a peer's included, always
         // prints as one safe line, while a name's emoji or accents stay as written.
         self.message = TerminalText.escaped(message)
@@ -76,7 +84,14 @@ public struct TransferError: Error, Hashable, CustomStringConvertible, Sendable 
         var reason = String(cString: strerror(err))
         if err == EMFILE { reason += " (raise this process's limit: ulimit -n)" }
         let code: Code = (err == ENOSPC || err == EFBIG || err == EDQUOT) ? .noSpace : .io
-        return TransferError(code, "\(operation) \(path): \(reason)")
+        return TransferError(code, "\(operation) \(path): \(reason)", systemError: err)
+    }
+
+    /// Whether the file system refused this one name or file, not the folder as a whole: a name
+    /// it cannot hold (`:` on exFAT, too long), a permission. Another file may still succeed,
+    /// where a full disk, a read-only file system or a lack of descriptors would stop them all.
+    var concernsOneEntry: Bool {
+        code == .exists || [EINVAL, ENAMETOOLONG, EILSEQ, ENOENT, EPERM, EACCES].contains(systemError ?? 0)
     }
 
     public var description: String { message }

@@ -6,11 +6,20 @@ import Glibc
 /// entry already at the new name (`RENAME_NOREPLACE`), so a file that appeared meanwhile is
 /// never lost. Returns 0, or the errno value of the failure.
 ///
+/// A file system that cannot rename without replacing (many FUSE ones: exfat-fuse, ntfs-3g,
+/// sshfs) refuses the flag with `EINVAL`; there the name is looked up first and the rename is
+/// a plain one, so only a file created in the instant between the two can be replaced.
+///
 /// The corresponding Linux call is `renameat2(2)`.
 public func renameAt(_ directory: Int32, _ name: String, to newDirectory: Int32, _ newName: String, replacing: Bool) -> Int32 {
     let noReplace: UInt32 = 1  // RENAME_NOREPLACE, checked against <linux/fs.h> in the shim
-    guard cfslinux_renameat2(directory, name, newDirectory, newName, replacing ? 0 : noReplace) == 0 else { return errno }
-    return 0
+    if cfslinux_renameat2(directory, name, newDirectory, newName, replacing ? 0 : noReplace) == 0 { return 0 }
+    let err = errno
+    guard !replacing, err == EINVAL || err == ENOSYS else { return err }
+    var info = stat()
+    if fstatat(newDirectory, newName, &info, AT_SYMLINK_NOFOLLOW) == 0 { return EEXIST }
+    guard errno == ENOENT else { return errno }
+    return renameat(directory, name, newDirectory, newName) == 0 ? 0 : errno
 }
 
 /// Makes everything written to the file system that holds the open descriptor `file` durable at

@@ -10,7 +10,9 @@
 # whole file); trust on first use, a
 # changed fingerprint, --fingerprint pinning and --allow refusals; an offer declined when
 # there is no terminal to ask on; `send --to NAME` found over multicast DNS; a sender who may
-# not read everything in a folder delivers the rest and exits 74. Everything it
+# not read everything in a folder delivers the rest and exits 74; a read-only folder sent again;
+# thousands of files to a receiver under `ulimit -n 200`; a receive onto exFAT (FUSE), whose
+# names and links it cannot hold fail alone. Everything it
 # creates (processes, namespaces, files) is removed on exit, also when interrupted.
 set -euo pipefail
 
@@ -24,9 +26,12 @@ BIG_MIB=${E2E_BIG_MIB:-1024}
 WORK=$(mktemp -d /tmp/qxfer-e2e.XXXXXX)
 NS=qxe$$
 PIDS=()
+STICK= LOOPDEV=
 cleanup() {
     for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
+    if [ -n "$STICK" ]; then umount "$STICK" 2>/dev/null || true; fi
+    if [ -n "$LOOPDEV" ]; then losetup -d "$LOOPDEV" 2>/dev/null || true; fi
     ip netns del "${NS}a" 2>/dev/null || true
     ip netns del "${NS}b" 2>/dev/null || true
     rm -rf "$WORK"
@@ -393,5 +398,30 @@ for stack in quic tls; do
     rm -rf "$dst"
 done
 ok "3000 small files to a receiver allowed 200 open files arrived whole on both stacks"
+
+# --- 8. Onto a USB stick's file system: exFAT through FUSE ---------------------------------
+# It holds no ':' in a name and no symlink, and cannot rename without replacing (RENAME_NOREPLACE
+# is refused with EINVAL): those two entries fail alone, everything else arrives, exit 74.
+truncate -s 64M "$WORK/stick.img"; mkfs.exfat "$WORK/stick.img" >/dev/null
+LOOPDEV=$(losetup -f --show "$WORK/stick.img"); STICK=$WORK/stick; mkdir -p "$STICK"
+mount.exfat-fuse "$LOOPDEV" "$STICK" >/dev/null 2>&1 || fail "cannot mount an exFAT file system through FUSE"
+USB=$WORK/for-the-stick; mkdir -p "$USB/photos"
+head -c 3000000 /dev/urandom >"$USB/photos/big.jpg"; echo notes >"$USB/notes.txt"; echo when >"$USB/meeting 10:30.txt"
+ln -s notes.txt "$USB/link to notes"
+for stack in quic tls; do
+    mkdir -p "$STICK/$stack"
+    recv_start "stick-$stack" "" --dir "$STICK/$stack" --yes --once --port 0 --host 127.0.0.1
+    send_run "stick-$stack" "" "$USB" "127.0.0.1:$RECV_PORT" --stack $stack
+    [ "$SEND_RC" = 74 ] || fail "onto exFAT, $stack: send exit $SEND_RC, expected 74: $(cat "$WORK/stick-$stack.serr")"
+    wait_recv
+    cmp "$USB/photos/big.jpg" "$STICK/$stack/for-the-stick/photos/big.jpg" || fail "onto exFAT, $stack: big.jpg did not arrive"
+    cmp "$USB/notes.txt" "$STICK/$stack/for-the-stick/notes.txt" || fail "onto exFAT, $stack: notes.txt did not arrive"
+    for refused in "meeting 10:30.txt" "link to notes"; do
+        grep -q "'for-the-stick/$refused' not transferred: the receiver: cannot create" "$WORK/stick-$stack.serr" \
+            || fail "onto exFAT, $stack: '$refused' was not reported: $(cat "$WORK/stick-$stack.serr")"
+    done
+    [ -z "$(find "$STICK/$stack" -name '*.qxfer-*')" ] || fail "onto exFAT, $stack: a partial or journal was left behind"
+done
+ok "onto exFAT (FUSE): the names it cannot hold fail alone, the rest arrives (exit 74), renamed without RENAME_NOREPLACE"
 
 echo "e2e: all transfer tests passed"

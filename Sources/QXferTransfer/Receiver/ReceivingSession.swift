@@ -35,6 +35,9 @@ struct ReceivingSession {
         case present(FileTarget, digest: [UInt8])
         /// An early file answered `skip`: its data comes anyway and is dropped (§3.7).
         case skipped
+        /// A file whose partial could not be made (the file system refused its name, say): its
+        /// data is checked and dropped, and its FileDone answered Failed; the others go on.
+        case unwritable(TransferError)
     }
     /// Early files whose data is dropped (answered `present` or `skip`), and the offset their
     /// next FileData must start at.
@@ -215,7 +218,7 @@ struct ReceivingSession {
         if let next = discarding[entry] {
             let (end, overflow) = offset.addingReportingOverflow(count)
             guard offset == next, !overflow, end <= offer.entries[Int(entry)].size else {
-                throw TransferError(.protocolViolation, "early file data for '\(paths[Int(entry)])' at offset \(offset) does not follow its previous data or overruns its size")
+                throw TransferError(.protocolViolation, "data for '\(paths[Int(entry)])' at offset \(offset) does not follow its previous data or overruns its size")
             }
             discarding[entry] = end
             return false
@@ -224,7 +227,13 @@ struct ReceivingSession {
             throw TransferError(.protocolViolation, "file data for '\(paths[Int(entry)])', which the receiver already has")
         }
         if writer == nil {
-            writer = try open(target, resume, startingAt: offset)
+            do {
+                writer = try open(target, resume, startingAt: offset)
+            } catch let error as TransferError where error.concernsOneEntry {
+                pending[entry] = .unwritable(error)
+                discarding[entry] = offset
+                return try receive(entry: entry, offset: offset, count: count, append: append)
+            }
             // Recorded before the first write, which may refuse the data: the partial is then
             // removed with the others when the transfer stops (§6, "Leftovers").
             pending[entry] = .receive(target, resume, writer)
@@ -261,6 +270,8 @@ struct ReceivingSession {
         switch pending.removeValue(forKey: done.entry)! {
         case .skipped:
             return []
+        case .unwritable(let error):
+            outcome = .failure(error)
         case .present(let target, let digest):
             if !sentEarly {  // an early file was never counted: the sender hashed nothing first
                 bytesToHashFirst = bytesToHashFirst.saturatingSubtract(target.size ?? 0)
