@@ -158,6 +158,44 @@ struct HostileNumbersTests {
         #expect(!exists(dst + "/first") && !exists(dst + "/.first.qxfer-partial"))
     }
 
+    @Test("A file whose partial cannot be made fails alone: its data checked and dropped, the others arrive", arguments: StackKind.allCases)
+    func unwritableFileFailsAlone(_ kind: StackKind) async throws {
+        let (scratch, dst) = try Self.emptyFolder()
+        defer { scratch.cleanup() }
+        let first = pattern(3000), second = pattern(200, seed: 3)
+        let entries = [Self.file(["first"], size: 3000), Self.file(["second"], size: 200)]
+        let (server, replies) = try await Self.accepted(kind, entries, dst: dst) { peer, _ in
+            // Accepted as absent; by the time its data comes, a folder holds the name.
+            try FileManager.default.createDirectory(atPath: dst + "/first", withIntermediateDirectories: false)
+            let a = try await peer.openDataStream()
+            try await a.send(.fileData(FileData(entry: 0, offset: 0, bytes: Array(first[..<1000]))))
+            try await a.send(.fileData(FileData(entry: 0, offset: 1000, bytes: Array(first[1000...]))))
+            try await a.send(.fileDone(FileDone(entry: 0, size: 3000, algorithm: .xxh3_128, digest: DigestAlgorithm.xxh3_128.digest(of: first))))
+            if a.hasIndependentStreams { try await a.finish() }
+            let b = try await Self.sendFile(peer, entry: 1, second)
+            withExtendedLifetime(a) {}
+            return b
+        }
+        #expect(replies.contains { if case .failed(let f) = $0 { f.entry == 0 && f.code == .exists } else { false } }, "\(replies)")
+        #expect(replies.contains(.verified(entry: 1)), "\(replies)")
+        #expect(replies.last == .complete(Complete(succeeded: 1, failed: 1)))
+        #expect(try server.get().failures.map(\.error.code) == [.exists])
+        #expect(readFile(dst + "/second") == second)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: dst + "/first").isEmpty)
+
+        // Its data is still held to the rules: past its size is a protocol violation.
+        let (scratch2, dst2) = try Self.emptyFolder()
+        defer { scratch2.cleanup() }
+        let (server2, _) = try await Self.accepted(kind, [Self.file(["first"], size: 3000)], dst: dst2) { peer, _ in
+            try FileManager.default.createDirectory(atPath: dst2 + "/first", withIntermediateDirectories: false)
+            let a = try await peer.openDataStream()
+            try await a.send(.fileData(FileData(entry: 0, offset: 0, bytes: first)))
+            try await a.send(.fileData(FileData(entry: 0, offset: 3000, bytes: [1])))
+            return a
+        }
+        #expect(throws: TransferError(.protocolViolation, "")) { try server2.get() }
+    }
+
     @Test("Complete counts every entry once: folders and links included, succeeded + failed = count", arguments: StackKind.allCases)
     func completeCounts(_ kind: StackKind) async throws {
         let (scratch, dst) = try Self.emptyFolder()
