@@ -85,6 +85,13 @@ recv_start() {
     [ -n "$ns" ] && run=(ip netns exec "$ns")
     : >"$WORK/$name.out"
     "${run[@]}" "$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" </dev/null &
+    recv_started "$name"
+}
+
+# recv_started NAME: after a receiver was started in the background with its output in
+# $WORK/NAME.out and .err; sets RECV_PID, RECV_PORT (from its banner).
+recv_started() {
+    local name=$1
     RECV_PID=$!; PIDS+=("$RECV_PID")
     for _ in $(seq 1 100); do
         RECV_PORT=$(grep -o 'on port [0-9]*' "$WORK/$name.out" 2>/dev/null | grep -o '[0-9]*$' || true)
@@ -358,10 +365,7 @@ for round in first second; do
     [ $round = second ] && { chmod 755 "$SOLO/home/ro/sub"; echo two >"$SOLO/home/ro/sub/two"; chmod 555 "$SOLO/home/ro/sub"; }
     setpriv --reuid=nobody --regid=nogroup --clear-groups "$SOLO/qxfer" recv --config-dir "$SOLO/cfg-recv" --no-advertise \
         --dir "$SOLO/inbox" --yes --once --port 0 --host 127.0.0.1 >"$WORK/ro-$round.out" 2>"$WORK/ro-$round.err" </dev/null &
-    RECV_PID=$!; PIDS+=("$RECV_PID"); RECV_PORT=
-    for _ in $(seq 1 100); do
-        RECV_PORT=$(grep -o 'on port [0-9]*' "$WORK/ro-$round.out" 2>/dev/null | grep -o '[0-9]*$' || true); [ -n "$RECV_PORT" ] && break; sleep 0.1
-    done
+    recv_started "ro-$round"
     set +e; as_nobody "$SOLO/home/ro" "127.0.0.1:$RECV_PORT" >"$WORK/ro-$round.sout" 2>"$WORK/ro-$round.serr"; rc=$?; set -e
     [ "$rc" = 0 ] || fail "a read-only folder, $round send: exit $rc: $(cat "$WORK/ro-$round.serr")"
     wait_recv; [ "$RECV_RC" = 0 ] || fail "a read-only folder, $round send: recv exit $RECV_RC: $(cat "$WORK/ro-$round.err")"
@@ -384,13 +388,9 @@ for d in range(12):
 PY
 for stack in quic tls; do
     dst=$WORK/dst-many-$stack; mkdir -p "$dst"
-    : >"$WORK/many-$stack.out"
     (ulimit -n 200; exec "$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --dir "$dst" --yes --once --port 0 --host 127.0.0.1 \
         >"$WORK/many-$stack.out" 2>"$WORK/many-$stack.err" </dev/null) &
-    RECV_PID=$!; PIDS+=("$RECV_PID"); RECV_PORT=
-    for _ in $(seq 1 100); do
-        RECV_PORT=$(grep -o 'on port [0-9]*' "$WORK/many-$stack.out" | grep -o '[0-9]*$' || true); [ -n "$RECV_PORT" ] && break; sleep 0.1
-    done
+    recv_started "many-$stack"
     send_run "many-$stack" "" "$MANY" "127.0.0.1:$RECV_PORT" --stack $stack
     [ "$SEND_RC" = 0 ] || fail "3000 files to a receiver allowed 200 open files, $stack: send exit $SEND_RC: $(tail -2 "$WORK/many-$stack.serr")"
     wait_recv; [ "$RECV_RC" = 0 ] || fail "3000 files, $stack: recv exit $RECV_RC: $(tail -2 "$WORK/many-$stack.err")"
