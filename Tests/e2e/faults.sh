@@ -323,14 +323,20 @@ if want 4; then
             REFUSALS["$rc: ${last:0:100}"]=1
         fi
     done
-    for _ in $(seq 1 100); do [ "$(fd_count "$RECV_PID")" -le "$idle_fds" ] && break; sleep 0.2; done
+    # 200 QUIC handshakes at once overflow the receiver's socket buffer (hundreds of datagrams
+    # dropped on this VM), and a sender's CONNECTION_CLOSE that is lost is never sent again: that
+    # connection waits out the receiver's 5 s for the close, then its closing period, stretched
+    # by the load's round trips (finished exchanges seen held 10-25 s after the senders exited,
+    # with the build before too). Bounded by QUIC's 30 s idle timeout; a leak stays for good.
+    settled=0
+    for _ in $(seq 1 300); do [ "$(fd_count "$RECV_PID")" -le "$idle_fds" ] && break; sleep 0.2; settled=$((settled + 1)); done
     after_fds=$(fd_count "$RECV_PID")
     after_rss=$(rss_kib "$RECV_PID")
     kill -0 "$RECV_PID" 2>/dev/null || fail "the receiver died under $SENDERS senders: $(tail -3 "$WORK/many-r.err")"
     [ "$after_fds" -le "$idle_fds" ] || fail "the receiver holds $after_fds descriptors after the senders, $idle_fds when idle: $(fd_list "$RECV_PID" | diff "$WORK/fds-idle" - | tr '\n' ' ')"
     recv_stop
     ok "$SENDERS concurrent senders (QUIC and TLS alternating): $completed completed identical, $refused refused with an exit code and one line;" \
-        "receiver descriptors idle $idle_fds, peak $peak_fds, after $after_fds; resident memory idle $((idle_rss / 1024)) MiB," \
+        "receiver descriptors idle $idle_fds, peak $peak_fds, after $after_fds (back to idle $((settled / 5)) s after the last sender); resident memory idle $((idle_rss / 1024)) MiB," \
         "peak $((peak_rss / 1024)) MiB, after $((after_rss / 1024)) MiB"
     for refusal in "${!REFUSALS[@]}"; do echo "faults:   refusal seen: exit $refusal"; done
 fi
