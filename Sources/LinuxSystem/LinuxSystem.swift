@@ -28,20 +28,15 @@ public enum MallocArenas {
 
 /// How many files a process may hold open.
 public enum OpenFileLimit {
-    /// Raises the soft limit on open files to the hard one and returns the limit in force.
+    /// Raises the soft limit on open files to the hard one (``current`` tells the result).
     /// Many systems start programs at 1 024 (the soft limit, kept low for `select(2)`) below a
     /// hard limit of hundreds of thousands; qxfer uses no `select`, and a receiver of many
     /// small files holds a descriptor for each file being committed.
-    @discardableResult
-    public static func raiseToHard() -> UInt64 {
+    public static func raiseToHard() {
         var limit = rlimit()
-        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 1024 }
-        if limit.rlim_cur < limit.rlim_max {
-            var raised = limit
-            raised.rlim_cur = limit.rlim_max
-            if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 { return UInt64(raised.rlim_cur) }
-        }
-        return UInt64(limit.rlim_cur)
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
+        limit.rlim_cur = limit.rlim_max
+        _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
     }
 
     /// The limit on open files in force (the soft one).
