@@ -24,6 +24,11 @@ import NIOCore
     func reset(errorCode: UInt64)
     /// Closes both directions; idempotent, never waits.
     func close()
+    /// Returns once a close begun with ``close()`` (or the multiplexer's) has left this
+    /// process, or once `timeout` has passed, which also bounds what a graceful close still
+    /// waits for. A stack that runs in the process (QUIC) would lose an unsent close, and the
+    /// peer would wait for its idle timeout.
+    func waitUntilCloseSent(within timeout: Duration) async
     /// More streams and datagrams on the same connection; nil where the transport has only
     /// one ordered byte stream (TCP+TLS).
     var multiplexer: (any StreamMultiplexer)? { get }
@@ -40,6 +45,8 @@ import NIOCore
 
 extension ByteStreamTransport {
     @_spi(Stacks) public var hasEnded: Bool { get async { false } }
+
+    @_spi(Stacks) public func waitUntilCloseSent(within timeout: Duration) async {}
 
     @_spi(Stacks) public var carryingStack: (any TransportStack)? { nil }
 

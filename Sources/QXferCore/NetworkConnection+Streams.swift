@@ -64,6 +64,18 @@ extension NetworkConnection {
         cancel()
     }
 
+    /// Closes the whole connection as ``close(errorCode:reason:)`` does, then returns once the
+    /// close has left this process, or after `timeout`, when it goes whether or not what was
+    /// sent is acknowledged (`.zero`: at once). Call it before a program exits, even after
+    /// ``cancel()`` (whose close it then waits for, keeping that close's code): a QUIC
+    /// connection lives in the process, and one that exits first takes its close and its last
+    /// acknowledgements with it, leaving the peer to its idle timeout. On TCP+TLS the kernel
+    /// delivers the close; this returns at once.
+    public func close(errorCode: UInt64 = 0, reason: String = "", within timeout: Duration) async {
+        close(errorCode: errorCode, reason: reason)
+        await endedTransport()?.waitUntilCloseSent(within: timeout)
+    }
+
     /// Sends one unreliable datagram (QUIC, RFC 9221): delivered at most once, possibly not at
     /// all, never retransmitted. Throws if larger than ``maximumDatagramSize``. On TCP+TLS it is
     /// delivered reliably and in order, waiting while TCP is full; a listener's datagrams sent

@@ -123,7 +123,8 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
     }
 
     /// Closes the connection in both directions. Pending and later operations fail with
-    /// ``QXferError/Code/cancelled``.
+    /// ``QXferError/Code/cancelled``. The close itself happens in the background; see
+    /// ``close(errorCode:reason:within:)`` for a program about to exit.
     public func cancel() {
         finish(.cancelled)
     }
@@ -189,6 +190,9 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
         /// The transport of a connection that failed (not one cancelled), kept for what the
         /// peer sent before the failure.
         var failedTransport: (any ByteStreamTransport)?
+        /// The transport of a connection that ended however it did, kept so that a close can
+        /// still be waited for (``NetworkConnection/close(errorCode:reason:within:)``).
+        var endedTransport: (any ByteStreamTransport)?
         var state: ConnectionState?
         var observers: [UUID: AsyncStream<ConnectionState>.Continuation] = [:]
 
@@ -208,6 +212,11 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
     func currentTransport() -> (any ByteStreamTransport)? {
         if case .ready(let transport) = machine.withLock({ $0.phase }) { return transport }
         return nil
+    }
+
+    /// The transport of a connection that has ended, whichever way.
+    func endedTransport() -> (any ByteStreamTransport)? {
+        machine.withLock { $0.endedTransport }
     }
 
     /// The ready transport; the first caller establishes it, later callers wait for that.
@@ -303,6 +312,7 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
             switch previous {
             case .ready(let transport):
                 if case .failed = final { machine.failedTransport = transport }
+                machine.endedTransport = transport
                 return (transport, [], observers)
             case .starting(let waiters): return (nil, waiters, observers)
             default: return (nil, [], observers)

@@ -25,6 +25,7 @@ struct RacedTransport: ByteStreamTransport {
     func finish() async throws { try await early { try await inner.finish() } }
     func reset(errorCode: UInt64) { inner.reset(errorCode: errorCode) }
     func close() { inner.close() }
+    func waitUntilCloseSent(within timeout: Duration) async { await inner.waitUntilCloseSent(within: timeout) }
     var multiplexer: (any StreamMultiplexer)? { inner.multiplexer.map { RacedMultiplexer(inner: $0, stack: stack, earlyTo: earlyTo) } }
 
     private func early<T>(_ operation: () async throws -> T) async throws -> T {

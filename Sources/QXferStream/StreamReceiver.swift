@@ -61,131 +61,140 @@ public enum StreamReceiver {
         try core.withLock { try $0.openSink(options.makeSink) }
         let controlReader = reader  // the rest of the control stream, after the hello
 
-        let totals: StreamTotals = try await withThrowingTaskGroup(of: Void.self) { group in
-            // Waiting for datagrams or streams does not notice cancellation; closing the connection
-            // ends those waits, so the group can finish however the body leaves (QUIC still
-            // delivers what was sent before).
-            defer { connection.cancel() }
-            // The control stream: pongs, and frames when they travel on it.
-            group.addTask {
-                var reader = controlReader
-                do {
-                    while let message = try await reader.next() {
-                        let now = WallClock.now()
-                        switch message {
-                        case .pong(_, let t1, let t2, let t3):
-                            core.withLock { $0.clock.add(t1: t1, t2: t2, t3: t3, t4: now) }
-                        case .frame(let frame): try core.withLock { try $0.arrived(frame, now: now) }
-                        case .end(let sent): core.withLock { $0.framesSent = Int(clamping: sent) }
-                        default: throw StreamError(.malformed, "the sender sent an unexpected message")
-                        }
-                    }
-                } catch {
-                    core.withLock { $0.controlError = error }
-                }
-                core.withLock { $0.controlEnded = true }
-            }
-            // Clock probes: a burst before the first frame, then one a second.
-            group.addTask {
-                var id: UInt32 = 0
-                while !Task.isCancelled {
-                    let before = core.withLock { $0.clock.count }
-                    id += 1
-                    try await connection.send(ControlMessage.ping(id: id, t1: WallClock.now()).encoded())
-                    if before < options.initialProbes {
-                        try? await waitUntil(timeout: .seconds(1), "") { core.withLock { $0.clock.count > before } }
-                        if core.withLock({ $0.clock.count }) >= options.initialProbes, !core.withLock({ $0.readySent }) {
-                            core.withLock { $0.readySent = true }
-                            try await connection.send(ControlMessage.ready.encoded())
-                        }
-                    } else {
-                        try await Task.sleep(for: .seconds(1))
-                    }
-                    if core.withLock({ $0.framesSent != nil }) { return }
-                }
-            }
-            switch carriage {
-            case .datagrams:
+        let totals: StreamTotals
+        do {
+            totals = try await withThrowingTaskGroup(of: Void.self) { group in
+                // Waiting for datagrams or streams does not notice cancellation; closing the connection
+                // ends those waits, so the group can finish however the body leaves (QUIC still
+                // delivers what was sent before).
+                defer { connection.cancel() }
+                // The control stream: pongs, and frames when they travel on it.
                 group.addTask {
-                    for try await datagram in connection.datagrams {
-                        let requests = try core.withLock { try $0.datagram(datagram, now: WallClock.now()) }
-                        for request in requests { try await sendUnreliably(request, on: connection) }
+                    var reader = controlReader
+                    do {
+                        while let message = try await reader.next() {
+                            let now = WallClock.now()
+                            switch message {
+                            case .pong(_, let t1, let t2, let t3):
+                                core.withLock { $0.clock.add(t1: t1, t2: t2, t3: t3, t4: now) }
+                            case .frame(let frame): try core.withLock { try $0.arrived(frame, now: now) }
+                            case .end(let sent): core.withLock { $0.framesSent = Int(clamping: sent) }
+                            default: throw StreamError(.malformed, "the sender sent an unexpected message")
+                            }
+                        }
+                    } catch {
+                        core.withLock { $0.controlError = error }
                     }
+                    core.withLock { $0.controlEnded = true }
                 }
+                // Clock probes: a burst before the first frame, then one a second.
                 group.addTask {
+                    var id: UInt32 = 0
                     while !Task.isCancelled {
-                        try await Task.sleep(for: .milliseconds(2))
-                        let requests = try core.withLock { try $0.tick(now: WallClock.now()) }
-                        for request in requests { try await sendUnreliably(request, on: connection) }
+                        let before = core.withLock { $0.clock.count }
+                        id += 1
+                        try await connection.send(ControlMessage.ping(id: id, t1: WallClock.now()).encoded())
+                        if before < options.initialProbes {
+                            try? await waitUntil(timeout: .seconds(1), "") { core.withLock { $0.clock.count > before } }
+                            if core.withLock({ $0.clock.count }) >= options.initialProbes, !core.withLock({ $0.readySent }) {
+                                core.withLock { $0.readySent = true }
+                                try await connection.send(ControlMessage.ready.encoded())
+                            }
+                        } else {
+                            try await Task.sleep(for: .seconds(1))
+                        }
+                        if core.withLock({ $0.framesSent != nil }) { return }
                     }
                 }
-            case .streamPerFrame:
-                group.addTask {
-                    try await withThrowingDiscardingTaskGroup { streams in
-                        for try await stream in connection.incomingStreams {
-                            streams.addTask {
-                                var frameReader = MessageReader(stream)
-                                guard case .frame(let frame)? = try? await frameReader.next() else { return }  // reset: lost
-                                try core.withLock { try $0.arrived(frame, now: WallClock.now()) }
-                                guard (try? await frameReader.next()) == nil else { return }  // one frame a stream
-                                try? await stream.finish()  // tells the sender the frame was taken
-                                // Dropping a stream resets it, which could overtake the FIN just
-                                // sent; keep it until the FIN has surely arrived.
-                                try? await Task.sleep(for: .seconds(1))
+                switch carriage {
+                case .datagrams:
+                    group.addTask {
+                        for try await datagram in connection.datagrams {
+                            let requests = try core.withLock { try $0.datagram(datagram, now: WallClock.now()) }
+                            for request in requests { try await sendUnreliably(request, on: connection) }
+                        }
+                    }
+                    group.addTask {
+                        while !Task.isCancelled {
+                            try await Task.sleep(for: .milliseconds(2))
+                            let requests = try core.withLock { try $0.tick(now: WallClock.now()) }
+                            for request in requests { try await sendUnreliably(request, on: connection) }
+                        }
+                    }
+                case .streamPerFrame:
+                    group.addTask {
+                        try await withThrowingDiscardingTaskGroup { streams in
+                            for try await stream in connection.incomingStreams {
+                                streams.addTask {
+                                    var frameReader = MessageReader(stream)
+                                    guard case .frame(let frame)? = try? await frameReader.next() else { return }  // reset: lost
+                                    try core.withLock { try $0.arrived(frame, now: WallClock.now()) }
+                                    guard (try? await frameReader.next()) == nil else { return }  // one frame a stream
+                                    try? await stream.finish()  // tells the sender the frame was taken
+                                    // Dropping a stream resets it, which could overtake the FIN just
+                                    // sent; keep it until the FIN has surely arrived.
+                                    try? await Task.sleep(for: .seconds(1))
+                                }
                             }
                         }
                     }
+                    group.addTask {
+                        while !Task.isCancelled {
+                            try await Task.sleep(for: .milliseconds(10))
+                            _ = try core.withLock { try $0.tick(now: WallClock.now()) }
+                        }
+                    }
+                    // The sender's warm-up padding: read and dropped, so it does not sit in the
+                    // transport's datagram queue for the rest of the stream.
+                    group.addTask { for try await _ in connection.datagrams {} }
+                case .ordered: break
                 }
                 group.addTask {
+                    let started = ContinuousClock.now
+                    var last = started
                     while !Task.isCancelled {
-                        try await Task.sleep(for: .milliseconds(10))
-                        _ = try core.withLock { try $0.tick(now: WallClock.now()) }
+                        try await Task.sleep(for: options.reportInterval)
+                        let now = ContinuousClock.now
+                        let seconds = Double((now - last).components.attoseconds) / 1e18 + Double((now - last).components.seconds)
+                        last = now
+                        let (report, ended) = core.withLock { ($0.stats.takeInterval(seconds: seconds, clock: $0.clock), $0.framesSent != nil) }
+                        // After the sender's end, an interval without frames is no figure at all.
+                        if ended && report.framesDelivered + report.framesLate == 0 { continue }
+                        let elapsed = now - started
+                        options.onInterval(report, Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
                     }
                 }
-                // The sender's warm-up padding: read and dropped, so it does not sit in the
-                // transport's datagram queue for the rest of the stream.
-                group.addTask { for try await _ in connection.datagrams {} }
-            case .ordered: break
-            }
-            group.addTask {
-                let started = ContinuousClock.now
-                var last = started
-                while !Task.isCancelled {
-                    try await Task.sleep(for: options.reportInterval)
-                    let now = ContinuousClock.now
-                    let seconds = Double((now - last).components.attoseconds) / 1e18 + Double((now - last).components.seconds)
-                    last = now
-                    let (report, ended) = core.withLock { ($0.stats.takeInterval(seconds: seconds, clock: $0.clock), $0.framesSent != nil) }
-                    // After the sender's end, an interval without frames is no figure at all.
-                    if ended && report.framesDelivered + report.framesLate == 0 { continue }
-                    let elapsed = now - started
-                    options.onInterval(report, Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
-                }
-            }
 
-            // Until the sender's end, then until every frame is in or can no longer be on time.
-            try await waitUntil(timeout: .seconds(365 * 86400), "") {
-                try core.withLock { state in
-                    if let error = state.controlError { throw error }
-                    if state.controlEnded && state.framesSent == nil {
-                        throw QXferError(.connectionClosed, "the sender closed the connection before the end of the stream")
+                // Until the sender's end, then until every frame is in or can no longer be on time.
+                try await waitUntil(timeout: .seconds(365 * 86400), "") {
+                    try core.withLock { state in
+                        if let error = state.controlError { throw error }
+                        if state.controlEnded && state.framesSent == nil {
+                            throw QXferError(.connectionClosed, "the sender closed the connection before the end of the stream")
+                        }
+                        return state.framesSent != nil
                     }
-                    return state.framesSent != nil
                 }
+                let drainLimit = ContinuousClock.now + .nanoseconds(Int64(deadline)) + .milliseconds(250)
+                try await waitUntil(timeout: .seconds(3600), "") {
+                    core.withLock { $0.allResolved } || ContinuousClock.now >= drainLimit
+                }
+                var totals = try core.withLock { try $0.finish() }
+                totals.stack = hasExtras ? "quic" : "tls"
+                totals.note = Carriage.note(mode: hello.mode, hasQUICExtras: hasExtras)
+                try await connection.send(ControlMessage.report(Data(totals.json().utf8)).encoded())
+                // The sender closes once it has the totals; closing first could lose them (a TCP reset).
+                try? await waitUntil(timeout: .seconds(3), "") { core.withLock { $0.controlEnded } }
+                group.cancelAll()
+                return totals
             }
-            let drainLimit = ContinuousClock.now + .nanoseconds(Int64(deadline)) + .milliseconds(250)
-            try await waitUntil(timeout: .seconds(3600), "") {
-                core.withLock { $0.allResolved } || ContinuousClock.now >= drainLimit
-            }
-            var totals = try core.withLock { try $0.finish() }
-            totals.stack = hasExtras ? "quic" : "tls"
-            totals.note = Carriage.note(mode: hello.mode, hasQUICExtras: hasExtras)
-            try await connection.send(ControlMessage.report(Data(totals.json().utf8)).encoded())
-            // The sender closes once it has the totals; closing first could lose them (a TCP reset).
-            try? await waitUntil(timeout: .seconds(3), "") { core.withLock { $0.controlEnded } }
-            group.cancelAll()
-            return totals
+        } catch {
+            await connection.close(within: .seconds(3))
+            throw error
         }
+        // A sender that ended has its totals: nothing is left to deliver to it. Either way the
+        // close has left before the program may exit.
+        await connection.close(within: core.withLock { $0.controlEnded } ? .zero : .seconds(3))
         return totals
     }
 }

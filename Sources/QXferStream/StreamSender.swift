@@ -125,148 +125,159 @@ public enum StreamSender {
         try await connection.send(ControlMessage.hello(hello).encoded())
 
         let shared = Locked(SenderShared(realtime: RealtimeSender(repair: options.repair)))
-        return try await withThrowingTaskGroup(of: Void.self) { group in
-            // Waiting for datagrams or streams does not notice cancellation; closing the connection
-            // ends those waits, so the group can finish however the body leaves (QUIC still
-            // delivers what was sent before).
-            defer { connection.cancel() }
-            // Answers clock probes at once and collects the receiver's ready and report.
-            group.addTask {
-                // However the control stream ends, the pacing loop and the waits must hear of it.
-                defer { shared.withLock { $0.controlEnded = true } }
-                var reader = MessageReader(connection)
-                while let message = try await reader.next() {
-                    switch message {
-                    case .ping(let id, let t1):
-                        let t2 = WallClock.now()
-                        try await connection.send(ControlMessage.pong(id: id, t1: t1, t2: t2, t3: WallClock.now()).encoded())
-                    case .ready: shared.withLock { $0.ready = true }
-                    case .report(let json):
-                        shared.withLock { $0.report = json }
-                        return
-                    default: throw StreamError(.malformed, "the receiver sent an unexpected message")
-                    }
-                }
-            }
-            if carriage == .datagrams && options.repair.sendsNacks {
+        let summary: StreamSenderSummary
+        do {
+            summary = try await withThrowingTaskGroup(of: Void.self) { group in
+                // Waiting for datagrams or streams does not notice cancellation; closing the connection
+                // ends those waits, so the group can finish however the body leaves (QUIC still
+                // delivers what was sent before).
+                defer { connection.cancel() }
+                // Answers clock probes at once and collects the receiver's ready and report.
                 group.addTask {
-                    for try await datagram in connection.datagrams {
-                        guard case .nack(let frame, let missing)? = try? RealtimeDatagram.decode(datagram) else { continue }
-                        // Retransmissions must not overflow the transport's datagram queue
-                        // either (it would drop newer frames): skip the request when it is
-                        // full; the receiver asks again after a round trip.
-                        let sent = await connection.metrics.bytesSent ?? 0
-                        guard shared.withLock({ $0.gate.hasRoom(transportBytesSent: sent) }) else { continue }
-                        let resend = shared.withLock { $0.realtime.handle(nackFor: frame, missing: missing, now: WallClock.now()) }
-                        try await handOver(resend, on: connection, shared: shared)
+                    // However the control stream ends, the pacing loop and the waits must hear of it.
+                    defer { shared.withLock { $0.controlEnded = true } }
+                    var reader = MessageReader(connection)
+                    while let message = try await reader.next() {
+                        switch message {
+                        case .ping(let id, let t1):
+                            let t2 = WallClock.now()
+                            try await connection.send(ControlMessage.pong(id: id, t1: t1, t2: t2, t3: WallClock.now()).encoded())
+                        case .ready: shared.withLock { $0.ready = true }
+                        case .report(let json):
+                            shared.withLock { $0.report = json }
+                            return
+                        default: throw StreamError(.malformed, "the receiver sent an unexpected message")
+                        }
                     }
                 }
-            }
-
-            try await waitUntil(timeout: .seconds(20), "the receiver did not get ready within 20 s") {
-                try shared.withLock { state in
-                    if state.controlEnded { throw QXferError(.connectionClosed, "the receiver closed the connection before the stream started") }
-                    return state.ready
-                }
-            }
-
-            // Realtime and per-frame streams are about latency: open the congestion window
-            // before the first frame (a keyframe, the biggest burst) rather than during it.
-            var warmUp: WarmUp?
-            if carriage == .datagrams || carriage == .streamPerFrame, let first = firstFrame {
-                warmUp = try await openCongestionWindow(
-                    on: connection, toHold: min(2 * first.payload.count, WarmUp.largestTarget), shared: shared)
-            }
-
-            var framesSent = 0
-            try await withThrowingDiscardingTaskGroup { frameTasks in
-                let start = WallClock.now() + 5_000_000
-                var firstDue: UInt64?
-                while options.maximumFrames.map({ framesSent < $0 }) ?? true {
-                    let upcoming = try firstFrame ?? source.next()
-                    firstFrame = nil
-                    guard let next = upcoming else { break }
-                    let due: UInt64
-                    if let override = options.frameRate {
-                        due = override.dueTime(ofFrame: UInt64(framesSent))
-                    } else {
-                        if firstDue == nil { firstDue = next.dueTime }
-                        due = next.dueTime &- (firstDue ?? 0)
-                    }
-                    if let duration = options.duration, Duration.nanoseconds(Int64(clamping: due)) >= duration { break }
-                    // A live source captures on schedule whatever the transport does, so a
-                    // stalled send shows up as latency instead of being hidden by a later capture.
-                    let capture = start + due
-                    let now = WallClock.now()
-                    if capture > now { try await Task.sleep(for: .nanoseconds(Int64(capture - now))) }
-                    let frame = Frame(
-                        index: UInt64(framesSent), isKeyframe: next.isKeyframe, captureTime: capture,
-                        deadline: options.deadline, payload: next.payload, timestamp: next.timestamp ?? UInt64(framesSent))
-                    framesSent += 1
-                    // A receiver that went away shows first on the control stream.
-                    if shared.withLock({ $0.controlEnded }) {
-                        throw QXferError(.connectionClosed, "the receiver closed the connection in the middle of the stream")
-                    }
-                    switch carriage {
-                    case .ordered(let dropsExpired):
-                        if dropsExpired && WallClock.now() >= frame.expiry {
-                            shared.withLock { $0.droppedAtSender += 1 }
-                            continue
-                        }
-                        try await connection.send(ControlMessage.frame(frame).encoded())
-                    case .streamPerFrame:
-                        frameTasks.addTask {
-                            if await !deliverOnOwnStream(frame, connection: connection) {
-                                shared.withLock { $0.streamsReset += 1 }
-                            }
-                        }
-                    case .datagrams:
-                        guard let limit = try await connection.maximumDatagramSize else {
-                            throw QXferError(.unsupported, "the receiver does not accept QUIC datagrams")
-                        }
-                        guard limit >= RealtimeDatagram.shardHeaderSize + ShardHeader.minimumShardSize else {
-                            throw QXferError(.unsupported, "the path carries datagrams of only \(limit) bytes, too small for realtime mode; use --mode stream-per-frame")
-                        }
-                        let datagrams = shared.withLock { $0.realtime.datagrams(for: frame, maximumDatagramSize: limit, now: WallClock.now()) }
-                        var next = datagrams.startIndex
-                        while next < datagrams.endIndex {
-                            // The transport drops the oldest queued datagram when its queue is
-                            // full (64 in the QUIC engine) while congestion control holds them
-                            // back, and a keyframe is ~90 datagrams: hand over a few at a time.
+                if carriage == .datagrams && options.repair.sendsNacks {
+                    group.addTask {
+                        for try await datagram in connection.datagrams {
+                            guard case .nack(let frame, let missing)? = try? RealtimeDatagram.decode(datagram) else { continue }
+                            // Retransmissions must not overflow the transport's datagram queue
+                            // either (it would drop newer frames): skip the request when it is
+                            // full; the receiver asks again after a round trip.
                             let sent = await connection.metrics.bytesSent ?? 0
-                            if !shared.withLock({ $0.gate.hasRoom(transportBytesSent: sent) }) {
-                                if WallClock.now() >= frame.expiry {
-                                    shared.withLock { $0.framesExpiredInQueue += 1 }
-                                    break  // the rest would only arrive late: drop it here
-                                }
-                                try await Task.sleep(for: .microseconds(500))
+                            guard shared.withLock({ $0.gate.hasRoom(transportBytesSent: sent) }) else { continue }
+                            let resend = shared.withLock { $0.realtime.handle(nackFor: frame, missing: missing, now: WallClock.now()) }
+                            try await handOver(resend, on: connection, shared: shared)
+                        }
+                    }
+                }
+
+                try await waitUntil(timeout: .seconds(20), "the receiver did not get ready within 20 s") {
+                    try shared.withLock { state in
+                        if state.controlEnded { throw QXferError(.connectionClosed, "the receiver closed the connection before the stream started") }
+                        return state.ready
+                    }
+                }
+
+                // Realtime and per-frame streams are about latency: open the congestion window
+                // before the first frame (a keyframe, the biggest burst) rather than during it.
+                var warmUp: WarmUp?
+                if carriage == .datagrams || carriage == .streamPerFrame, let first = firstFrame {
+                    warmUp = try await openCongestionWindow(
+                        on: connection, toHold: min(2 * first.payload.count, WarmUp.largestTarget), shared: shared)
+                }
+
+                var framesSent = 0
+                try await withThrowingDiscardingTaskGroup { frameTasks in
+                    let start = WallClock.now() + 5_000_000
+                    var firstDue: UInt64?
+                    while options.maximumFrames.map({ framesSent < $0 }) ?? true {
+                        let upcoming = try firstFrame ?? source.next()
+                        firstFrame = nil
+                        guard let next = upcoming else { break }
+                        let due: UInt64
+                        if let override = options.frameRate {
+                            due = override.dueTime(ofFrame: UInt64(framesSent))
+                        } else {
+                            if firstDue == nil { firstDue = next.dueTime }
+                            due = next.dueTime &- (firstDue ?? 0)
+                        }
+                        if let duration = options.duration, Duration.nanoseconds(Int64(clamping: due)) >= duration { break }
+                        // A live source captures on schedule whatever the transport does, so a
+                        // stalled send shows up as latency instead of being hidden by a later capture.
+                        let capture = start + due
+                        let now = WallClock.now()
+                        if capture > now { try await Task.sleep(for: .nanoseconds(Int64(capture - now))) }
+                        let frame = Frame(
+                            index: UInt64(framesSent), isKeyframe: next.isKeyframe, captureTime: capture,
+                            deadline: options.deadline, payload: next.payload, timestamp: next.timestamp ?? UInt64(framesSent))
+                        framesSent += 1
+                        // A receiver that went away shows first on the control stream.
+                        if shared.withLock({ $0.controlEnded }) {
+                            throw QXferError(.connectionClosed, "the receiver closed the connection in the middle of the stream")
+                        }
+                        switch carriage {
+                        case .ordered(let dropsExpired):
+                            if dropsExpired && WallClock.now() >= frame.expiry {
+                                shared.withLock { $0.droppedAtSender += 1 }
                                 continue
                             }
-                            let end = min(next + DatagramGate.burst, datagrams.endIndex)
-                            try await handOver(datagrams[next..<end], on: connection, shared: shared)
-                            next = end
+                            try await connection.send(ControlMessage.frame(frame).encoded())
+                        case .streamPerFrame:
+                            frameTasks.addTask {
+                                if await !deliverOnOwnStream(frame, connection: connection) {
+                                    shared.withLock { $0.streamsReset += 1 }
+                                }
+                            }
+                        case .datagrams:
+                            guard let limit = try await connection.maximumDatagramSize else {
+                                throw QXferError(.unsupported, "the receiver does not accept QUIC datagrams")
+                            }
+                            guard limit >= RealtimeDatagram.shardHeaderSize + ShardHeader.minimumShardSize else {
+                                throw QXferError(.unsupported, "the path carries datagrams of only \(limit) bytes, too small for realtime mode; use --mode stream-per-frame")
+                            }
+                            let datagrams = shared.withLock { $0.realtime.datagrams(for: frame, maximumDatagramSize: limit, now: WallClock.now()) }
+                            var next = datagrams.startIndex
+                            while next < datagrams.endIndex {
+                                // The transport drops the oldest queued datagram when its queue is
+                                // full (64 in the QUIC engine) while congestion control holds them
+                                // back, and a keyframe is ~90 datagrams: hand over a few at a time.
+                                let sent = await connection.metrics.bytesSent ?? 0
+                                if !shared.withLock({ $0.gate.hasRoom(transportBytesSent: sent) }) {
+                                    if WallClock.now() >= frame.expiry {
+                                        shared.withLock { $0.framesExpiredInQueue += 1 }
+                                        break  // the rest would only arrive late: drop it here
+                                    }
+                                    try await Task.sleep(for: .microseconds(500))
+                                    continue
+                                }
+                                let end = min(next + DatagramGate.burst, datagrams.endIndex)
+                                try await handOver(datagrams[next..<end], on: connection, shared: shared)
+                                next = end
+                            }
                         }
                     }
                 }
-            }
-            try await connection.send(ControlMessage.end(framesSent: UInt64(framesSent)).encoded())
-            try await waitUntil(timeout: options.deadline + .seconds(15), "the receiver sent no totals within 15 s of the end") {
-                try shared.withLock { state in
-                    if state.report == nil && state.controlEnded {
-                        throw QXferError(.connectionClosed, "the receiver closed the connection without sending its totals")
+                try await connection.send(ControlMessage.end(framesSent: UInt64(framesSent)).encoded())
+                try await waitUntil(timeout: options.deadline + .seconds(15), "the receiver sent no totals within 15 s of the end") {
+                    try shared.withLock { state in
+                        if state.report == nil && state.controlEnded {
+                            throw QXferError(.connectionClosed, "the receiver closed the connection without sending its totals")
+                        }
+                        return state.report != nil
                     }
-                    return state.report != nil
+                }
+                group.cancelAll()
+                return shared.withLock { state in
+                    StreamSenderSummary(
+                        framesSent: framesSent, framesDroppedAtSender: state.droppedAtSender + state.framesExpiredInQueue,
+                        streamsReset: state.streamsReset,
+                        shardsRetransmitted: state.realtime.retransmitted, warmUp: warmUp,
+                        receiverTotals: state.report.flatMap { StreamTotals.parse(json: $0) })
                 }
             }
-            group.cancelAll()
-            return shared.withLock { state in
-                StreamSenderSummary(
-                    framesSent: framesSent, framesDroppedAtSender: state.droppedAtSender + state.framesExpiredInQueue,
-                    streamsReset: state.streamsReset,
-                    shardsRetransmitted: state.realtime.retransmitted, warmUp: warmUp,
-                    receiverTotals: state.report.flatMap { StreamTotals.parse(json: $0) })
-            }
+        } catch {
+            // What was sent may still be on its way: the close waits for it, briefly.
+            await connection.close(within: .seconds(3))
+            throw error
         }
+        // The receiver sent its totals: nothing is left to deliver, so the close goes at once
+        // (and has left before the program may exit).
+        await connection.close(within: .zero)
+        return summary
     }
 
     /// Sends one frame on a stream of its own and waits for the receiver to take it (it

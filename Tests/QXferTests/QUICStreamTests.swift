@@ -357,6 +357,35 @@ struct QUICStreamTests {
             #expect(error?.message.contains("error 66") == true && error?.message.contains("shutting down") == true, "\(String(describing: error))")
         }
     }
+
+    @Test("A close awaited before the program exits has left with the last reply: the peer learns of it even if nothing gets through afterwards")
+    func awaitedCloseLeavesBeforeReturning() async throws {
+        let relayed = Locked<UDPRelay?>(nil)
+        let closed = Gate()
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
+        try await withListener(listener, handler: { connection in
+            _ = try await connection.receive(exactly: 1)
+            try await connection.send(Data("last words".utf8))
+            // The reply is acknowledged one round trip later; only then may the close go.
+            await connection.close(errorCode: 0x42, reason: "exiting", within: .seconds(20))
+            // As if the process exited: nothing reaches it now, and only what it sent so far leaves.
+            relayed.withLock { $0 }?.serverExits(inFlightFor: .seconds(2))
+            await closed.open()
+        }) { port in
+            let relay = try await UDPRelay.start(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)))
+            relayed.withLock { $0 = relay }
+            relay.delay(.milliseconds(20))
+            let connection = try await connectedClient(relay.port, idleTimeout: .seconds(30))
+            #expect(try await connection.receive(exactly: 10).content == Data("last words".utf8))
+            await closed.wait()
+            // A close that returned before the close left would wait for an acknowledgement
+            // that can no longer arrive, and this read would end only with the idle timeout.
+            let error = await #expect(throws: QXferError.self) { _ = try await connection.receive(atLeast: 1, atMost: 1) }
+            #expect(error?.code == .connectionClosed, "\(String(describing: error))")
+            #expect(error?.message.contains("error 66") == true && error?.message.contains("exiting") == true, "\(String(describing: error))")
+            await relay.stop()
+        }
+    }
 }
 
 /// Opens once; waiters resume then.

@@ -18,7 +18,8 @@ final class UDPRelay: Sendable {
         var server: SocketAddress
         var outside: (any Channel)?
         var client: SocketAddress?
-        var blackhole = false
+        var dropFromClient = false
+        var dropFromServer = false
         var rebinds = 0
         var delay = TimeAmount.zero
     }
@@ -81,7 +82,20 @@ final class UDPRelay: Sendable {
     func delay(_ oneWay: TimeAmount) { state.withLockedValue { $0.delay = oneWay } }
 
     /// Drops every datagram from now on, both ways.
-    func blackhole() { state.withLockedValue { $0.blackhole = true } }
+    func blackhole() {
+        state.withLockedValue { state in
+            state.dropFromClient = true
+            state.dropFromServer = true
+        }
+    }
+
+    /// As if the server's process exited now: nothing reaches it any more, and what it sent
+    /// until now (datagrams already on their way, some still unread in this relay's socket) is
+    /// forwarded for `grace` more, then nothing.
+    func serverExits(inFlightFor grace: TimeAmount) {
+        state.withLockedValue { $0.dropFromClient = true }
+        inside.eventLoop.scheduleTask(in: grace) { self.state.withLockedValue { $0.dropFromServer = true } }
+    }
 
     func stop() async {
         let outside = state.withLockedValue { $0.outside }
@@ -92,7 +106,7 @@ final class UDPRelay: Sendable {
     private func fromClient(_ envelope: AddressedEnvelope<ByteBuffer>) {
         let (outside, server, delay): ((any Channel)?, SocketAddress, TimeAmount) = state.withLockedValue { state in
             state.client = envelope.remoteAddress
-            return (state.blackhole ? nil : state.outside, state.server, state.delay)
+            return (state.dropFromClient ? nil : state.outside, state.server, state.delay)
         }
         guard let outside else { return }
         Self.send(AddressedEnvelope(remoteAddress: server, data: envelope.data), on: outside, after: delay)
@@ -100,7 +114,7 @@ final class UDPRelay: Sendable {
 
     private func fromServer(_ envelope: AddressedEnvelope<ByteBuffer>) {
         let target: (client: SocketAddress, delay: TimeAmount)? = state.withLockedValue { state in
-            guard !state.blackhole, let client = state.client else { return nil }
+            guard !state.dropFromServer, let client = state.client else { return nil }
             return (client, state.delay)
         }
         guard let (client, delay) = target else { return }

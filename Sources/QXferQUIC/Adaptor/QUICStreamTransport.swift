@@ -55,6 +55,14 @@ final class QUICStreamTransport: ByteStreamTransport {
         }
     }
 
+    /// Waits for the connection's close, whichever stream began it (an extra stream's reset
+    /// alone has nothing to wait for).
+    func waitUntilCloseSent(within timeout: Duration) async {
+        let driver = self.driver
+        let limit = TimeAmount.nanoseconds(Int64(clamping: timeout.quicNanoseconds))
+        try? await eventLoop.flatSubmit { driver.value.whenCloseSent(within: limit) }.get()
+    }
+
     func metrics() async -> ConnectionMetrics {
         let driver = self.driver
         return (try? await eventLoop.submit { driver.value.metrics }.get()) ?? ConnectionMetrics()

@@ -93,6 +93,7 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         flushTransmits()
         closeWhenDelivered()
         armTimer()
+        reportCloseSent()
     }
 
     // MARK: Streams and datagrams, for the async side (on the event loop)
@@ -200,13 +201,35 @@ final class QUICConnectionDriver: QUICEndpointConnection {
     /// what it holds: a handler that sends its last reply and returns loses nothing.
     func closeGracefully(code: UInt64 = 0, reason: String = "", timeout: TimeAmount = .seconds(10)) {
         guard !terminated, closeError == nil, closeDeadline == nil else { return }
-        closeDeadline = .now() + timeout
         closeCode = (code, reason)
+        closeBy(.now() + timeout)
+    }
+
+    /// Completes once the close under way has left this process: the CONNECTION_CLOSE is
+    /// handed to the socket (at `timeout` at the latest, delivered or not), or the peer closed
+    /// first, or the connection ended otherwise; at once if no close is under way. A QUIC
+    /// connection lives in its process, unlike TCP's in the kernel: a program that exits before
+    /// this takes its close (and its last acknowledgements) with it, and the peer waits for its
+    /// idle timeout.
+    func whenCloseSent(within timeout: TimeAmount) -> EventLoopFuture<Void> {
+        guard !terminated, closeError == nil, let current = closeDeadline else { return eventLoop.makeSucceededFuture(()) }
+        let promise = eventLoop.makePromise(of: Void.self)
+        closeSentWaiters.append(promise)
+        let deadline = NIODeadline.now() + timeout
+        if deadline < current { closeBy(deadline) }
+        return promise.futureResult
+    }
+
+    private func closeBy(_ deadline: NIODeadline) {
+        closeDeadline = deadline
+        // A path gone quiet may not wake the driver before then (the next probe can be seconds later).
+        eventLoop.assumeIsolated().scheduleTask(deadline: deadline) { [self] in process() }
         process()
     }
 
     private var closeDeadline: NIODeadline?
     private var closeCode: (UInt64, String) = (0, "")
+    private var closeSentWaiters: [EventLoopPromise<Void>] = []
 
     private func closeWhenDelivered() {
         guard let deadline = closeDeadline, !terminated else { return }
@@ -214,6 +237,14 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         if unacknowledged == 0 || closeError != nil || NIODeadline.now() >= deadline {
             close(code: closeCode.0, reason: closeCode.1)
         }
+    }
+
+    /// Tells those waiting for the close that it has left (called once the close is written).
+    private func reportCloseSent() {
+        guard !closeSentWaiters.isEmpty, terminated || closeError != nil else { return }
+        let waiters = closeSentWaiters
+        closeSentWaiters = []
+        for waiter in waiters { waiter.succeed(()) }
     }
 
     // MARK: Engine events
@@ -434,6 +465,7 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         timer = nil
         for id in engine.sourceConnectionIDs { endpoint?.unroute(id, from: self) }
         endpoint?.forget(self)
+        reportCloseSent()
     }
 
     /// Called by the socket when it closed: nothing can be sent any more.
@@ -444,6 +476,7 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         timer?.cancel()
         timer = nil
         endpoint?.forget(self)
+        reportCloseSent()
     }
 
     func socketDied() {

@@ -198,8 +198,11 @@ public struct TransferReceiver: Sendable {
                 for reply in try session.finishTree() {
                     try await connection.send(reply)
                 }
-                await waitForSenderToClose(&inbound, connection: connection)
-                await close(funnel, &inbound, group: &group, connection: connection, session: &session, registration: registration)
+                let senderClosed = await waitForSenderToClose(&inbound, connection: connection)
+                // A sender that closed had Complete: nothing more needs delivering to it.
+                await close(
+                    funnel, &inbound, group: &group, connection: connection, session: &session, registration: registration,
+                    grace: senderClosed ? .zero : .seconds(3))
                 return session.summary
             } catch {
                 // Partials checkpointed and closed first: a newer transfer may be waiting for them.
@@ -268,20 +271,20 @@ public struct TransferReceiver: Sendable {
     private func close<Stack: TLVStack>(
         _ funnel: InboundFunnel, _ inbound: inout AsyncStream<InboundFunnel.Delivery>.AsyncIterator,
         group: inout ThrowingTaskGroup<Void, any Error>, connection: NetworkConnection<Stack>, session: inout ReceivingSession,
-        registration: ReceptionRegistry.Registration
+        registration: ReceptionRegistry.Registration, grace: Duration = .seconds(3)
     ) async {
         session.abandonOpenFiles()
         registry.release(registration)
         group.cancelAll()
-        connection.cancel()
+        await connection.closeBeforeLeaving(grace: grace)
         await funnel.close(draining: &inbound)
     }
 
     /// After Complete the sender closes; anything else it sends now is ignored. A sender that
-    /// does not close within a few seconds is cut off.
+    /// does not close within a few seconds is cut off. Returns whether the sender closed.
     private func waitForSenderToClose<Stack: TLVStack>(
         _ inbound: inout AsyncStream<InboundFunnel.Delivery>.AsyncIterator, connection: NetworkConnection<Stack>
-    ) async {
+    ) async -> Bool {
         let cutOff = Task {
             try await Task.sleep(for: .seconds(5))
             connection.cancel()
@@ -290,10 +293,13 @@ public struct TransferReceiver: Sendable {
         while let delivery = await inbound.next() {
             delivery.handled.resume()
             switch (delivery.source, delivery.event) {
-            case (.control, .ended), (.control, .failed): return
+            case (.control, .ended), (.control, .failed):
+                cutOff.cancel()
+                return (try? await cutOff.value) == nil
             default: continue
             }
         }
+        return false
     }
 
     private func receiveOffer<Stack: TLVStack>(from connection: NetworkConnection<Stack>) async throws -> Offer {

@@ -81,9 +81,10 @@ public struct TransferSender: Sendable {
             summary.transferredBytes = progress.transferredBytes
             summary.resumedBytes = progress.resumedBytes
             summary.zeroBytes = progress.zeroBytes
-            // Done: the receiver waits for us to close.
+            // Done: the receiver waits for us to close. Complete says it has everything, so
+            // nothing is left to deliver: the close goes at once, not a round trip later.
             try? await connection.finish()
-            connection.cancel()
+            await connection.closeBeforeLeaving(grace: .zero)
             return summary
         }
     }

@@ -161,13 +161,13 @@ extension NetworkConnection where Stack: TLVStack {
         do {
             return try await body()
         } catch let communicated as AlreadyCommunicated {
-            cancel()
+            await closeBeforeLeaving()
             throw communicated.error
         } catch let error as TransferError {
             await sendFinalError(error)
             throw error
         } catch {
-            cancel()
+            await closeBeforeLeaving()
             throw error
         }
     }
@@ -180,6 +180,13 @@ extension NetworkConnection where Stack: TLVStack {
             try await group.next()
             group.cancelAll()
         }
-        close(errorCode: UInt64(error.code.rawValue), reason: error.message)
+        await closeBeforeLeaving(errorCode: UInt64(error.code.rawValue), reason: error.message)
+    }
+
+    /// Closes the connection once what was sent is delivered (or `grace` has passed), and
+    /// returns when the close has left: the program may exit next, and over QUIC an exit before
+    /// that would leave the peer waiting for its idle timeout (docs/PROTOCOL.md §2).
+    func closeBeforeLeaving(errorCode: UInt64 = 0, reason: String = "", grace: Duration = .seconds(3)) async {
+        await close(errorCode: errorCode, reason: reason, within: grace)
     }
 }
