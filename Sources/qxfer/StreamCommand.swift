@@ -95,7 +95,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
         guard StreamEndpoint.parse(destination, defaultPort: defaultStreamPort) != nil else {
             throw ValidationError("'\(destination)' is not a host, host:port or [ipv6]:port")
         }
-        if let fps, !(fps > 0 && fps <= 1000) { throw ValidationError("--fps must be between 0 and 1000") }
+        if let fps, !(fps > 0 && fps <= 1000) { throw ValidationError("--fps must be more than 0 and at most 1000 frames per second") }
         guard let bits = BitRate.parse(bitrate), bits >= 8000, bits <= 10_000_000_000 else {
             throw ValidationError("--bitrate '\(bitrate)' is not a rate between 8k and 10G bits per second (e.g. 4M)")
         }

@@ -33,6 +33,10 @@ import Testing
         }
         let usage = try await Self.run(["stream", "send", "127.0.0.1", "--bitrate", "fast"])
         #expect(usage.status == 64)
+        for fps in ["0", "1001", "nan"] {
+            let rate = try await Self.run(["stream", "send", "127.0.0.1", "--fps", fps])
+            #expect(rate.status == 64 && rate.errors.contains("--fps must be more than 0 and at most 1000"), "\(fps): \(rate.errors)")
+        }
     }
 
     @Test(.enabled(if: built, "qxfer is not built"), arguments: ["quic", "tls"])
