@@ -2,7 +2,8 @@
 # The benchmarks side by side in one go: file transfer (bench/transfer.sh), 1 KiB cold start
 # (bench/small.sh), many small files (bench/small-files.sh: 2000 files over the emulated 50 ms
 # path, 10 000 over loopback, medians of 3), a sparse disk image (bench/sparse.sh: 1 GiB
-# holding 32 MiB, beside rsync --sparse and scp) and streaming (bench/stream.sh), then the tables
+# holding 32 MiB, beside rsync --sparse and scp), how long a receiver stays after its sender
+# (bench/endings.sh) and streaming (bench/stream.sh), then the tables
 # (bench/report.py) in bench/results/report-DATE.md and the plots beside it.
 #
 #     bench/run.sh quick     # make bench: 256 MiB x 1 run, 30 s cap, 3 small runs, 10 s streams with 1 % loss
@@ -64,6 +65,10 @@ echo "== a sparse disk image (3 runs)" >&2
 sparse_out=$(RUNS=3 bench/sparse.sh)
 echo "$sparse_out"
 
+echo "== a receiver after its sender ($small_runs runs)" >&2
+endings_out=$(RUNS=$small_runs bench/endings.sh)
+echo "$endings_out"
+
 echo "== streaming (${stream_args[*]}, $stream_repeats times)" >&2
 stream_baseline_results=bench/results/stream-baseline-$stamp.jsonl
 for _ in $(seq "$stream_repeats"); do
@@ -93,6 +98,10 @@ done
     echo "## A sparse disk image: \`RUNS=3 bench/sparse.sh\`"
     echo
     echo "$sparse_out" | sed -n '/^|/p'
+    echo
+    echo "## A receiver after its sender: \`RUNS=$small_runs bench/endings.sh\`"
+    echo
+    echo "$endings_out" | sed -n '/^|/p'
     echo
     echo "## Streaming: \`bench/stream.sh ${stream_args[*]}\` ($stream_repeats times)"
     echo

@@ -69,11 +69,12 @@ extension NetworkConnection {
     /// sent is acknowledged (`.zero`: at once). Call it before a program exits, even after
     /// ``cancel()`` (whose close it then waits for, keeping that close's code): a QUIC
     /// connection lives in the process, and one that exits first takes its close and its last
-    /// acknowledgements with it, leaving the peer to its idle timeout. On TCP+TLS the kernel
-    /// delivers the close; this returns at once.
+    /// acknowledgements with it, leaving the peer to its idle timeout. In a cancelled task
+    /// (an interrupted program) the close goes at once. On TCP+TLS the kernel delivers the
+    /// close; this returns at once.
     public func close(errorCode: UInt64 = 0, reason: String = "", within timeout: Duration) async {
         close(errorCode: errorCode, reason: reason)
-        await endedTransport()?.waitUntilCloseSent(within: timeout)
+        await endedTransport()?.waitUntilCloseSent(within: Task.isCancelled ? .zero : timeout)
     }
 
     /// Sends one unreliable datagram (QUIC, RFC 9221): delivered at most once, possibly not at
