@@ -274,16 +274,10 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             reporter.handle(event)
         }
         let sender = TransferSender(tree: tree, algorithm: checksum.algorithm, progress: progress)
-        do {
-            return try await reporter.showProgress(of: sender.progress, clock: clock, metrics: { await connection.metrics }) {
-                try await sender.run(over: connection)
-            }
-        } catch where Task.isCancelled {
-            // Interrupted: the connection is closing on its event loop (streams reset, the
-            // close queued behind paced packets). Give it a moment before the process exits,
-            // so the receiver hears it now rather than at its idle timeout.
-            usleep(300_000)
-            throw error
+        // Interrupted, the sender closes at once and returns once the close has left: the
+        // receiver hears it now rather than at its idle timeout.
+        return try await reporter.showProgress(of: sender.progress, clock: clock, metrics: { await connection.metrics }) {
+            try await sender.run(over: connection)
         }
     }
 
