@@ -11,7 +11,7 @@ enum QUICErrors {
         case .idleTimeout:
             return QXferError(.idleTimeout, "the connection was idle for too long (or the peer vanished) and was closed")
         case .handshakeTimeout:
-            return QXferError(.connectFailed, "no QUIC answer from the peer (handshake timed out)")
+            return QXferError(.connectFailed, "no QUIC answer from the peer (handshake timed out: nothing answers on that UDP port, or the path drops UDP or datagrams of 1200 bytes)")
         case .statelessReset:
             return QXferError(.connectionClosed, "the peer no longer knows this connection (stateless reset)")
         case .versionNegotiation:
