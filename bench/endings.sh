@@ -30,9 +30,7 @@ binaries=("$QXFER")
 [ -n "${QXFER_BASELINE:-}" ] && binaries+=("$QXFER_BASELINE")
 
 WORK=$(mktemp -d /tmp/qxfer-endings.XXXXXX)
-RECEIVER=
 cleanup() {
-    [ -n "$RECEIVER" ] && kill "$RECEIVER" 2>/dev/null || true
     wait 2>/dev/null || true
     LE_QUIET=1 bench/netns/linkemu-down.sh --prefix "$PREFIX" >/dev/null 2>&1 || true
     rm -rf "$WORK"
@@ -55,7 +53,7 @@ run_once() {
                 >/dev/null 2>"$WORK/recv.err" </dev/null &
             ;;
     esac
-    RECEIVER=$!
+    local receiver=$!
     for _ in $(seq 50); do grep -q "port $port" "$WORK/recv.err" 2>/dev/null && break; sleep 0.1; done
     local status=0
     case $case in
@@ -70,8 +68,7 @@ run_once() {
     esac
     local sent
     sent=$(date +%s.%N)
-    wait "$RECEIVER" || true
-    RECEIVER=
+    wait "$receiver" || true
     # A failed send is counted, not fatal: the other runs still say how long receivers stay.
     [ "$status" = 0 ] || { echo "bench/endings.sh: $case failed: $(tail -1 "$WORK/send.err")" >&2; echo failed; return; }
     echo "$(date +%s.%N) - $sent" | bc

@@ -154,7 +154,8 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
             // before that is the peer's word: the message before a close decides how a transfer
             // ended (docs/PROTOCOL.md §2). Bytes already received are still handed out, those
             // the transport holds too once it has seen the end (so reading it cannot wait).
-            if let remains = machine.withLock({ $0.failedTransport }), await remains.hasEnded {
+            // (Only a failure's reason is not `cancelled`: the transport is the failed one.)
+            if let remains = endedTransport(), await remains.hasEnded {
                 do {
                     return try await inbound.receive(from: remains, atLeast: atLeast, atMost: atMost)
                 } catch {
@@ -187,11 +188,9 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
             case finished(QXferError)
         }
         var phase: Phase = .idle
-        /// The transport of a connection that failed (not one cancelled), kept for what the
-        /// peer sent before the failure.
-        var failedTransport: (any ByteStreamTransport)?
-        /// The transport of a connection that ended however it did, kept so that a close can
-        /// still be waited for (``NetworkConnection/close(errorCode:reason:within:)``).
+        /// The transport of a connection that ended, however it did: after a failure what the
+        /// peer sent before it is still read from it, and after any end its close can still be
+        /// waited for (``NetworkConnection/close(errorCode:reason:within:)``).
         var endedTransport: (any ByteStreamTransport)?
         var state: ConnectionState?
         var observers: [UUID: AsyncStream<ConnectionState>.Continuation] = [:]
@@ -311,7 +310,6 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
             let observers = machine.enter(final)
             switch previous {
             case .ready(let transport):
-                if case .failed = final { machine.failedTransport = transport }
                 machine.endedTransport = transport
                 return (transport, [], observers)
             case .starting(let waiters): return (nil, waiters, observers)
