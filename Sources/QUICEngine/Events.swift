@@ -97,6 +97,10 @@ public enum QUICEvent: Sendable, Equatable {
     case pathChanged(QUICPath)
     /// Path validation finished (`path_validation` callback).
     case pathValidated(QUICPath, succeeded: Bool)
+    /// Full-size packets stopped getting through (two probe timeouts in a row), so packets are
+    /// now held to this many bytes, QUIC's smallest; nil when the limit is lifted again to try
+    /// the path's size. See ``QUICConnectionStats/maxUDPPayloadSize``.
+    case packetSizeLimited(Int?)
     /// ngtcp2 issued a new source connection ID; a server driver routes it to this connection.
     /// `statelessResetToken` is the token bound to it.
     case connectionIDIssued(QUICConnectionID, statelessResetToken: [UInt8])
@@ -183,7 +187,8 @@ public struct QUICConnectionStats: Sendable, Equatable {
     public var deliveryRate: UInt64
     /// Pacing rate in bytes per nanosecond as ngtcp2 computes it.
     public var pacingRate: Double
-    /// Largest UDP payload currently sent on the path.
+    /// Largest UDP payload currently sent on the path (1200 while larger packets are found
+    /// not to get through, see ``QUICEvent/packetSizeLimited(_:)``).
     public var maxUDPPayloadSize: Int
     /// Probe timeouts since the last acknowledgement (`pto_count`).
     public var ptoCount: Int

@@ -84,6 +84,8 @@ public final class QUICConnection {
     /// anywhere (see ``inFlightCap(_:)``), in nanoseconds.
     private var unqueuedRTTExcess: UInt64 = 0
     private var currentPath: QUICPath
+    /// Packets held to QUIC's smallest size while larger ones do not get through.
+    private var packetSizeFallback = PacketSizeFallback()
 
     // Recorded by callbacks, acted on after the ngtcp2 call returns.
     private var handshakeCompletedFlag = false
@@ -444,15 +446,16 @@ public final class QUICConnection {
             return writeClosePacket(kind: close.kind, code: close.code, reason: close.reason, now: now, into: buffer)
         }
 
-        let maxUDP = ngtcp2_conn_get_max_tx_udp_payload_size(conn)
+        let before = Self.statistics(conn)
+        let pathMax = packetSizeLimit(conn, probeTimeouts: before.pto_count, now: now)
+        let maxUDP = packetSizeFallback.limit(ngtcp2_conn_get_max_tx_udp_payload_size(conn))
         precondition(buffer.count >= maxUDP, "pollTransmit: buffer smaller than one packet")
-        let pathMax = ngtcp2_conn_get_path_max_tx_udp_payload_size(conn)
         let quantum = min(ngtcp2_conn_get_send_quantum(conn), pacedBatchBytes(maxUDP: maxUDP))
         // The buffer may offer more than transmitCapacity (allocators round up): the batch
         // limit still holds.
         let maxPackets = max(1, min(packetsPerBatch(maxUDP: maxUDP), quantum / max(maxUDP, 1), buffer.count / maxUDP))
         compactSendQueue()
-        let inFlightBefore = Self.statistics(conn).bytes_in_flight
+        let inFlightBefore = before.bytes_in_flight
 
         var used = 0
         var segmentSize = 0
@@ -514,6 +517,21 @@ public final class QUICConnection {
             initialized = info?.byteCount ?? 0
         }
         return info.map { QUICTransmit($0, data: data) }
+    }
+
+    /// The largest packet the path takes now (`ngtcp2_conn_get_path_max_tx_udp_payload_size`),
+    /// under ``PacketSizeFallback``'s ceiling once the handshake is done; reports the ceiling's
+    /// changes as ``QUICEvent/packetSizeLimited(_:)``.
+    private func packetSizeLimit(_ conn: OpaquePointer, probeTimeouts: Int, now: QUICTime) -> Int {
+        let pathMax = ngtcp2_conn_get_path_max_tx_udp_payload_size(conn)
+        if handshakeReported,
+           let change = packetSizeFallback.update(packetSize: pathMax, probeTimeouts: probeTimeouts, now: now) {
+            switch change {
+            case .limited(let size): recordEvent(.packetSizeLimited(size))
+            case .lifted: recordEvent(.packetSizeLimited(nil))
+            }
+        }
+        return packetSizeFallback.limit(pathMax)
     }
 
     /// How long one batch may last at the pacing rate: the packets of a batch leave together,
@@ -696,6 +714,14 @@ public final class QUICConnection {
         while true {
             // Unreliable datagrams go first: they are the latency-sensitive traffic.
             if !triedDatagram, outgoingDatagramHead < outgoingDatagrams.count {
+                // Queued before the packet size fell back: it would never fit, and would hold
+                // back everything behind it.
+                if packetSizeFallback.ceiling != nil,
+                   outgoingDatagrams[outgoingDatagramHead].count > maxDatagramPayloadSize ?? 0 {
+                    popOutgoingDatagram()
+                    counters.datagramsDroppedOut += 1
+                    continue
+                }
                 var accepted: Int32 = 0
                 let id = nextDatagramID
                 let n = outgoingDatagrams[outgoingDatagramHead].withUnsafeBytes { bytes in
@@ -793,7 +819,7 @@ public final class QUICConnection {
                 reason: r.baseAddress, reasonlen: r.count)
             return cngtcp2_conn_write_connection_close(
                 conn, &ps.path, &info, buffer.baseAddress!.assumingMemoryBound(to: UInt8.self),
-                min(buffer.count, ngtcp2_conn_get_max_tx_udp_payload_size(conn)), &ccerr, now.nanoseconds)
+                min(buffer.count, packetSizeFallback.limit(ngtcp2_conn_get_max_tx_udp_payload_size(conn))), &ccerr, now.nanoseconds)
         }
         guard n > 0 else { return nil }
         let transmitInfo = QUICTransmitInfo(
@@ -1075,7 +1101,7 @@ public final class QUICConnection {
         let byFrame = frameLimit - 3
         // Short header: 1 + DCID + packet number (≤ 4) + AEAD tag (16).
         let dcidLength = ngtcp2_conn_get_dcid(conn)?.pointee.datalen ?? Int(NGTCP2_MAX_CIDLEN)
-        let byPacket = ngtcp2_conn_get_path_max_tx_udp_payload_size(conn) - (1 + dcidLength + 4 + 16) - 3
+        let byPacket = packetSizeFallback.limit(ngtcp2_conn_get_path_max_tx_udp_payload_size(conn)) - (1 + dcidLength + 4 + 16) - 3
         return max(0, min(byFrame, byPacket))
     }
 
@@ -1240,7 +1266,7 @@ public final class QUICConnection {
             latestRTT: .nanoseconds(Int64(clamping: s.latest_rtt)),
             congestionWindow: s.cwnd, slowStartThreshold: s.ssthresh, bytesInFlight: s.bytes_in_flight,
             deliveryRate: s.delivery_rate_sec, pacingRate: s.pacing_rate,
-            maxUDPPayloadSize: s.max_tx_udp_payload_size, ptoCount: s.pto_count,
+            maxUDPPayloadSize: packetSizeFallback.limit(s.max_tx_udp_payload_size), ptoCount: s.pto_count,
             packetsSent: counters.packetsSent, packetsReceived: counters.packetsReceived,
             bytesSent: counters.bytesSent, bytesReceived: counters.bytesReceived,
             streamPacketsLost: streamLoss, datagramsLost: counters.datagramsLost,

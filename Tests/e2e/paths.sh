@@ -13,7 +13,9 @@
 #  - an Ethernet path: the probe finds 1 472-byte datagrams (1 452 over IPv6);
 #  - jumbo frames end to end: 8 972; jumbo at the sender, Ethernet further on: 1 472;
 #  - a tunnel-sized sender link (1 420): no probe, and ngtcp2's own larger probes do no harm;
-#  - a small file (under the threshold) is sent without a probe.
+#  - a small file (under the threshold) is sent without a probe;
+#  - a far link whose MTU drops to 1 280 mid-transfer: the sender falls back to 1 200-byte
+#    packets (a path-MTU black hole, PacketSizeFallback) and the file arrives whole.
 # The packet size is read from the sender's log (-v) and checked against the router's counters:
 # the bytes per packet it forwarded to b. Everything it creates is removed on exit.
 set -euo pipefail
@@ -64,10 +66,11 @@ topology() {
     ip netns exec "${NS}a" ping -6 -c 1 -i 0.2 -w 10 fd66:2::2 >/dev/null || fail "topology $1/$2: no IPv6 route to b"
 }
 
-# transfer NAME FILE HOST: one QUIC send a -> b, the file checked; sets PROBED (the size the
-# sender's probe found, empty if none) and FORWARDED (bytes per packet the router sent to b).
+# transfer NAME FILE HOST [DURING]: one QUIC send a -> b, the file checked; sets PROBED (the size
+# the sender's probe found, empty if none) and FORWARDED (bytes per packet the router sent to b).
+# DURING, if given, is a command run beside the send.
 transfer() {
-    local name=$1 file=$2 host=$3 dst=$WORK/dst-$1
+    local name=$1 file=$2 host=$3 during=${4:-} dst=$WORK/dst-$1 during_pid=
     mkdir -p "$dst"
     ip netns exec "${NS}b" "$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --dir "$dst" --yes --once --port 7447 \
         >"$WORK/$name.recv.out" 2>"$WORK/$name.recv.err" </dev/null &
@@ -76,9 +79,11 @@ transfer() {
     packets=$(ip netns exec "${NS}r" cat "$stats/tx_packets"); bytes=$(ip netns exec "${NS}r" cat "$stats/tx_bytes")
     for _ in $(seq 100); do grep -q "receiving into" "$WORK/$name.recv.out" 2>/dev/null && break; sleep 0.1; done
     grep -q "receiving into" "$WORK/$name.recv.out" || fail "$name: recv did not start: $(cat "$WORK/$name.recv.err")"
+    if [ -n "$during" ]; then $during & during_pid=$!; fi
     timeout 90 ip netns exec "${NS}a" "$QXFER" send -v --config-dir "$WORK/cfg-send" "$file" "$host:7447" --stack quic \
         --fingerprint "$FP" >"$WORK/$name.send.out" 2>"$WORK/$name.send.err" </dev/null \
         || fail "$name: send failed or stalled (exit $?): $(tail -3 "$WORK/$name.send.err")"
+    if [ -n "$during_pid" ]; then wait "$during_pid" || fail "$name: $during failed"; fi
     wait "$RECV_PID" || fail "$name: recv exited with $?: $(tail -3 "$WORK/$name.recv.err")"
     RECV_PID=
     cmp -s "$file" "$dst/$(basename "$file")" || fail "$name: the received file differs"
@@ -112,6 +117,30 @@ topology 1500 1500
 transfer ethernet-v4 "$WORK/big.bin" 10.66.2.2; expect ethernet-v4 1472
 transfer ethernet-v6 "$WORK/big.bin" "[fd66:2::2]"; expect ethernet-v6 1452
 transfer small-file "$WORK/small.bin" 10.66.2.2; expect small-file ""
+
+# The far link's MTU drops to 1 280 (IPv6's minimum) once 16 MiB have crossed it, as when a
+# route moves into a tunnel: the full-size packets of the established connection vanish. The
+# sender must fall back to 1 200-byte packets and finish, as TCP does from the router's ICMP;
+# before, it sent full-size packets into the hole until the receiver gave up after 60 s.
+drop_far_mtu_midway() {
+    local stats=/sys/class/net/${NS}r1/statistics/tx_bytes start
+    start=$(ip netns exec "${NS}r" cat "$stats")
+    for _ in $(seq 3000); do
+        [ $(( $(ip netns exec "${NS}r" cat "$stats") - start )) -ge $((16 << 20)) ] && break
+        sleep 0.01
+    done
+    ip -n "${NS}r" link set "${NS}r1" mtu 1280 && ip -n "${NS}b" link set "${NS}b0" mtu 1280
+}
+head -c $((128 << 20)) /dev/urandom >"$WORK/bigger.bin"
+for family in v4 v6; do
+    topology 1500 1500
+    host=10.66.2.2; [ $family = v6 ] && host="[fd66:2::2]"
+    transfer "mtu-drop-$family" "$WORK/bigger.bin" "$host" drop_far_mtu_midway
+    grep -q "stopped getting through to .*: sending packets of 1200 bytes" "$WORK/mtu-drop-$family.send.err" \
+        || fail "mtu-drop-$family: no fallback in the sender's log: $(grep -i "qxfer.quic" "$WORK/mtu-drop-$family.send.err" | tail -3)"
+    [ "$(ip -n "${NS}b" link show "${NS}b0" | grep -o 'mtu [0-9]*')" = "mtu 1280" ] || fail "mtu-drop-$family: the MTU was not lowered"
+    ok "mtu-drop-$family: the far link's MTU fell to 1280 mid-transfer; the sender fell back to 1200-byte packets and the file arrived whole"
+done
 
 topology 9000 9000
 transfer jumbo "$WORK/big.bin" 10.66.2.2; expect jumbo 8972

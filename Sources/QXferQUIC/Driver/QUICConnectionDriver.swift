@@ -1,3 +1,4 @@
+import Logging
 import NIOCore
 import QUICEngine
 @_spi(Stacks) import QXferCore
@@ -9,6 +10,7 @@ import QUICEngine
 /// Confined to its event loop; tasks reach it through `eventLoop.submit`/`flatSubmit`.
 /// Engine calls only happen here, never from inside an engine callback.
 final class QUICConnectionDriver: QUICEndpointConnection {
+    private static let logger = Logger(label: "qxfer.quic")
     let engine: QUICConnection
     let eventLoop: any EventLoop
     let verifier: PeerVerifier
@@ -299,6 +301,10 @@ final class QUICConnectionDriver: QUICEndpointConnection {
                 }
             case .streamsAvailable:
                 while let waiter = streamsAvailableWaiters.popFirst() { waiter.succeed(()) }
+            case .packetSizeLimited(let size?):
+                Self.logger.info("QUIC packets above \(size) bytes stopped getting through to \(engine.path.remote): sending packets of \(size) bytes")
+            case .packetSizeLimited(nil):
+                Self.logger.info("trying full-size QUIC packets to \(engine.path.remote) again")
             case .pathChanged, .pathValidated:
                 break
             }
