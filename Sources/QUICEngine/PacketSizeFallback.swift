@@ -23,8 +23,6 @@ struct PacketSizeFallback {
 
     /// The most bytes a packet may have now; nil when only the path's own size applies.
     private(set) var ceiling: Int?
-    /// Times the ceiling was set on this connection.
-    private(set) var fallbacks: UInt64 = 0
     private var liftAt = QUICTime(nanoseconds: 0)
     private var hold = initialHold
 
@@ -48,7 +46,6 @@ struct PacketSizeFallback {
         }
         guard probeTimeouts >= 2, packetSize > Self.fallbackSize else { return nil }
         ceiling = Self.fallbackSize
-        fallbacks += 1
         liftAt = now.advanced(by: hold)
         hold = min(hold * 2, Self.longestHold)
         return .limited(to: Self.fallbackSize)
