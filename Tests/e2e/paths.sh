@@ -15,7 +15,8 @@
 #  - a tunnel-sized sender link (1 420): no probe, and ngtcp2's own larger probes do no harm;
 #  - a small file (under the threshold) is sent without a probe;
 #  - a far link whose MTU drops to 1 280 mid-transfer: the sender falls back to 1 200-byte
-#    packets (a path-MTU black hole, PacketSizeFallback) and the file arrives whole.
+#    packets (a path-MTU black hole, PacketSizeFallback) and the file arrives whole;
+#  - a sender behind a NAT whose public address changes mid-transfer: the connection carries on.
 # The packet size is read from the sender's log (-v) and checked against the router's counters:
 # the bytes per packet it forwarded to b. Everything it creates is removed on exit.
 set -euo pipefail
@@ -141,6 +142,30 @@ for family in v4 v6; do
     [ "$(ip -n "${NS}b" link show "${NS}b0" | grep -o 'mtu [0-9]*')" = "mtu 1280" ] || fail "mtu-drop-$family: the MTU was not lowered"
     ok "mtu-drop-$family: the far link's MTU fell to 1280 mid-transfer; the sender fell back to 1200-byte packets and the file arrived whole"
 done
+
+# The sender behind a NAT (the router masquerades) whose public address changes once 16 MiB
+# have crossed, as a carrier-grade NAT's can: the receiver sees the connection's packets come
+# from a new address. QUIC must carry on there (the receiver validates the new path) without the
+# sender reconnecting; TCP's connection would be reset.
+change_public_address_midway() {
+    local stats=/sys/class/net/${NS}r1/statistics/tx_bytes start
+    start=$(ip netns exec "${NS}r" cat "$stats")
+    for _ in $(seq 3000); do
+        [ $(( $(ip netns exec "${NS}r" cat "$stats") - start )) -ge $((16 << 20)) ] && break
+        sleep 0.01
+    done
+    ip -n "${NS}r" addr add 10.66.2.3/24 dev "${NS}r1" && ip -n "${NS}r" addr del 10.66.2.1/24 dev "${NS}r1"
+}
+topology 1500 1500
+ip netns exec "${NS}r" sysctl -qw net.ipv4.conf.all.promote_secondaries=1 "net.ipv4.conf.${NS}r1.promote_secondaries=1"
+ip netns exec "${NS}r" nft add table ip qxnat
+ip netns exec "${NS}r" nft add chain ip qxnat post '{ type nat hook postrouting priority 100; }'
+ip netns exec "${NS}r" nft add rule ip qxnat post oifname "${NS}r1" masquerade
+transfer nat-rebinding "$WORK/bigger.bin" 10.66.2.2 change_public_address_midway
+ip -n "${NS}r" addr show dev "${NS}r1" | grep -q "10.66.2.3/" || fail "nat-rebinding: the public address did not change"
+! grep -qi "reconnect" "$WORK/nat-rebinding.send.err" "$WORK/nat-rebinding.send.out" \
+    || fail "nat-rebinding: the sender reconnected instead of carrying on: $(grep -i reconnect "$WORK/nat-rebinding.send.err" | head -1)"
+ok "nat-rebinding: the sender's public address changed mid-transfer; the connection carried on and the file arrived whole"
 
 topology 9000 9000
 transfer jumbo "$WORK/big.bin" 10.66.2.2; expect jumbo 8972
