@@ -162,7 +162,9 @@ ip netns exec "${NS}r" nft add table ip qxnat
 ip netns exec "${NS}r" nft add chain ip qxnat post '{ type nat hook postrouting priority 100; }'
 ip netns exec "${NS}r" nft add rule ip qxnat post oifname "${NS}r1" masquerade
 transfer nat-rebinding "$WORK/bigger.bin" 10.66.2.2 change_public_address_midway
-ip -n "${NS}r" addr show dev "${NS}r1" | grep -q "10.66.2.3/" || fail "nat-rebinding: the public address did not change"
+# Read whole, not piped into grep -q: with pipefail, ip's write after grep quit (SIGPIPE) failed the check.
+addresses=$(ip -n "${NS}r" addr show dev "${NS}r1")
+[[ $addresses == *"10.66.2.3/"* ]] || fail "nat-rebinding: the public address did not change"
 ! grep -qi "reconnect" "$WORK/nat-rebinding.send.err" "$WORK/nat-rebinding.send.out" \
     || fail "nat-rebinding: the sender reconnected instead of carrying on: $(grep -i reconnect "$WORK/nat-rebinding.send.err" | head -1)"
 ok "nat-rebinding: the sender's public address changed mid-transfer; the connection carried on and the file arrived whole"
