@@ -119,17 +119,22 @@ transfer ethernet-v4 "$WORK/big.bin" 10.66.2.2; expect ethernet-v4 1472
 transfer ethernet-v6 "$WORK/big.bin" "[fd66:2::2]"; expect ethernet-v6 1452
 transfer small-file "$WORK/small.bin" 10.66.2.2; expect small-file ""
 
-# The far link's MTU drops to 1 280 (IPv6's minimum) once 16 MiB have crossed it, as when a
-# route moves into a tunnel: the full-size packets of the established connection vanish. The
-# sender must fall back to 1 200-byte packets and finish, as TCP does from the router's ICMP;
-# before, it sent full-size packets into the hole until the receiver gave up after 60 s.
-drop_far_mtu_midway() {
+# Returns once the router has forwarded 16 MiB more towards b (at most 30 s): mid-transfer.
+wait_for_16_mib_forwarded() {
     local stats=/sys/class/net/${NS}r1/statistics/tx_bytes start
     start=$(ip netns exec "${NS}r" cat "$stats")
     for _ in $(seq 3000); do
         [ $(( $(ip netns exec "${NS}r" cat "$stats") - start )) -ge $((16 << 20)) ] && break
         sleep 0.01
     done
+}
+
+# The far link's MTU drops to 1 280 (IPv6's minimum) once 16 MiB have crossed it, as when a
+# route moves into a tunnel: the full-size packets of the established connection vanish. The
+# sender must fall back to 1 200-byte packets and finish, as TCP does from the router's ICMP;
+# before, it sent full-size packets into the hole until the receiver gave up after 60 s.
+drop_far_mtu_midway() {
+    wait_for_16_mib_forwarded
     ip -n "${NS}r" link set "${NS}r1" mtu 1280 && ip -n "${NS}b" link set "${NS}b0" mtu 1280
 }
 head -c $((128 << 20)) /dev/urandom >"$WORK/bigger.bin"
@@ -148,12 +153,7 @@ done
 # from a new address. QUIC must carry on there (the receiver validates the new path) without the
 # sender reconnecting; TCP's connection would be reset.
 change_public_address_midway() {
-    local stats=/sys/class/net/${NS}r1/statistics/tx_bytes start
-    start=$(ip netns exec "${NS}r" cat "$stats")
-    for _ in $(seq 3000); do
-        [ $(( $(ip netns exec "${NS}r" cat "$stats") - start )) -ge $((16 << 20)) ] && break
-        sleep 0.01
-    done
+    wait_for_16_mib_forwarded
     ip -n "${NS}r" addr add 10.66.2.3/24 dev "${NS}r1" && ip -n "${NS}r" addr del 10.66.2.1/24 dev "${NS}r1"
 }
 topology 1500 1500
