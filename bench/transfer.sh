@@ -19,8 +19,11 @@
 # 10 ms, overtaken by the ~400 sent meanwhile: reordering, not loss, as link aggregation and
 # radio retries make), wan-thin (40 ms one way, 10 Mbit/s, a 10 ms queue of 8 full-size
 # packets: a slow uplink behind a router with a shallow buffer), wan-far (50 ms one way,
-# 500 Mbit/s, 100 ms queue: a fast link across a continent) and wan-ocean (150 ms one way,
-# 200 Mbit/s, 150 ms queue) only when named in CONDITIONS (1 GiB over wan-ocean takes TCP minutes). The namespaces raise TCP's buffer
+# 500 Mbit/s, 100 ms queue: a fast link across a continent), wan-ocean (150 ms one way,
+# 200 Mbit/s, 150 ms queue), wan-asym (15 ms one way, 200 Mbit/s toward the receiver and 1 Mbit/s
+# back: a cable or ADSL line downloading, its acknowledgements on the thin uplink) and custom (the
+# qxfer-linkemu flags in EMULATE, e.g. EMULATE="--delay 20ms --rate 50mbit --loss 5%") only when
+# named in CONDITIONS (1 GiB over wan-ocean takes TCP minutes). The namespaces raise TCP's buffer
 # limits to 64 MiB, so that TCP can fill every path; a condition named with -stock (wan-far-stock,
 # wan-ocean-stock, any path) keeps Linux's own defaults instead (tcp_rmem up to 6 MiB, tcp_wmem up
 # to 4 MiB: what an untuned host gives every TCP tool, a QUIC stack's windows being its own).
@@ -32,8 +35,8 @@
 # and qxfer-auto-known: a sender resuming its QUIC session to a receiver it sent to just before, over
 # --stack quic or the default race, on request), scp, rsync (-e ssh, whole file; the
 # target is removed before each run), iperf3-cubic and iperf3-bbr (`iperf3 -n BYTES -C CC`, memory
-# to memory, no encryption), ngtcp2-cubic and ngtcp2-bbr (gtlsclient fetches the file over HTTP/3
-# from gtlsserver --cc CC into a directory), and, to choose how qxfer/1 uses TCP+TLS, four files
+# to memory, no encryption), ngtcp2-cubic, ngtcp2-bbr and ngtcp2-bbr2 (gtlsclient fetches the file
+# over HTTP/3 from gtlsserver --cc CC into a directory; bbr2 on request), and, to choose how qxfer/1 uses TCP+TLS, four files
 # of BYTES/4 sent by one qxfer over one TLS connection (qxfer-tls-4files-1conn) against four qxfer
 # processes, one file each (qxfer-tls-4files-4conn). With QXFER_BASELINE (another qxfer, e.g. the
 # commit before a change), baseline-quic, baseline-tls (and baseline-auto, baseline-quic-known, baseline-auto-known) run
@@ -124,6 +127,8 @@ setup() {
         wan-jitter) emulate=(--delay 20ms --jitter 10ms --rate 200mbit --queue 30ms) ;;
         wan-reorder) emulate+=(--reorder 5% --reorder-delay 10ms) ;;
         wan-thin) emulate=(--delay 40ms --rate 10mbit --queue 10ms) ;;
+        wan-asym) emulate=(--delay 15ms --rate-ab 200mbit --rate-ba 1mbit --queue 50ms) ;;
+        custom) read -r -a emulate <<<"${EMULATE:?bench/transfer.sh: condition custom needs EMULATE (qxfer-linkemu flags)}" ;;
         *) echo "bench/transfer.sh: unknown condition '$1'" >&2; exit 2 ;;
     esac
     if [ "${#emulate[@]}" -eq 0 ]; then
@@ -313,7 +318,7 @@ run_tool() {  # condition tool run
             fi
             [ "${MOVED:-0}" -gt 0 ] || { echo "bench: iperf3 failed: $(jq -r '.error // empty' "$WORK/iperf3.json") $(cat "$WORK/send.err")" >&2; exit 1; }
             record "$1" "$2" "$3" "$WORK/send.time" "$WORK/recv.time" ;;
-        ngtcp2-cubic|ngtcp2-bbr)
+        ngtcp2-cubic|ngtcp2-bbr|ngtcp2-bbr2)
             # HTTP/3 GET of the file: gtlsserver (the side that sends) in the sender's namespace,
             # gtlsclient writing it into a directory in the receiver's; the client's wall time.
             rm -rf "$WORK/dst"; mkdir -p "$WORK/dst"
