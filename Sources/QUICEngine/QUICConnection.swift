@@ -75,6 +75,11 @@ public final class QUICConnection {
     private var highestDeliveryRate: UInt64 = 0
     /// Whether the delivery-rate estimate has stopped growing (see ``pacingRateUnderInFlightCap(_:now:)``).
     private var pipeFilled = false
+    /// Whether more than 2 % of the packets sent since the path last showed a queue were lost
+    /// (see ``noteHeavyLoss(_:)``); it lowers the in-flight cap's floor.
+    private var heavyLossSeen = false
+    /// Packets sent and lost when ``noteHeavyLoss(_:)`` last saw a queue.
+    private var lossCountedSince: (sent: UInt64, lost: UInt64) = (0, 0)
     /// The estimate growth is measured against, the rounds it has not grown 25 % over it, and
     /// when the current round (one smoothed RTT) ends.
     private var fullRateEstimate: UInt64 = 0
@@ -608,6 +613,21 @@ public final class QUICConnection {
     /// is not throttled; small enough to sit under a 40 ms, 300 Mbit/s path's BDP plus queue.
     static let minimumInFlightCap = 1 << 20
 
+    /// The in-flight cap's floor once more than 2 % of the packets were lost.
+    ///
+    /// ngtcp2 0.12's BBR v2 cuts its in-flight ceiling (`inflight_hi`) to 0.7 of its target
+    /// after every rate sample that lost more than 2 % and was not application-limited, and
+    /// raises it only while the window is full. Random loss above 2 % (a poor radio link) makes
+    /// every round such a sample: on a 40 ms, 50 Mbit/s path with 5-10 % loss, whose
+    /// bandwidth-delay product (250 KB) lies far under ``minimumInFlightCap``, the window fell
+    /// to 3-4 packets and a transfer to 0.2-1.4 MB/s where TCP moved 5 (docs/benchmarks.md,
+    /// "Heavy random loss on a short path"). A cap that binds holds new data back while the
+    /// window has room, so ngtcp2 marks the samples application-limited and BBR v2 keeps its
+    /// ceiling, as on long paths, where the cap already lies under the window. Without such
+    /// loss the floor stays ``minimumInFlightCap``, which start-up needs (see
+    /// ``noteHeavyLoss(_:)``).
+    static let heavyLossMinimumInFlightCap = 64 << 10
+
     /// The cap's bandwidth-delay products until the pipe is found full (when the configured
     /// ones are fewer). In start-up the delivery-rate estimate trails what is sent by a round
     /// trip, so a cap of 1.25 estimates let what is in flight grow by only a quarter a round
@@ -669,7 +689,8 @@ public final class QUICConnection {
         guard var products = configuration.maxInFlightBandwidthDelayProducts,
               s.delivery_rate_sec > 0, s.min_rtt != UInt64.max, s.min_rtt > 0 else { return nil }
         if !pipeFilled { products = max(products, Self.startUpInFlightProducts) }
-        return max(Double(Self.minimumInFlightCap), products * Double(s.delivery_rate_sec) * cappedDelay(s) / 1e9)
+        let floor = heavyLossSeen ? Self.heavyLossMinimumInFlightCap : Self.minimumInFlightCap
+        return max(Double(floor), products * Double(s.delivery_rate_sec) * cappedDelay(s) / 1e9)
     }
 
     /// The delay of one of the in-flight cap's bandwidth-delay products, in nanoseconds.
@@ -1324,9 +1345,33 @@ public final class QUICConnection {
             currentPath = path
             recordEvent(.pathChanged(path))
         }
+        var lossCounted = false
         for s in streams.values where (s.send?.bufferedBytes ?? 0) > 0 {
-            s.lossCount = UInt64(ngtcp2_conn_get_stream_loss_count(conn, s.id.rawValue))
+            let count = UInt64(ngtcp2_conn_get_stream_loss_count(conn, s.id.rawValue))
+            if count != s.lossCount { lossCounted = true }
+            s.lossCount = count
         }
+        if lossCounted { noteHeavyLoss(conn) }
+    }
+
+    /// Sets ``heavyLossSeen`` once more than 2 % of 64 packets or more were lost with no queue
+    /// on the path: counted from the last time the smoothed RTT (acknowledgement delays taken
+    /// out) showed one, standing more than the unqueued excess and a sixteenth of the minimum
+    /// above the minimum. A shallow queue's drops, which start-up's overshoot makes on a thin
+    /// link, come with its delay and never count: there BBR v2's answer to loss is what keeps
+    /// the queue (the latest RTT, acknowledgement delays included, showed a queue at nearly
+    /// every loss on an emulated path with none).
+    private func noteHeavyLoss(_ conn: OpaquePointer) {
+        guard !heavyLossSeen, configuration.maxInFlightBandwidthDelayProducts != nil else { return }
+        let lost = streams.values.reduce(counters.closedStreamLoss) { $0 + $1.lossCount }
+        let s = Self.statistics(conn)
+        let queued = s.min_rtt == UInt64.max || s.smoothed_rtt > s.min_rtt + unqueuedRTTExcess + s.min_rtt / 16
+        guard !queued else {
+            lossCountedSince = (counters.packetsSent, lost)
+            return
+        }
+        let sent = counters.packetsSent - lossCountedSince.sent
+        heavyLossSeen = sent >= 64 && lost > lossCountedSince.lost + sent / 50
     }
 
     // MARK: - Callback recording (called only from ngtcp2 callbacks)
