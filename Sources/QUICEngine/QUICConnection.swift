@@ -613,7 +613,7 @@ public final class QUICConnection {
     /// is not throttled; small enough to sit under a 40 ms, 300 Mbit/s path's BDP plus queue.
     static let minimumInFlightCap = 1 << 20
 
-    /// The in-flight cap's floor once more than 2 % of the packets were lost.
+    /// The in-flight cap's floor once more than 2 % of the packets were lost with no queue.
     ///
     /// ngtcp2 0.12's BBR v2 cuts its in-flight ceiling (`inflight_hi`) to 0.7 of its target
     /// after every rate sample that lost more than 2 % and was not application-limited, and
