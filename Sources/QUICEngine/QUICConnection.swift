@@ -1279,7 +1279,6 @@ public final class QUICConnection {
     /// The corresponding ngtcp2 function is `ngtcp2_conn_get_conn_stat`.
     public var stats: QUICConnectionStats {
         let s = conn.map(Self.statistics) ?? ngtcp2_conn_stat()
-        let streamLoss = streams.values.reduce(counters.closedStreamLoss) { $0 + $1.lossCount }
         return QUICConnectionStats(
             smoothedRTT: .nanoseconds(Int64(clamping: s.smoothed_rtt)),
             rttVariance: .nanoseconds(Int64(clamping: s.rttvar)),
@@ -1290,8 +1289,13 @@ public final class QUICConnection {
             maxUDPPayloadSize: packetSizeFallback.limit(s.max_tx_udp_payload_size), ptoCount: s.pto_count,
             packetsSent: counters.packetsSent, packetsReceived: counters.packetsReceived,
             bytesSent: counters.bytesSent, bytesReceived: counters.bytesReceived,
-            streamPacketsLost: streamLoss, datagramsLost: counters.datagramsLost,
+            streamPacketsLost: streamPacketsLost, datagramsLost: counters.datagramsLost,
             datagramsDroppedOutgoing: counters.datagramsDroppedOut, datagramsDroppedIncoming: counters.datagramsDroppedIn)
+    }
+
+    /// Packets carrying stream data declared lost, over every stream this connection had.
+    private var streamPacketsLost: UInt64 {
+        streams.values.reduce(counters.closedStreamLoss) { $0 + $1.lossCount }
     }
 
     /// The smoothed RTT in nanoseconds once the handshake is complete and the path has an RTT
@@ -1363,7 +1367,7 @@ public final class QUICConnection {
     /// every loss on an emulated path with none).
     private func noteHeavyLoss(_ conn: OpaquePointer) {
         guard !heavyLossSeen, configuration.maxInFlightBandwidthDelayProducts != nil else { return }
-        let lost = streams.values.reduce(counters.closedStreamLoss) { $0 + $1.lossCount }
+        let lost = streamPacketsLost
         let s = Self.statistics(conn)
         let queued = s.min_rtt == UInt64.max || s.smoothed_rtt > s.min_rtt + unqueuedRTTExcess + s.min_rtt / 16
         guard !queued else {
