@@ -205,13 +205,14 @@ import Testing
     /// wan-thin again, 8 MiB: a shallow queue's drops are not random loss. Start-up's overshoot
     /// loses more than 2 % at once there; had that lowered the in-flight cap's floor as heavy
     /// random loss does, BBR v2 would stop answering the queue's drops: 16 % of the packets
-    /// dropped instead of 7 %. At most one in ten, and the link's rate.
+    /// dropped instead of 7 % (10.5 % in about one run in fifteen: ngtcp2's own random choices
+    /// are not the simulation's seed). At most one in eight, and the link's rate.
     @Test func keepsAnsweringAShallowQueuesDrops() throws {
         let size = 8 << 20
         let rate: UInt64 = 10_000_000
         let (sim, transfer, outcome) = try Self.run(seed: 2, loss: 0, size: size, rtt: 80 * ms, rate: rate, queue: 10 * ms)
         TransferTests.check(sim, transfer, size: size)
-        Self.expectDropped(outcome, sim, atMostOneIn: 10)
+        Self.expectDropped(outcome, sim, atMostOneIn: 8)
         #expect(outcome.goodputBytesPerSecond >= 1.0e6, "goodput \(outcome.goodputBytesPerSecond) B/s")
     }
 }
