@@ -200,6 +200,9 @@ public struct QUICConnectionStats: Sendable, Equatable {
     public var bytesSent: UInt64
     /// Bytes of UDP payload received from the driver.
     public var bytesReceived: UInt64
+    /// Stream bytes the application wrote that the peer has not acknowledged yet, summed over
+    /// all streams: waiting in the engine's send buffers or in flight.
+    public var streamBytesUnacknowledged: UInt64
     /// Packets carrying stream data that were declared lost, summed over all streams
     /// (`ngtcp2_conn_get_stream_loss_count`); their data is retransmitted.
     public var streamPacketsLost: UInt64

@@ -1289,6 +1289,7 @@ public final class QUICConnection {
             maxUDPPayloadSize: packetSizeFallback.limit(s.max_tx_udp_payload_size), ptoCount: s.pto_count,
             packetsSent: counters.packetsSent, packetsReceived: counters.packetsReceived,
             bytesSent: counters.bytesSent, bytesReceived: counters.bytesReceived,
+            streamBytesUnacknowledged: streams.values.reduce(0) { $0 + UInt64($1.send?.bufferedBytes ?? 0) },
             streamPacketsLost: streamPacketsLost, datagramsLost: counters.datagramsLost,
             datagramsDroppedOutgoing: counters.datagramsDroppedOut, datagramsDroppedIncoming: counters.datagramsDroppedIn)
     }

@@ -22,8 +22,15 @@ public struct ConnectionMetrics: Sendable, Hashable, CustomStringConvertible {
     public var packetsLost: Int?
     /// Packets (segments) retransmitted in total.
     public var packetsRetransmitted: Int?
-    /// Payload bytes acknowledged by the peer.
+    /// Bytes the transport has sent: on TCP, payload bytes the peer acknowledged
+    /// (`tcpi_bytes_acked`); on QUIC, UDP payload bytes handed to the socket, retransmissions
+    /// and acknowledgements included.
     public var bytesSent: Int?
+    /// Bytes the application wrote that the peer has not acknowledged yet, queued in the
+    /// transport or in flight, over all of the connection's streams: what a sender's progress
+    /// takes off the bytes it wrote to show what arrived. On TCP+TLS it counts TLS record
+    /// bytes, a little more than the payload.
+    public var bytesUnacknowledged: Int?
     /// Payload bytes received.
     public var bytesReceived: Int?
     /// The stack carrying the connection ("QUIC", "TCP+TLS"): for a stack racing several,

@@ -105,13 +105,32 @@ enum SocketTuning {
         }
     }
 
+    /// The socket's `TCP_INFO`; nil if it cannot be read (a closed channel).
+    private static func tcpInfo(of channel: any Channel) async -> cqxfer_tcp_info? {
+        guard let provider = channel as? any SocketOptionProvider else { return nil }
+        let future: EventLoopFuture<cqxfer_tcp_info> = provider.unsafeGetSocketOption(
+            level: SocketOptionLevel(IPPROTO_TCP), name: cqxfer_opt_tcp_info())
+        return try? await future.get()
+    }
+
+    /// Bytes written to the socket and not yet acknowledged: those not sent yet, and those
+    /// sent (`snd_nxt - snd_una`: sent, less retransmitted, less acknowledged).
+    private static func unacknowledgedBytes(_ info: cqxfer_tcp_info) -> Int {
+        let (firstSent, wrapped) = info.tcpi_bytes_sent.subtractingReportingOverflow(info.tcpi_bytes_retrans)
+        let (inFlight, beyond) = firstSent.subtractingReportingOverflow(info.tcpi_bytes_acked)
+        let (total, overflow) = (wrapped || beyond ? 0 : inFlight).addingReportingOverflow(UInt64(info.tcpi_notsent_bytes))
+        return overflow ? .max : Int(clamping: total)
+    }
+
+    /// ``unacknowledgedBytes(_:)`` of the socket under `channel`; 0 if it cannot be read.
+    static func unacknowledgedBytes(of channel: any Channel) async -> Int {
+        await tcpInfo(of: channel).map(unacknowledgedBytes) ?? 0
+    }
+
     /// Reads `TCP_INFO` into ``ConnectionMetrics``.
     static func metrics(of channel: any Channel) async -> ConnectionMetrics {
         var metrics = ConnectionMetrics()
-        guard let provider = channel as? any SocketOptionProvider else { return metrics }
-        let future: EventLoopFuture<cqxfer_tcp_info> = provider.unsafeGetSocketOption(
-            level: SocketOptionLevel(IPPROTO_TCP), name: cqxfer_opt_tcp_info())
-        guard let info = try? await future.get() else { return metrics }
+        guard let info = await tcpInfo(of: channel) else { return metrics }
         let mss = Int(info.tcpi_snd_mss)
         metrics.smoothedRTT = .microseconds(Int64(info.tcpi_rtt))
         metrics.rttVariance = .microseconds(Int64(info.tcpi_rttvar))
@@ -122,6 +141,7 @@ enum SocketTuning {
         metrics.packetsLost = Int(info.tcpi_lost)
         metrics.packetsRetransmitted = Int(info.tcpi_total_retrans)
         metrics.bytesSent = Int(info.tcpi_bytes_acked)
+        metrics.bytesUnacknowledged = unacknowledgedBytes(info)
         metrics.bytesReceived = Int(info.tcpi_bytes_received)
         return metrics
     }

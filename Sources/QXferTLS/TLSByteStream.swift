@@ -110,8 +110,19 @@ final class TLSByteStream: ByteStreamTransport {
 
     var multiplexer: (any StreamMultiplexer)? { session }
 
+    /// The parent's metrics count what its children (the session's other TCP connections)
+    /// have not had acknowledged too: a sender's files travel on them.
     func metrics() async -> ConnectionMetrics {
-        await SocketTuning.metrics(of: channel)
+        var metrics = await SocketTuning.metrics(of: channel)
+        if let link = link.withLock({ $0 }), !link.isChild, let own = metrics.bytesUnacknowledged {
+            var total = own
+            for child in link.session.openChildren {
+                let (sum, overflow) = total.addingReportingOverflow(await SocketTuning.unacknowledgedBytes(of: child.channel))
+                total = overflow ? .max : sum
+            }
+            metrics.bytesUnacknowledged = total
+        }
+        return metrics
     }
 
     var hasEnded: Bool {

@@ -338,6 +338,9 @@ final class TLSStreamMultiplexer: StreamMultiplexer {
         for waiter in waiters { waiter.resume(returning: nil) }
     }
 
+    /// The children not closed yet.
+    var openChildren: [TLSByteStream] { state.withLock { Array($0.children.values) } }
+
     /// Records a child so that closing the parent closes it; a child of a closed parent is refused.
     private func register(_ child: TLSByteStream) throws {
         let id = ObjectIdentifier(child)

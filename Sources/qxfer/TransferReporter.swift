@@ -193,7 +193,7 @@ final class TransferReporter: Sendable {
     }
 
     private func draw(_ progress: TransferProgress, metrics: ConnectionMetrics, moving elapsed: Duration) {
-        let done = progress.transferredBytes
+        let done = Self.bytesArrived(written: progress.transferredBytes, unacknowledged: role == .sender ? metrics.bytesUnacknowledged : nil)
         let total = progress.totalBytes
         let seconds = max(elapsed.seconds, 0.001)
         let rate = Double(done) / seconds
@@ -221,6 +221,13 @@ final class TransferReporter: Sendable {
             if let rtt { line += "  RTT \(rtt)" }
             Console.drawBar(line)
         }
+    }
+
+    /// What a sender shows as done: the file bytes it wrote less what its connection holds
+    /// unacknowledged, so that a slow or long path does not show 100 % and "0:01 left" while the
+    /// last megabytes are still on their way. (A receiver counts what it received.)
+    static func bytesArrived(written: UInt64, unacknowledged: Int?) -> UInt64 {
+        written - min(written, UInt64(max(0, unacknowledged ?? 0)))
     }
 
     // MARK: Summary

@@ -18,6 +18,15 @@ struct ReporterNumberTests {
         #expect(formatDuration(3_725) == "1:02:05")
     }
 
+    /// A sender's progress counts what its connection had acknowledged, never below zero.
+    @Test func senderProgressCountsAcknowledgedBytes() {
+        #expect(TransferReporter.bytesArrived(written: 10_000_000, unacknowledged: 4_000_000) == 6_000_000)
+        #expect(TransferReporter.bytesArrived(written: 1_000, unacknowledged: 4_000_000) == 0)  // TLS records and headers count too
+        #expect(TransferReporter.bytesArrived(written: 1_000, unacknowledged: nil) == 1_000)
+        #expect(TransferReporter.bytesArrived(written: .max, unacknowledged: .max) == .max - UInt64(Int.max))
+        #expect(TransferReporter.bytesArrived(written: 5, unacknowledged: -3) == 5)
+    }
+
     /// Sizes, rates and times are printed without Foundation's formatter, as it would print them.
     @Test func fixedDecimalsMatchPrintf() {
         let values: [Double] = [0, 0.04, 0.96, 1, 9.99, 12.3456, 999.94, 999.96, 1_234.5678, 56.7, 1e9 + 0.3, -0.04, -3.21, 123_456_789.987]

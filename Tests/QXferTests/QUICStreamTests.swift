@@ -178,6 +178,82 @@ struct QUICStreamTests {
         }
     }
 
+    @Test("What a sender wrote less what its connection reports unacknowledged never exceeds what reached the peer; nothing is left once the peer has read all",
+          arguments: TestStack.allCases)
+    func unacknowledgedBytes(on stack: TestStack) async throws {
+        switch stack {
+        case .quic:
+            try await Self.unacknowledgedBytes(
+                NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }, client: { client($0) })
+        case .tls:
+            try await Self.unacknowledgedBytes(
+                NetworkListener(on: 0, host: "127.0.0.1") { TLS().identity(Identities.server) }, client: { TestStack.tlsClient($0) })
+        }
+    }
+
+    /// On an extra stream, as a sender's files travel: on TCP+TLS a connection of its own,
+    /// which the parent's figure must include.
+    static func unacknowledgedBytes<Stack: ByteStreamProtocol>(
+        _ listener: NetworkListener<Stack>, client: @escaping @Sendable (UInt16) -> NetworkConnection<Stack>
+    ) async throws {
+        let gate = Gate()
+        let receiving = Recorder<NetworkConnection<Stack>>()
+        try await withListener(listener, handler: { connection in
+            try await withThrowingDiscardingTaskGroup { group in
+                for try await stream in connection.incomingStreams {
+                    receiving.append(stream)
+                    group.addTask {
+                        await gate.wait()  // read nothing until the test says so
+                        var total = 0
+                        while true {
+                            do { total += try await stream.receive(atLeast: 1, atMost: 1 << 20).content.count }
+                            catch let error as QXferError where error.code == .endOfStream { break }
+                        }
+                        try await stream.send(Data(String(total).utf8))
+                        try await stream.finish()
+                    }
+                }
+            }
+        }) { port in
+            let connection = client(port)
+            try await connection.start()
+            defer { connection.cancel() }
+            let stream = try await connection.openStream()
+            let written = Counter()
+            let chunk = Data(count: 1 << 20)
+            let writer = Task {
+                for _ in 0..<64 {
+                    try await stream.send(chunk)
+                    written.add(chunk.count)
+                }
+                try await stream.finish()
+            }
+            // Until the writes stall: the peer's windows and the transport's buffers are full.
+            var (wrote, checks) = (-1, 0)
+            while written.value != wrote && checks < 100 {
+                wrote = written.value
+                checks += 1
+                try await Task.sleep(for: .milliseconds(300))
+            }
+            let unacknowledged = try #require(await connection.metrics.bytesUnacknowledged)
+            let peer = try #require(receiving.all.first)
+            let arrived = try #require(await peer.metrics.bytesReceived)
+            #expect(wrote > 0 && unacknowledged > 0)
+            #expect(wrote - unacknowledged <= arrived,
+                    "wrote \(wrote), \(unacknowledged) unacknowledged, but only \(arrived) bytes reached the peer")
+            await gate.open()
+            try await writer.value
+            let reply = try await stream.receive(atLeast: 1, atMost: 32).content
+            #expect(String(decoding: reply, as: UTF8.self) == String(64 << 20))
+            var left = await connection.metrics.bytesUnacknowledged
+            for _ in 0..<250 where left != 0 {  // the acknowledgements may still be on their way
+                try await Task.sleep(for: .milliseconds(20))
+                left = await connection.metrics.bytesUnacknowledged
+            }
+            #expect(left == 0)
+        }
+    }
+
     /// A client with a short idle timeout that has sent its server one byte. QUIC's idle timeout
     /// also bounds silence during the handshake (RFC 9000 §10.1), and a loaded machine (sanitizers
     /// beside every suite) can take longer than that to answer one: such an attempt ends with

@@ -547,6 +547,7 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         metrics.deliveryRate = Int(stats.deliveryRate)
         metrics.packetsLost = Int(stats.streamPacketsLost)
         metrics.bytesSent = Int(stats.bytesSent)
+        metrics.bytesUnacknowledged = Int(clamping: stats.streamBytesUnacknowledged)
         metrics.bytesReceived = Int(stats.bytesReceived)
         return metrics
     }
