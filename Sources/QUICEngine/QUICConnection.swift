@@ -694,8 +694,17 @@ public final class QUICConnection {
     }
 
     /// The delay of one of the in-flight cap's bandwidth-delay products, in nanoseconds.
+    ///
+    /// Under heavy random loss, the minimum RTT alone. The excess is measured in start-up, and
+    /// where one bandwidth-delay product lies far under ``minimumInFlightCap`` (40 ms at
+    /// 50 Mbit/s) start-up has queued by then: the excess took in 17 ms of this sender's own
+    /// queue, the cap kept that queue standing, and BBR v2, seeing no RTT near the minimum for
+    /// 5 s, went to ProbeRTT. Refilling the pipe after it at 10 % loss, BBR found the pipe full
+    /// and cut its window with every lossy round: 0.5 MB/s instead of 5.5 (docs/benchmarks.md,
+    /// "Heavy random loss past the first ProbeRTT"). Measuring the excess only below one product
+    /// instead cost the path whose delay varies, where the excess is needed, 14-20 % of its rate.
     private func cappedDelay(_ s: ngtcp2_conn_stat) -> Double {
-        Double(s.min_rtt) + Double(unqueuedRTTExcess)
+        Double(s.min_rtt) + (heavyLossSeen ? 0 : Double(unqueuedRTTExcess))
     }
 
     /// Before the pipe is full, while less than ``minimumInFlightCap`` is in flight: how far the
