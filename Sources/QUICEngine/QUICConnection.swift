@@ -710,7 +710,9 @@ public final class QUICConnection {
     /// Before the pipe is full, while less than ``minimumInFlightCap`` is in flight: how far the
     /// smoothed RTT stays above the minimum, less an eighth of the minimum: what delayed
     /// acknowledgements and timers add on a path of fixed delay (1-7 ms on bench/'s emulated
-    /// 40-300 ms paths; 16-27 ms on its path of 20 ± 10 ms each way).
+    /// 40-300 ms paths; 16-27 ms on its path of 20 ± 10 ms each way). Where one bandwidth-delay
+    /// product lies far under ``minimumInFlightCap`` it takes in start-up's own queue too, which
+    /// is why ``cappedDelay(_:)`` leaves it out under heavy loss.
     private func sampleUnqueuedRTTExcess(_ s: ngtcp2_conn_stat) {
         guard !pipeFilled, s.bytes_in_flight < Self.minimumInFlightCap, s.min_rtt != UInt64.max else { return }
         let variation = s.smoothed_rtt > s.min_rtt ? s.smoothed_rtt - s.min_rtt : 0
