@@ -50,6 +50,21 @@ public struct ConfigDirectory: Sendable, Hashable {
     }
 }
 
+extension ConfigDirectory {
+    /// Runs `body` holding an exclusive lock on the folder (which must exist), so that
+    /// qxfer processes changing the same files take turns. The folder itself is the lock:
+    /// nothing extra to leave behind.
+    func whileLocked<T>(_ body: () throws -> T) throws -> T {
+        let lock = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard lock >= 0 else { throw SecureFile.posixError("cannot lock \(path)") }
+        defer { close(lock) }  // closing releases the lock
+        while flock(lock, LOCK_EX) != 0 {
+            guard errno == EINTR else { throw SecureFile.posixError("cannot lock \(path)") }
+        }
+        return try body()
+    }
+}
+
 /// The per-host memories a connection keeps beside the trust files (the race's `stacks`, QUIC's
 /// `session-tickets`): small text files that save time and on which nothing depends, so a damaged
 /// one is ignored and a failed write is not an error.

@@ -27,23 +27,32 @@ public struct HostIdentity: Sendable {
     ///
     /// A missing pair is created; a half-present, unreadable, corrupt or loosely-permitted pair
     /// is an error, never silently replaced, because replacing it would change the fingerprint
-    /// every peer has pinned.
+    /// every peer has pinned. Processes that start at once on a new folder (a `recv` and a
+    /// `send` from one script) agree on one identity: it is created under the folder's lock.
     public static func loadOrCreate(in directory: ConfigDirectory = .standard) throws -> HostIdentity {
         let keyPath = directory.file(keyFile)
         let certificatePath = directory.file(certificateFile)
-        switch (SecureFile.exists(keyPath), SecureFile.exists(certificatePath)) {
-        case (true, true):
+        if SecureFile.exists(keyPath) && SecureFile.exists(certificatePath) {
             return try load(keyPath: keyPath, certificatePath: certificatePath)
-        case (false, false):
-            try directory.create()
-            let identity = try generate(commonName: "qxfer " + (ProcessInfo.processInfo.hostName))
-            try SecureFile.writeAtomically(Array(identity.privateKeyPEM.utf8), to: keyPath)
-            try SecureFile.writeAtomically(Array(identity.certificatePEM.utf8), to: certificatePath)
-            return identity
-        case (true, false):
-            throw QXferError(.identity, "identity is incomplete: \(certificatePath) is missing (remove \(keyPath) to create a new identity)")
-        case (false, true):
-            throw QXferError(.identity, "identity is incomplete: \(keyPath) is missing (remove \(certificatePath) to create a new identity)")
+        }
+        try directory.create()
+        // Without the lock, two processes that both found no identity wrote a key and a
+        // certificate each, and the folder could keep one's key with the other's certificate;
+        // one that looked between another's two writes saw half a pair.
+        return try directory.whileLocked {
+            switch (SecureFile.exists(keyPath), SecureFile.exists(certificatePath)) {
+            case (true, true):
+                return try load(keyPath: keyPath, certificatePath: certificatePath)
+            case (false, false):
+                let identity = try generate(commonName: "qxfer " + (ProcessInfo.processInfo.hostName))
+                try SecureFile.writeAtomically(Array(identity.privateKeyPEM.utf8), to: keyPath)
+                try SecureFile.writeAtomically(Array(identity.certificatePEM.utf8), to: certificatePath)
+                return identity
+            case (true, false):
+                throw QXferError(.identity, "identity is incomplete: \(certificatePath) is missing (remove \(keyPath) to create a new identity)")
+            case (false, true):
+                throw QXferError(.identity, "identity is incomplete: \(keyPath) is missing (remove \(certificatePath) to create a new identity)")
+            }
         }
     }
 

@@ -111,17 +111,14 @@ public struct PairedDevices: Sendable {
     /// Read, change, seal and write under an exclusive lock, so two qxfer processes updating
     /// the list at once (a pairing and a transfer's "last seen") never lose each other's change.
     private func update(_ change: (inout [Device]) throws -> Void) throws {
-        let folder = OutputFile.folder(of: path)
-        try ConfigDirectory(path: folder).create()
-        // The folder itself is the lock: nothing extra to leave behind.
-        let lock = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard lock >= 0 else { throw SecureFile.posixError("cannot lock \(path)") }
-        defer { close(lock) }
-        guard flock(lock, LOCK_EX) == 0 else { throw SecureFile.posixError("cannot lock \(path)") }
-        var devices = try self.devices()
-        try change(&devices)
-        let encoded = try Self.encoder.encode(Stored(devices: devices, seal: try seal(devices)))
-        try SecureFile.writeAtomically(Array(encoded) + [0x0a], to: path)
+        let folder = ConfigDirectory(path: OutputFile.folder(of: path))
+        try folder.create()
+        try folder.whileLocked {
+            var devices = try self.devices()
+            try change(&devices)
+            let encoded = try Self.encoder.encode(Stored(devices: devices, seal: try seal(devices)))
+            try SecureFile.writeAtomically(Array(encoded) + [0x0a], to: path)
+        }
     }
 
     private func seal(_ devices: [Device]) throws -> String {

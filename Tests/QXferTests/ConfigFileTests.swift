@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import QXfer
 @_spi(Stacks) @testable import QXferCore
@@ -51,5 +52,25 @@ import QXfer
             try devices.add(PairedDevices.Device(name: "three", fingerprint: Identities.server.fingerprint, pairedAt: Date()))
         }
         #expect(type(list) == S_IFIFO)
+    }
+
+    /// Processes that start at once on a new folder (`qxfer recv &` and `qxfer send` from one
+    /// script) must agree on one identity. Before the folder's lock, two creators could leave
+    /// one's key beside the other's certificate ("does not belong"), for good, and one that
+    /// looked between another's two writes failed with "identity is incomplete".
+    @Test func identitiesCreatedAtOnceAgree() throws {
+        let directory = TemporaryDirectory()
+        for round in 0..<12 {
+            let config = ConfigDirectory(path: directory.file("cfg\(round)"))
+            let results = Mutex<[String]>([])
+            DispatchQueue.concurrentPerform(iterations: 4) { _ in
+                let result: String
+                do { result = "\(try HostIdentity.loadOrCreate(in: config).fingerprint)" } catch { result = "error: \(error)" }
+                results.withLock { $0.append(result) }
+            }
+            let fingerprints = results.withLock { $0 }
+            #expect(Set(fingerprints).count == 1, "round \(round): \(Set(fingerprints))")
+            #expect(try "\(HostIdentity.loadOrCreate(in: config).fingerprint)" == fingerprints.first, "round \(round)")
+        }
     }
 }
