@@ -57,12 +57,15 @@ final class TransferReporter: Sendable {
             if role == .sender && style != .json {
                 printLine("offered \(count(entries, "item", "items")) (\(formatBytes(bytes))\(sizeUnknown ? " and a stream" : "")); waiting for the receiver to accept")
             }
-        case .accepted(let bytes, let resumed, let present, let skipped):
-            logger.info("accepted: \(bytes) bytes to move, \(resumed) resumed, \(present) already present, \(skipped) skipped")
+        case .accepted(let bytes, let resumed, let present, let skipped, let holes):
+            logger.info("accepted: \(bytes) bytes to move, \(resumed) resumed, \(present) already present, \(skipped) skipped, \(holes) of holes")
             if style == .json {
-                emit("accepted", ["bytes": bytes, "resumed_bytes": resumed, "present": present, "skipped": skipped])
+                var fields: [String: Any] = ["bytes": bytes, "resumed_bytes": resumed, "present": present, "skipped": skipped]
+                if role == .sender { fields["hole_bytes"] = holes }
+                emit("accepted", fields)
             } else if role == .sender {
-                printLine("accepted: \(formatBytes(bytes)) to send" + (resumed > 0 ? ", \(formatBytes(resumed)) already there" : ""))
+                printLine("accepted: \(formatBytes(bytes)) to send" + (holes > 0 ? " (plus \(formatBytes(holes)) of holes)" : "")
+                          + (resumed > 0 ? ", \(formatBytes(resumed)) already there" : ""))
             }
         case .started(let path, let size, let offset):
             logger.info("file '\(path)': \(size.map { "\($0) bytes" } ?? "size unknown")\(offset > 0 ? ", resuming at byte \(offset)" : "")")

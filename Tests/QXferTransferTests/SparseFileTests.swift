@@ -1,5 +1,6 @@
 import Foundation
 import QXfer
+import Synchronization
 @testable import QXferTransfer
 import Testing
 
@@ -41,10 +42,16 @@ struct SparseFileTests {
         try Data(dense).write(to: URL(fileURLWithPath: scratch.sub("src/dense.bin")))
         let tree = try SourceTree.scan([scratch.sub("src")])
         #expect(tree.mayHaveHoles)
+        #expect(tree.entriesWithHoles.map { tree.entries[$0].path.last } == ["disk.img"])
+        // What the sender announces once accepted, and its progress total then.
+        let accepted = Mutex<(bytes: UInt64, holes: UInt64)?>(nil)
+        let progress = TransferProgress { event in
+            if case .accepted(let bytes, _, _, _, let holes) = event { accepted.withLock { $0 = (bytes, holes) } }
+        }
         let (server, client) = try await withConnectedPair(kind, receive: { peer in
             try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
         }, send: { peer in
-            try await peer.runSender(TransferSender(tree: tree))
+            try await peer.runSender(TransferSender(tree: tree, progress: progress))
         })
         let sent = try client.get(), received = try server.get()
         #expect(sent.isComplete && received.isComplete)
@@ -57,6 +64,11 @@ struct SparseFileTests {
         #expect(sent.zeroBytes + sent.transferredBytes == UInt64(size + dense.count))
         #expect(received.zeroBytes == sent.zeroBytes && received.transferredBytes == sent.transferredBytes)
         #expect(Self.allocatedBytes(scratch.sub("dst/src/disk.img")) <= 512 << 10)
+        // Announced from the start: the bytes that travelled, the holes apart; the total never
+        // had to shrink.
+        let announced = try #require(accepted.withLock { $0 })
+        #expect(announced.bytes == sent.transferredBytes && announced.holes == sent.zeroBytes, "\(announced)")
+        #expect(progress.totalBytes == sent.transferredBytes)
     }
 
     @Test("Short holes travel as data in full chunks, long ones as Zeros; both stay holes", arguments: StackKind.allCases)
@@ -133,6 +145,20 @@ struct SparseFileTests {
         }
     }
 
+    /// Holes counted at acceptance never were in the total; holes found beyond them (a file that
+    /// changed, a resume that started over) leave it as they go.
+    @Test("The progress total: holes counted at acceptance, and holes found later")
+    func progressTotalWithHoles() {
+        let progress = TransferProgress()
+        progress.report(.accepted(bytes: 1000, resumed: 0, present: 0, skipped: 0, holes: 5000))
+        progress.add(zeros: 3000)
+        #expect(progress.totalBytes == 1000 && progress.zeroBytes == 3000)
+        progress.add(zeros: 2500)  // 500 more than counted
+        #expect(progress.totalBytes == 500 && progress.zeroBytes == 5500)
+        progress.add(zeros: 100)
+        #expect(progress.totalBytes == 400)
+    }
+
     @Test("The runs of data between holes, as the file system reports them")
     func dataRuns() throws {
         let scratch = TempDir()
@@ -154,6 +180,11 @@ struct SparseFileTests {
         #expect(FileHoles.dataSpan(in: g, from: 0, size: gSize, length: 4096) == 0..<4096)
         #expect(FileHoles.dataSpan(in: g, from: 12288, size: gSize, length: 1 << 20) == third..<third + 4096)
         #expect(FileHoles.dataSpan(in: g, from: third + 4096, size: gSize, length: 1 << 20) == gSize..<gSize)
+        // What goes as Zeros: the long holes only (the short one at 4096 travels as data).
+        #expect(FileHoles.holeBytes(in: g, from: 0, size: gSize) == gSize - 3 * 4096 - 4096)
+        #expect(FileHoles.holeBytes(in: g, from: 12288, size: gSize) == gSize - 12288 - 4096)
+        #expect(FileHoles.holeBytes(in: g, from: third, size: gSize) == gSize - third - 4096)
+        #expect(FileHoles.holeBytes(in: g, from: gSize, size: gSize) == 0)
         // A short hole at the end goes as data.
         #expect(FileHoles.dataSpan(in: g, from: third + 4096, size: third + 4196, length: 1 << 20) == third + 4096..<third + 4196)
         // The size offered bounds the runs (a file that grew since the scan).

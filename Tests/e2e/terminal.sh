@@ -13,9 +13,9 @@
 # rows fit in 100 columns with no empty rows after the end, stream send reports progress and
 # first contact; --json is one parseable event per line (time, event; errors and
 # warnings included, no escaped slashes); errors a user meets are immediate and clear; names
-# holding escape sequences or line breaks are shown escaped, not played on the terminal; recv
-# --stdout pipes a file or a tar stream and fails a digest mismatch. Everything it creates is
-# removed.
+# holding escape sequences or line breaks are shown escaped, not played on the terminal; a sparse
+# file's sender says what travels and the holes apart from the start; recv --stdout pipes a
+# file or a tar stream and fails a digest mismatch. Everything it creates is removed.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -326,6 +326,28 @@ screen names | grep -q '^EXIT=77$' \
     || { screen names >&2; fail "a send that left files out for their names did not exit 77 saying so"; }
 kill -INT "$NAMES_PID"; wait "$NAMES_PID" 2>/dev/null || true
 ok "names with an escape sequence and a line break: skipped, shown escaped ($(screen names | grep -c 'not allowed') warnings), exit 77"
+
+# --- 6c. A sparse file: the sender counts its data from the start ----------------------------
+# A 2 GiB disk image holding 4 MiB of data: "accepted" says what will travel and, apart, the
+# holes (before, it said 2.1 GB to send, and the progress total shrank as holes were found).
+mkdir -p "$WORK/sparse"
+truncate -s 2G "$WORK/sparse/disk.img"
+head -c 4194304 /dev/urandom | dd of="$WORK/sparse/disk.img" conv=notrunc status=none
+SPARSE_PORT=$((PORT + 2))
+"$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --yes --once --host 127.0.0.1 --port "$SPARSE_PORT" --dir "$WORK/dst-sparse" \
+    >"$WORK/sp.out" 2>"$WORK/sp.err" </dev/null &
+SPARSE_PID=$!; PIDS+=("$SPARSE_PID")
+for _ in $(seq 100); do grep -q '^fingerprint' "$WORK/sp.out" 2>/dev/null && break; sleep 0.1; done
+pane sparse
+run sparse "clear; $SEND $WORK/sparse/disk.img 127.0.0.1:$SPARSE_PORT"
+wait_for sparse '^EXIT='
+screen sparse | grep -qxF "qxfer: accepted: 4.2 MB to send (plus 2.1 GB of holes)" \
+    && screen sparse | grep -qE '^sent 4\.2 MB in .*, plus 2\.1 GB of holes; 1 file verified' \
+    && screen sparse | grep -q '^EXIT=0$' \
+    || { screen sparse >&2; fail "a sparse file's accepted line or summary"; }
+wait "$SPARSE_PID" || fail "recv of the sparse file: $(cat "$WORK/sp.err")"
+cmp -s "$WORK/sparse/disk.img" "$WORK/dst-sparse/disk.img" || fail "the sparse file differs"
+ok "a sparse file: 'accepted: 4.2 MB to send (plus 2.1 GB of holes)', the summary the same"
 
 # --- 7. recv --stdout --------------------------------------------------------------------------
 stdout_recv() {  # stdout_recv OUTPUT-COMMAND: a receiver whose data goes through OUTPUT-COMMAND

@@ -112,7 +112,7 @@ public struct TransferReceiver: Sendable {
         progress.report(.accepted(
             bytes: session.bytesToReceive, resumed: session.resumedBytes,
             present: plans.count(where: { if case .present = $0 { true } else { false } }),
-            skipped: plans.count(where: { if case .skip = $0 { true } else { false } })))
+            skipped: plans.count(where: { if case .skip = $0 { true } else { false } }), holes: 0))
 
         let usesStreams = try await connection.hasIndependentStreams
         let funnel = InboundFunnel()

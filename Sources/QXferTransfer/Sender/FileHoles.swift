@@ -28,6 +28,20 @@ enum FileHoles {
         return start..<end
     }
 
+    /// The bytes from `offset` to `size` that the sender will send as Zeros: the long holes
+    /// between the spans ``dataSpan(in:from:size:length:)`` finds, as the sender walks them.
+    /// What the file system does not report as holes counts as data.
+    static func holeBytes(in file: Descriptor, from offset: UInt64, size: UInt64) -> UInt64 {
+        var position = offset, holes: UInt64 = 0
+        while position < size {
+            let data = dataSpan(in: file, from: position, size: size, length: .max)
+            holes += data.lowerBound - position  // spans start at or after `position`
+            guard data.upperBound > position else { break }  // at `size`: only a hole was left
+            position = data.upperBound
+        }
+        return holes
+    }
+
     /// The first run of data at or after `offset`, both ends at most `size` (the size offered:
     /// the file may have grown since). Empty at `size` when only a hole is left; from `offset`
     /// to `size` where the file system does not tell (it then reports one run of data), and

@@ -30,9 +30,12 @@ public struct SourceTree: Sendable {
     /// How many of the skipped items are files or folders inside a folder that this process may
     /// not read (or list): the rest is sent, and the send then fails, as `scp -r` and rsync do.
     public private(set) var unreadable = 0
-    /// Whether a file too large to be batched occupies fewer blocks than its size: it has holes
-    /// (or is compressed), so the offer lets Zeros stand for them (docs/PROTOCOL.md §3.8).
-    public private(set) var mayHaveHoles = false
+    /// The entries (by index) of files too large to be batched that occupy fewer blocks than
+    /// their size: they have holes (or are compressed), so the offer lets Zeros stand for them
+    /// (docs/PROTOCOL.md §3.8), and the sender counts their holes once the receiver has answered.
+    public private(set) var entriesWithHoles: Set<Int> = []
+    /// Whether any file may have holes.
+    public var mayHaveHoles: Bool { !entriesWithHoles.isEmpty }
 
     /// The bytes of all files of known size.
     public var totalSize: UInt64 { entries.reduce(0) { $0.saturatingAdd($1.size) } }  // sparse files may add up past 2^64
@@ -107,7 +110,7 @@ public struct SourceTree: Sendable {
         switch info.st_mode & S_IFMT {
         case S_IFREG:
             let size = UInt64(clamping: info.st_size)
-            if size > TransferSender.batchedFileLimit, info.st_blocks < info.st_size / 512 { mayHaveHoles = true }
+            if size > TransferSender.batchedFileLimit, info.st_blocks < info.st_size / 512 { entriesWithHoles.insert(entries.count) }
             append(OfferEntry(kind: .file, path: components, size: size, mode: mode, modificationTime: mtime), .file(path: path))
         case S_IFDIR:
             let (children, undecodable) = try SourceTree.list(path)

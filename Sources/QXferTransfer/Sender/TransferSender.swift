@@ -101,7 +101,9 @@ public struct TransferSender: Sendable {
         let present = jobs.count(where: { $0.answer.disposition == .present })
         // Early files the receiver did not want travelled all the same.
         let earlyUnwanted = earlyJobs.filter { answers[Int($0.index)].disposition != .send }.reduce(UInt64(0)) { $0 + $1.entry.size }  // ≤ 4 MiB
-        progress.report(.accepted(bytes: ledger.bytesToSend.saturatingAdd(earlyUnwanted), resumed: ledger.resumedBytes, present: present, skipped: ledger.failures.count))
+        let holes = holeBytes(of: jobs)
+        progress.report(.accepted(bytes: ledger.bytesToSend.saturatingAdd(earlyUnwanted).saturatingSubtract(holes), resumed: ledger.resumedBytes,
+                                  present: present, skipped: ledger.failures.count, holes: holes))
         for failure in ledger.failures { progress.report(.failed(path: failure.path, error: failure.error)) }
         acceptance.yield(Self.units(of: jobs.filter { !$0.entry.flags.contains(.early) }))
         acceptance.finish()
@@ -171,6 +173,17 @@ public struct TransferSender: Sendable {
             progress.report(.failed(path: path, error: error))
         default:
             throw TransferError(.protocolViolation, "the receiver sent \(verdict.type) among the verdicts")
+        }
+    }
+
+    /// The holes that will go as Zeros in the files the receiver wants, from where each resumes:
+    /// so the "accepted" line, the progress total and its time left count only what travels
+    /// from the start. A file that cannot be opened now counts none (its failure comes later).
+    private func holeBytes(of jobs: [FileJob]) -> UInt64 {
+        jobs.reduce(0) { sum, job in
+            guard tree.entriesWithHoles.contains(Int(job.index)), job.answer.disposition == .send,
+                  let file = try? job.open() else { return sum }
+            return sum.saturatingAdd(FileHoles.holeBytes(in: file, from: job.answer.offset, size: job.entry.size))
         }
     }
 

@@ -8,7 +8,10 @@ public enum TransferEvent: Sendable {
     case offered(entries: Int, bytes: UInt64, sizeUnknown: Bool)
     /// The receiver accepted: `bytes` will travel; `resumed` bytes were already there and
     /// checked; `present` files exist identically and only their digests are compared.
-    case accepted(bytes: UInt64, resumed: UInt64, present: Int, skipped: Int)
+    /// `holes`: on the sender, the holes of sparse files that will go as Zeros instead (not in
+    /// `bytes`), as the file system reports them now; 0 on the receiver, which learns of holes
+    /// only as they arrive (they leave ``TransferProgress/totalBytes`` as they go).
+    case accepted(bytes: UInt64, resumed: UInt64, present: Int, skipped: Int, holes: UInt64)
     /// A file starts at `offset` (non-zero when resuming).
     case started(path: String, size: UInt64?, offset: UInt64)
     /// A file arrived and its digest matched.
@@ -28,6 +31,8 @@ public final class TransferProgress: Sendable {
         var transferredBytes: UInt64 = 0
         var resumedBytes: UInt64 = 0
         var zeroBytes: UInt64 = 0
+        /// Holes counted at acceptance (sender) that have not yet gone as Zeros.
+        var expectedZeroBytes: UInt64 = 0
     }
     private let counters = Locked(Counters())
     private let onEvent: @Sendable (TransferEvent) -> Void
@@ -48,10 +53,11 @@ public final class TransferProgress: Sendable {
     public var zeroBytes: UInt64 { counters.withLock { $0.zeroBytes } }
 
     func report(_ event: TransferEvent) {
-        if case .accepted(let bytes, let resumed, _, _) = event {
+        if case .accepted(let bytes, let resumed, _, _, let holes) = event {
             counters.withLock {
                 $0.totalBytes = bytes
                 $0.resumedBytes = resumed
+                $0.expectedZeroBytes = holes
             }
         }
         onEvent(event)
@@ -62,11 +68,14 @@ public final class TransferProgress: Sendable {
     }
 
     /// `bytes` of a hole went as a Zeros message instead of data: they no longer have to cross
-    /// the network.
+    /// the network. Holes counted at acceptance were never in ``totalBytes``; others (a file
+    /// that changed, a resume that started over) leave it now.
     func add(zeros bytes: UInt64) {
         counters.withLock {
             $0.zeroBytes = $0.zeroBytes.saturatingAdd(bytes)
-            $0.totalBytes = $0.totalBytes.saturatingSubtract(bytes)
+            let expected = min(bytes, $0.expectedZeroBytes)
+            $0.expectedZeroBytes -= expected
+            $0.totalBytes = $0.totalBytes.saturatingSubtract(bytes - expected)
         }
     }
 
