@@ -298,6 +298,20 @@ umount "$WORK/readonly"
 [ $s6 = 64 ] && grep -q "cannot receive into .*Read-only file system" "$WORK/e6" || fail "recv --dir READ-ONLY: exit $s6: $(cat "$WORK/e6")"
 ok "errors: a file where the host goes, a missing parent, a created --dir, a read-only --dir, no route, no receiver on the network: $(cat "$WORK/e4")"
 
+# send_in_pane NAME PORT DST PATH [RECV-FLAG...]: a receiver answering yes on PORT into DST in
+# the background (its pid in BG_RECV, its output in $WORK/NAME.out and .err), and in a new pane
+# NAME `qxfer send PATH` to it, until the send exits.
+send_in_pane() {
+    local name=$1 port=$2 dst=$3 path=$4; shift 4
+    "$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --yes "$@" --host 127.0.0.1 --port "$port" --dir "$dst" \
+        >"$WORK/$name.out" 2>"$WORK/$name.err" </dev/null &
+    BG_RECV=$!; PIDS+=("$BG_RECV")
+    for _ in $(seq 100); do grep -q '^fingerprint' "$WORK/$name.out" 2>/dev/null && break; sleep 0.1; done
+    pane "$name"
+    run "$name" "clear; $SEND $path 127.0.0.1:$port"
+    wait_for "$name" '^EXIT='
+}
+
 # --- 6b. Names that would drive the terminal ------------------------------------------------
 # A folder holding names qxfer/1 does not carry (an escape sequence that paints the screen red,
 # a line break): the sender skips them with a warning that shows each name escaped, in the
@@ -306,14 +320,7 @@ mkdir -p "$WORK/names"
 echo kept >"$WORK/names/plain.txt"
 echo red >"$WORK/names/paint"$'\e[41m'"red"
 echo two >"$WORK/names/two"$'\n'"lines"
-NAMES_PORT=$((PORT + 1))
-"$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --yes --host 127.0.0.1 --port "$NAMES_PORT" --dir "$WORK/dst-names" \
-    >"$WORK/n.out" 2>"$WORK/n.err" </dev/null &
-NAMES_PID=$!; PIDS+=("$NAMES_PID")
-for _ in $(seq 100); do grep -q '^fingerprint' "$WORK/n.out" 2>/dev/null && break; sleep 0.1; done
-pane names
-run names "clear; $SEND $WORK/names 127.0.0.1:$NAMES_PORT"
-wait_for names '^EXIT='
+send_in_pane names $((PORT + 1)) "$WORK/dst-names" "$WORK/names"
 screen names | grep -qF "names/paint\u001b[41mred': the name is not allowed" \
     && screen names | grep -qF "names/two\nlines': the name is not allowed" \
     || { screen names >&2; fail "names with control characters are not shown escaped"; }
@@ -324,7 +331,7 @@ T capture-pane -p -e -t names | grep -qF $'\e[41m' && { screen names >&2; fail "
 screen names | grep -q '^EXIT=77$' \
     && screen names | grep -qF "2 files or folders named above were not sent (qxfer/1 cannot carry their names); everything else arrived" \
     || { screen names >&2; fail "a send that left files out for their names did not exit 77 saying so"; }
-kill -INT "$NAMES_PID"; wait "$NAMES_PID" 2>/dev/null || true
+kill -INT "$BG_RECV"; wait "$BG_RECV" 2>/dev/null || true
 ok "names with an escape sequence and a line break: skipped, shown escaped ($(screen names | grep -c 'not allowed') warnings), exit 77"
 
 # --- 6c. A sparse file: the sender counts its data from the start ----------------------------
@@ -333,19 +340,12 @@ ok "names with an escape sequence and a line break: skipped, shown escaped ($(sc
 mkdir -p "$WORK/sparse"
 truncate -s 2G "$WORK/sparse/disk.img"
 head -c 4194304 /dev/urandom | dd of="$WORK/sparse/disk.img" conv=notrunc status=none
-SPARSE_PORT=$((PORT + 2))
-"$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --yes --once --host 127.0.0.1 --port "$SPARSE_PORT" --dir "$WORK/dst-sparse" \
-    >"$WORK/sp.out" 2>"$WORK/sp.err" </dev/null &
-SPARSE_PID=$!; PIDS+=("$SPARSE_PID")
-for _ in $(seq 100); do grep -q '^fingerprint' "$WORK/sp.out" 2>/dev/null && break; sleep 0.1; done
-pane sparse
-run sparse "clear; $SEND $WORK/sparse/disk.img 127.0.0.1:$SPARSE_PORT"
-wait_for sparse '^EXIT='
+send_in_pane sparse $((PORT + 2)) "$WORK/dst-sparse" "$WORK/sparse/disk.img" --once
 screen sparse | grep -qxF "qxfer: accepted: 4.2 MB to send (plus 2.1 GB of holes)" \
     && screen sparse | grep -qE '^sent 4\.2 MB in .*, plus 2\.1 GB of holes; 1 file verified' \
     && screen sparse | grep -q '^EXIT=0$' \
     || { screen sparse >&2; fail "a sparse file's accepted line or summary"; }
-wait "$SPARSE_PID" || fail "recv of the sparse file: $(cat "$WORK/sp.err")"
+wait "$BG_RECV" || fail "recv of the sparse file: $(cat "$WORK/sparse.err")"
 cmp -s "$WORK/sparse/disk.img" "$WORK/dst-sparse/disk.img" || fail "the sparse file differs"
 ok "a sparse file: 'accepted: 4.2 MB to send (plus 2.1 GB of holes)', the summary the same"
 
