@@ -307,6 +307,7 @@ let package = Package(
                 "QXferSockets",
                 "QXferTLS",
                 "QXferQUIC",
+                "QXferRace",
                 "QXferDiscovery",
                 "QUICEngine",
                 "Subprocesses",

@@ -80,14 +80,23 @@ public enum MemoryFile {
         return String(data: data, encoding: .utf8)
     }
 
-    /// Replaces the file's text atomically with mode 0600, in a folder created 0700 when missing;
-    /// a failure is ignored. Not synced: a memory is a cache, and a program's last act is often
+    /// Rewrites the file under its folder's lock: `change` gets the text as ``read(_:maximumSize:)``
+    /// gives it and returns the new text, or nil to leave the file as it is. Processes saving at
+    /// once (sends to several hosts from one script) so keep each other's entries; without the
+    /// lock each wrote back what it had read, and one host's entry could vanish.
+    ///
+    /// The file is replaced atomically with mode 0600, in a folder created 0700 when missing; a
+    /// failure is ignored. Not synced: a memory is a cache, and a program's last act is often
     /// to write one (a first send's new session ticket), where two fsyncs cost it about 2 ms
     /// before it can exit. After a crash the file may be old, empty or partial, which ``read``'s
     /// callers ignore whole.
-    public static func write(_ text: String, to path: String) {
-        try? ConfigDirectory(path: OutputFile.folder(of: path)).create()
-        try? OutputFile.replaceContents(of: path, with: Array(text.utf8), permissions: 0o600, allowsDirectWrites: false, durably: false)
+    public static func update(_ path: String, maximumSize: Int, _ change: (String?) -> String?) {
+        let folder = ConfigDirectory(path: OutputFile.folder(of: path))
+        guard (try? folder.create()) != nil else { return }
+        try? folder.whileLocked {
+            guard let text = change(read(path, maximumSize: maximumSize)) else { return }
+            try? OutputFile.replaceContents(of: path, with: Array(text.utf8), permissions: 0o600, allowsDirectWrites: false, durably: false)
+        }
     }
 }
 

@@ -64,22 +64,28 @@ public struct StackMemory: Sendable, Hashable {
     func record(winner: String, preferred: String, for endpoint: Endpoint, now: Date = Date()) {
         let key = Self.key(endpoint)
         let seconds = Int64(now.timeIntervalSince1970)
-        let before = load()
-        var entries = before.filter { $0.expiry > seconds }  // expired entries go at the next write
-        entries.removeAll { $0.host == key }
-        if winner != preferred {
-            let lifetime = max(lifetime.components.seconds, 1)
-            entries.append(Entry(host: key, stack: winner, expiry: seconds.addingReportingOverflow(lifetime).overflow ? .max : seconds + lifetime))
+        MemoryFile.update(path, maximumSize: Self.maximumFileSize) { text in
+            let before = Self.entries(in: text)
+            var entries = before.filter { $0.expiry > seconds }  // expired entries go at the next write
+            entries.removeAll { $0.host == key }
+            if winner != preferred {
+                let lifetime = max(lifetime.components.seconds, 1)
+                entries.append(Entry(host: key, stack: winner, expiry: seconds.addingReportingOverflow(lifetime).overflow ? .max : seconds + lifetime))
+            }
+            guard entries != before else { return nil }
+            entries.sort { $0.expiry > $1.expiry }
+            return entries.prefix(Self.capacity).map { "\($0.host) \($0.stack) \($0.expiry)\n" }.joined()
         }
-        guard entries != before else { return }
-        entries.sort { $0.expiry > $1.expiry }
-        MemoryFile.write(entries.prefix(Self.capacity).map { "\($0.host) \($0.stack) \($0.expiry)\n" }.joined(), to: path)
     }
 
     /// The file's entries; none if it is missing, too large, not a regular file, or malformed
     /// anywhere.
     public func load() -> [Entry] {
-        guard let text = MemoryFile.read(path, maximumSize: Self.maximumFileSize) else { return [] }
+        Self.entries(in: MemoryFile.read(path, maximumSize: Self.maximumFileSize))
+    }
+
+    private static func entries(in text: String?) -> [Entry] {
+        guard let text else { return [] }
         var entries: [Entry] = []
         for line in text.split(separator: "\n", omittingEmptySubsequences: true) {
             let fields = line.split(separator: " ", omittingEmptySubsequences: false)

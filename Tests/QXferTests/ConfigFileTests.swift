@@ -2,10 +2,12 @@ import Foundation
 import Synchronization
 import Testing
 import QXfer
+import QUICEngine
 @_spi(Stacks) @testable import QXferCore
 @_spi(Stacks) @testable import QXferDiscovery
 @_spi(Stacks) @testable import QXferIdentity
 @_spi(Stacks) @testable import QXferQUIC
+@_spi(Stacks) @testable import QXferRace
 @_spi(Stacks) @testable import QXferSockets
 @_spi(Stacks) @testable import QXferTLS
 
@@ -71,6 +73,27 @@ import QXfer
             let fingerprints = results.withLock { $0 }
             #expect(Set(fingerprints).count == 1, "round \(round): \(Set(fingerprints))")
             #expect(try "\(HostIdentity.loadOrCreate(in: config).fingerprint)" == fingerprints.first, "round \(round)")
+        }
+    }
+    /// Sends to several hosts at once from one script each save their host's session ticket and
+    /// race winner: every entry must stay. Before the folder's lock each process wrote back the
+    /// file as it had read it plus its own entry, and one host's could vanish.
+    @Test func memoriesSavedAtOnceKeepEveryHost() throws {
+        let directory = TemporaryDirectory()
+        let config = ConfigDirectory(path: directory.file("cfg"))
+        let tickets = SessionTicketStore(in: config)
+        let stacks = StackMemory(path: config.file("stacks"))
+        let hosts = (0..<6).map { Endpoint.hostPort(host: "10.0.0.\($0)", port: 7447) }
+        for round in 0..<8 {
+            DispatchQueue.concurrentPerform(iterations: hosts.count) { index in
+                let ticket = QUICSessionTicket(tlsSession: [UInt8(round), UInt8(index)], transportParameters: [1])
+                tickets.save(ticket, for: hosts[index])
+                stacks.record(winner: "TCP+TLS", preferred: "QUIC", for: hosts[index])
+            }
+            for (index, host) in hosts.enumerated() {
+                #expect(tickets.ticket(for: host)?.tlsSession == [UInt8(round), UInt8(index)], "round \(round): \(host)'s ticket")
+                #expect(stacks.entry(for: host)?.stack == "TCP+TLS", "round \(round): \(host)'s race winner")
+            }
         }
     }
 }

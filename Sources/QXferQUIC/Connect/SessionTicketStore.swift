@@ -60,19 +60,21 @@ public struct SessionTicketStore: Sendable, Hashable {
     public func save(_ ticket: QUICSessionTicket?, for endpoint: Endpoint, fingerprint: Fingerprint? = nil, now: Date = Date()) {
         let key = Self.key(endpoint)
         let seconds = Int64(now.timeIntervalSince1970)
-        let before = load()
-        var entries = before.filter { $0.expiry > seconds && $0.host != key }
-        if let ticket, Self.fits(ticket) {
-            let lifetime = max(lifetime.components.seconds, 1)
-            let expiry = seconds.addingReportingOverflow(lifetime).overflow ? .max : seconds + lifetime
-            entries.append(Entry(host: key, expiry: expiry, ticket: ticket, fingerprint: fingerprint))
+        MemoryFile.update(path, maximumSize: Self.maximumFileSize) { text in
+            let before = Self.entries(in: text)
+            var entries = before.filter { $0.expiry > seconds && $0.host != key }
+            if let ticket, Self.fits(ticket) {
+                let lifetime = max(lifetime.components.seconds, 1)
+                let expiry = seconds.addingReportingOverflow(lifetime).overflow ? .max : seconds + lifetime
+                entries.append(Entry(host: key, expiry: expiry, ticket: ticket, fingerprint: fingerprint))
+            }
+            guard entries != before else { return nil }
+            entries.sort { $0.expiry > $1.expiry }
+            return entries.prefix(Self.capacity).map {
+                "\($0.host) \($0.expiry) \(Data($0.ticket.tlsSession).base64EncodedString()) \(Data($0.ticket.transportParameters).base64EncodedString())"
+                    + ($0.fingerprint.map { " \($0)" } ?? "") + "\n"
+            }.joined()
         }
-        guard entries != before else { return }
-        entries.sort { $0.expiry > $1.expiry }
-        MemoryFile.write(entries.prefix(Self.capacity).map {
-            "\($0.host) \($0.expiry) \(Data($0.ticket.tlsSession).base64EncodedString()) \(Data($0.ticket.transportParameters).base64EncodedString())"
-                + ($0.fingerprint.map { " \($0)" } ?? "") + "\n"
-        }.joined(), to: path)
     }
 
     /// Saves `ticket` off the caller's thread (an event loop must not wait for a file write),
@@ -100,7 +102,11 @@ public struct SessionTicketStore: Sendable, Hashable {
 
     /// The file's entries; none if it is missing, too large, not a regular file, or malformed anywhere.
     func load() -> [Entry] {
-        guard let text = MemoryFile.read(path, maximumSize: Self.maximumFileSize) else { return [] }
+        Self.entries(in: MemoryFile.read(path, maximumSize: Self.maximumFileSize))
+    }
+
+    private static func entries(in text: String?) -> [Entry] {
+        guard let text else { return [] }
         var entries: [Entry] = []
         for line in text.split(separator: "\n", omittingEmptySubsequences: true) {
             let fields = line.split(separator: " ", omittingEmptySubsequences: false)
