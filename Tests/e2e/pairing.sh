@@ -185,7 +185,9 @@ ok "a tampered paired-devices file is refused (exit 78): $(cat "$WORK/tamper.err
 # 8. A machine without OpenSSL's libcrypto (which pairing loads only when it pairs): `qxfer pair`
 # says so and exits 69 before it opens a socket, and the other commands work as before. Hidden
 # in a private mount namespace by an empty file bound over the library.
-LIBCRYPTO=$(ldconfig -p | awk '/libcrypto\.so\.3 .*x86-64/ {print $NF; exit}')
+# awk reads to the end: exiting at the match could leave ldconfig writing into a closed pipe,
+# and pipefail would end this script with its SIGPIPE (exit 141; seen once under CI's load).
+LIBCRYPTO=$(ldconfig -p | awk '/libcrypto\.so\.3 .*x86-64/ && !found {print $NF; found = 1}')
 if [ -n "$LIBCRYPTO" ] && command -v unshare >/dev/null; then
     : >"$WORK/empty-library"
     set +e
