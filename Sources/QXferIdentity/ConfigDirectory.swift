@@ -51,10 +51,11 @@ public struct ConfigDirectory: Sendable, Hashable {
 }
 
 extension ConfigDirectory {
-    /// Runs `body` holding an exclusive lock on the folder (which must exist), so that
+    /// Runs `body` holding an exclusive lock on the folder, created first when missing, so that
     /// qxfer processes changing the same files take turns. The folder itself is the lock:
     /// nothing extra to leave behind.
     func whileLocked<T>(_ body: () throws -> T) throws -> T {
+        try create()
         let lock = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard lock >= 0 else { throw SecureFile.posixError("cannot lock \(path)") }
         defer { close(lock) }  // closing releases the lock
@@ -91,9 +92,7 @@ public enum MemoryFile {
     /// before it can exit. After a crash the file may be old, empty or partial, which ``read``'s
     /// callers ignore whole.
     public static func update(_ path: String, maximumSize: Int, _ change: (String?) -> String?) {
-        let folder = ConfigDirectory(path: OutputFile.folder(of: path))
-        guard (try? folder.create()) != nil else { return }
-        try? folder.whileLocked {
+        try? ConfigDirectory(path: OutputFile.folder(of: path)).whileLocked {
             guard let text = change(read(path, maximumSize: maximumSize)) else { return }
             try? OutputFile.replaceContents(of: path, with: Array(text.utf8), permissions: 0o600, allowsDirectWrites: false, durably: false)
         }

@@ -35,7 +35,6 @@ public struct HostIdentity: Sendable {
         if SecureFile.exists(keyPath) && SecureFile.exists(certificatePath) {
             return try load(keyPath: keyPath, certificatePath: certificatePath)
         }
-        try directory.create()
         // Without the lock, two processes that both found no identity wrote a key and a
         // certificate each, and the folder could keep one's key with the other's certificate;
         // one that looked between another's two writes saw half a pair.

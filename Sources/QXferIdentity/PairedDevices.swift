@@ -111,9 +111,7 @@ public struct PairedDevices: Sendable {
     /// Read, change, seal and write under an exclusive lock, so two qxfer processes updating
     /// the list at once (a pairing and a transfer's "last seen") never lose each other's change.
     private func update(_ change: (inout [Device]) throws -> Void) throws {
-        let folder = ConfigDirectory(path: OutputFile.folder(of: path))
-        try folder.create()
-        try folder.whileLocked {
+        try ConfigDirectory(path: OutputFile.folder(of: path)).whileLocked {
             var devices = try self.devices()
             try change(&devices)
             let encoded = try Self.encoder.encode(Stored(devices: devices, seal: try seal(devices)))
