@@ -81,7 +81,7 @@ let package = Package(
             dependencies: ["CFileSystemLinux"],
             swiftSettings: strictSwift6
         ),
-        // Linux file-system calls the Glibc module lacks (renameat2), for SafeOutput.
+        // Linux file-system calls the Glibc module lacks (renameat2, statfs), for SafeOutput.
         .target(name: "CFileSystemLinux"),
 
         // The userspace link emulator (delay, rate, queue, loss between two TUN devices).

@@ -54,3 +54,12 @@ public func startWriteBack(of file: Int32, offset: Int64, length: Int64) -> Int3
 public func openDirectoryHandle(_ name: String, in directory: Int32) -> Int32 {
     cfslinux_open_directory_handle(directory, name)
 }
+
+/// The type of the file system holding `path`: a magic number of `<linux/magic.h>` (ext4's
+/// `0xef53`, procfs's `0x9fa0`), or nil with `errno` set.
+///
+/// The corresponding Linux call is `statfs(2)`, its `f_type`.
+public func fileSystemType(of path: String) -> Int64? {
+    var type: Int64 = 0
+    return cfslinux_file_system_type(path, &type) == 0 ? type : nil
+}

@@ -194,7 +194,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             for await result in results {
                 group.cancelAll()
                 if case .failure(let error) = result { throw error }
-                if let failure = try result.get().failures.first { throw failure.error }
+                if let notTransferred = try result.get().notTransferred { throw notTransferred }
                 return
             }
         }

@@ -49,7 +49,9 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             skipped too, and then the command exits 77 once the rest has arrived; one inside a \
             folder that you may not read (or list) is skipped and the command exits 74 once the \
             rest has arrived. '-' sends standard input as a file named by --name; a pipe or \
-            device named as a path is an error (pipe it into '-'), as is a path you may not read.
+            device named as a path is an error (pipe it into '-'), as is a path you may not read. \
+            Kernel files (/proc, /sys), whose size is not their content's, are read to their \
+            end; one whose read fails is skipped and the command exits 74.
 
             A sparse file's holes of 1 MiB or more travel as holes (a few bytes each, not their \
             length), and every block of zeros stays a hole on the receiver.
@@ -233,7 +235,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
                     tree, parameters: parameters, endpoint: endpoint, trust: trust, reporter: reporter, clock: moving, accepted: accepted,
                     announce: reconnects == 0)
                 reporter.finish(summary, clock: moving, reconnects: reconnects)
-                if let failure = summary.failures.first { throw failure.error }
+                if let notTransferred = summary.notTransferred { throw notTransferred }
                 return
             } catch where !Task.isCancelled && Self.isNetworkFailure(error) {
                 if !accepted.isSet, !racedAfterEarly, let unanswered = (error as? QXferError)?.underlying as? EarlyDataUnanswered {

@@ -51,11 +51,11 @@ final class TransferReporter: Sendable {
     func handle(_ event: TransferEvent) {
         switch event {
         case .offered(let entries, let bytes, let sizeUnknown):
-            logger.info("offer: \(entries) entries, \(bytes) bytes\(sizeUnknown ? " and a stream" : "")")
+            logger.info("offer: \(entries) entries, \(bytes) bytes, \(sizeUnknown) files of unknown size")
             guard !offerShown.withLock({ shown in defer { shown = true }; return shown }) else { break }
-            if style == .json { emit("offered", ["entries": entries, "bytes": bytes, "size_unknown": sizeUnknown]) }
+            if style == .json { emit("offered", ["entries": entries, "bytes": bytes, "size_unknown": sizeUnknown > 0]) }
             if role == .sender && style != .json {
-                printLine("offered \(count(entries, "item", "items")) (\(formatBytes(bytes))\(sizeUnknown ? " and a stream" : "")); waiting for the receiver to accept")
+                printLine("offered \(count(entries, "item", "items")) (\(formatSize(bytes, filesOfUnknownSize: sizeUnknown))); waiting for the receiver to accept")
             }
         case .accepted(let bytes, let resumed, let present, let skipped, let holes):
             logger.info("accepted: \(bytes) bytes to move, \(resumed) resumed, \(present) already present, \(skipped) skipped, \(holes) of holes")
@@ -111,7 +111,7 @@ final class TransferReporter: Sendable {
         if style == .json {
             emit("offer", [
                 "sender": sender, "paired_name": paired ?? JSONText.null, "entries": offer.entries.count, "files": offer.fileCount,
-                "bytes": offer.totalSize, "size_unknown": offer.hasSizeUnknown,
+                "bytes": offer.totalSize, "size_unknown": offer.filesOfUnknownSize > 0,
                 "paths": offer.entries.prefix(100).map { $0.path.joined(separator: "/") },
             ])
             return
@@ -126,7 +126,7 @@ final class TransferReporter: Sendable {
         let others = offer.entries.count - offer.fileCount
         var parts = [count(offer.fileCount, "file", "files")]
         if others > 0 { parts.append(count(others, "folder or link", "folders and links")) }
-        parts.append(formatBytes(offer.totalSize) + (offer.hasSizeUnknown ? " and a stream" : ""))
+        parts.append(formatSize(offer.totalSize, filesOfUnknownSize: offer.filesOfUnknownSize))
         return parts.joined(separator: ", ") + ": " + shownNames
     }
 
@@ -350,9 +350,32 @@ final class TransferClock: Sendable {
     }
 }
 
+extension TransferSummary {
+    /// What the command ends with when entries were not transferred: each was reported on a line
+    /// of its own already, so this line counts them rather than repeat one; the first one's code
+    /// gives the exit status.
+    var notTransferred: TransferError? {
+        guard let first = failures.first else { return nil }
+        // A failure without a path had no line of its own (an older receiver's count): said as it is.
+        if let unnamed = failures.first(where: { $0.path.isEmpty }) { return unnamed.error }
+        let one = failures.count == 1
+        return TransferError(
+            first.error.code,
+            "\(count(failures.count, "item", "items")) named above \(one ? "was" : "were") not transferred"
+                + (succeeded > 0 ? "; everything else arrived" : ""))
+    }
+}
+
 /// "1 file", "2 files".
 func count(_ number: Int, _ singular: String, _ plural: String) -> String {
     "\(number) \(number == 1 ? singular : plural)"
+}
+
+/// An offer's size: "4.1 kB", "size unknown" (standard input alone), "4.1 kB and 2 files of unknown size".
+func formatSize(_ bytes: UInt64, filesOfUnknownSize: Int) -> String {
+    if filesOfUnknownSize == 0 { return formatBytes(bytes) }
+    if bytes == 0 { return "size unknown" }
+    return "\(formatBytes(bytes)) and \(count(filesOfUnknownSize, "file", "files")) of unknown size"
 }
 
 /// Sizes in decimal units, like the rates beside them: 1 MB = 10⁶ bytes, 1 MB/s = 10⁶ bytes a second.

@@ -315,6 +315,51 @@ struct SessionTests {
         #expect(device?.message.contains("'/dev/null': it is a device") == true, "\(String(describing: device))")
     }
 
+    @Test("Kernel files, whose size says nothing of their content, arrive read to their end beside a sparse file", arguments: StackKind.allCases)
+    func kernelFilesArriveWhole(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        // procfs says 0 bytes, sysfs 4096. The sparse file makes the offer one that may send
+        // Zeros, which a file of unknown size must never wait for.
+        let disk = try SparseFileTests.makeSparseFile(scratch.sub("disk.img"), size: 8 << 20, runs: [(0, 4096)])
+        let kernelFiles = ["/proc/version", "/sys/class/net/lo/mtu"]
+        let tree = try SourceTree.scan(kernelFiles + [scratch.sub("disk.img")])
+        #expect(tree.entries.map { $0.flags.contains(.sizeUnknown) } == [true, true, false])
+        #expect(tree.mayHaveHoles)
+
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        #expect(try client.get().isComplete && server.get().isComplete)
+        for path in kernelFiles {
+            // Read as the sender does, to the end: the file's size would say 0 or 4096 bytes.
+            let fd = open(path, O_RDONLY)
+            #expect(fd >= 0)
+            var content: [UInt8] = []
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            while case let n = read(fd, &buffer, buffer.count), n > 0 { content += buffer[..<n] }
+            close(fd)
+            #expect(!content.isEmpty && readFile(scratch.sub("dst/" + path.split(separator: "/").last!)) == content, "\(path)")
+        }
+        #expect(readFile(scratch.sub("dst/disk.img")) == disk)
+    }
+
+    @Test("A kernel file whose read fails is skipped and named inside a folder, and an error named alone")
+    func unreadableKernelFiles() throws {
+        // Loopback has no link speed: reading its `speed` fails with EINVAL, whatever its mode says.
+        let tree = try SourceTree.scan(["/sys/class/net/lo"])
+        #expect(tree.skipped.contains("'/sys/class/net/lo/speed': cannot read: Invalid argument; not sent"), "\(tree.skipped)")
+        #expect(tree.unreadable >= 1)
+        let mtu = tree.entries.first { $0.path == ["lo", "mtu"] }
+        #expect(mtu?.flags.contains(.sizeUnknown) == true)
+        #expect(!tree.entries.contains { $0.path == ["lo", "speed"] })
+        let alone = #expect(throws: TransferError.self) { try SourceTree.scan(["/sys/class/net/lo/speed"]) }
+        #expect(alone?.message == "cannot read '/sys/class/net/lo/speed': Invalid argument", "\(String(describing: alone))")
+    }
+
     @Test("Sending again finds identical files present and moves no data", arguments: StackKind.allCases)
     func presentFilesAreNotSentAgain(_ kind: StackKind) async throws {
         let scratch = TempDir()

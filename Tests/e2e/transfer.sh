@@ -419,8 +419,22 @@ for stack in quic tls; do
         grep -q "'for-the-stick/$refused' not transferred: the receiver: cannot create" "$WORK/stick-$stack.serr" \
             || fail "onto exFAT, $stack: '$refused' was not reported: $(cat "$WORK/stick-$stack.serr")"
     done
+    # Each was named on its own line: the last one counts them, not repeat the first.
+    [ "$(tail -1 "$WORK/stick-$stack.serr")" = "qxfer: 2 items named above were not transferred; everything else arrived" ] \
+        || fail "onto exFAT, $stack: the last line: $(tail -1 "$WORK/stick-$stack.serr")"
     [ -z "$(find "$STICK/$stack" -name '*.qxfer-*')" ] || fail "onto exFAT, $stack: a partial or journal was left behind"
 done
 ok "onto exFAT (FUSE): the names it cannot hold fail alone, the rest arrives (exit 74), renamed without RENAME_NOREPLACE"
+
+# --- 9. Kernel files: their size says 0 (procfs) or 4096 (sysfs), their content is what a read gives --
+mkdir -p "$WORK/kernel"
+recv_start kernel "" --dir "$WORK/kernel" --yes --once --port 0 --host 127.0.0.1
+send_run kernel "" /proc/version /sys/class/net/lo/mtu "127.0.0.1:$RECV_PORT"
+[ "$SEND_RC" = 0 ] || fail "kernel files: send exit $SEND_RC: $(cat "$WORK/kernel.serr")"
+wait_recv
+grep -q "offered 2 items (size unknown)" "$WORK/kernel.serr" || fail "kernel files: the offered line: $(cat "$WORK/kernel.serr")"
+cmp /proc/version "$WORK/kernel/version" && cmp /sys/class/net/lo/mtu "$WORK/kernel/mtu" \
+    || fail "kernel files did not arrive whole: $(wc -c "$WORK/kernel/version" "$WORK/kernel/mtu")"
+ok "kernel files (/proc, /sys) arrive read to their end, not as 0 bytes or a 'shrank' failure"
 
 echo "e2e: all transfer tests passed"

@@ -1,4 +1,4 @@
-// Linux file-system calls Swift's Glibc module does not show (renameat2 is variadic syscall(2)
+// Linux file-system calls Swift's Glibc module does not show (statfs; renameat2 is variadic syscall(2)
 // underneath, which Swift cannot call; syncfs, sync_file_range and O_PATH are declared only under
 // _GNU_SOURCE): used only through SafeOutput's Swift wrappers.
 #ifndef CFILESYSTEMLINUX_H
@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 
 /// renameat2(2); flags 1 is RENAME_NOREPLACE. Returns 0 or -1 with errno set.
 static inline int cfslinux_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags) {
@@ -30,5 +31,14 @@ static inline int cfslinux_start_write_back(int fd, long long offset, long long 
 /// needed, never through a symlink. Returns the descriptor or -1 with errno set.
 static inline int cfslinux_open_directory_handle(int dirfd, const char *name) {
     return openat(dirfd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+/// statfs(2)'s f_type: the type of the file system holding `path` (a magic number of
+/// <linux/magic.h>). Returns 0 and sets *type, or -1 with errno set.
+static inline int cfslinux_file_system_type(const char *path, long long *type) {
+    struct statfs info;
+    if (statfs(path, &info) != 0) return -1;
+    *type = (long long)info.f_type;
+    return 0;
 }
 #endif

@@ -15,8 +15,8 @@ public struct IncomingOffer: Sendable {
     /// The bytes of all files of known size (UInt64.max when they add up to more: such an
     /// offer is declined).
     public var totalSize: UInt64 { OfferPlanner.totalSize(of: entries) ?? .max }
-    /// Whether a file of unknown size (a stream) is included.
-    public var hasSizeUnknown: Bool { entries.contains { $0.flags.contains(.sizeUnknown) } }
+    /// How many files are of unknown size (standard input, kernel files), read to their end.
+    public var filesOfUnknownSize: Int { entries.count(where: { $0.flags.contains(.sizeUnknown) }) }
     /// How many files.
     public var fileCount: Int { entries.count(where: { $0.kind == .file }) }
 }
@@ -75,7 +75,7 @@ public struct TransferReceiver: Sendable {
         let store = FileStore(directory: try TargetDirectory(path: directory), overwrite: overwrite)
         let offer = try await receiveOffer(from: connection)
         let incoming = IncomingOffer(sender: connection.peer?.fingerprint, entries: offer.entries, algorithm: offer.algorithm)
-        progress.report(.offered(entries: offer.entries.count, bytes: incoming.totalSize, sizeUnknown: incoming.hasSizeUnknown))
+        progress.report(.offered(entries: offer.entries.count, bytes: incoming.totalSize, sizeUnknown: incoming.filesOfUnknownSize))
 
         // Claimed before planning: the resume offsets are read once an older, superseded
         // transfer of the same files has checkpointed and let go of them.

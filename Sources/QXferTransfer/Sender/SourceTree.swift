@@ -3,6 +3,7 @@ import Glibc
 #elseif canImport(Musl)
 import Musl
 #endif
+internal import SafeOutput
 
 /// What a sender offers: the entries of an ``Offer`` and, for each file, where its bytes come
 /// from. Built by walking the paths given on the command line with `lstat`.
@@ -36,6 +37,9 @@ public struct SourceTree: Sendable {
     public private(set) var entriesWithHoles: Set<Int> = []
     /// Whether any file may have holes.
     public var mayHaveHoles: Bool { !entriesWithHoles.isEmpty }
+    /// For each device seen, whether its file system reports the size of a file's content
+    /// (see ``reportsContentSizes(_:)``): one `statfs` per file system, not per file.
+    private var contentSizesByDevice: [UInt64: Bool] = [:]
 
     /// The bytes of all files of known size.
     public var totalSize: UInt64 { entries.reduce(0) { $0.saturatingAdd($1.size) } }  // sparse files may add up past 2^64
@@ -109,6 +113,21 @@ public struct SourceTree: Sendable {
         let mtime = Self.nanoseconds(info.st_mtim)
         switch info.st_mode & S_IFMT {
         case S_IFREG:
+            guard try reportsContentSize(path, device: UInt64(info.st_dev)) else {
+                // A kernel file (`/proc/cpuinfo` is 0 bytes to stat, a sysfs attribute 4096):
+                // sent as standard input is, read to its end, rather than as 0 bytes or a failure.
+                if let error = Self.firstReadFails(path) {
+                    // Named by the user: refused before anything is offered, not skipped.
+                    if components.count == 1 { throw TransferError.posix("cannot read", "'\(path)'", errno: error) }
+                    skipped.append("'\(path)': cannot read: \(String(cString: strerror(error))); not sent")
+                    unreadable += 1
+                    return
+                }
+                append(
+                    OfferEntry(kind: .file, flags: .sizeUnknown, path: components, mode: mode, modificationTime: mtime),
+                    .file(path: path))
+                return
+            }
             let size = UInt64(clamping: info.st_size)
             if size > TransferSender.batchedFileLimit, info.st_blocks < info.st_size / 512 { entriesWithHoles.insert(entries.count) }
             append(OfferEntry(kind: .file, path: components, size: size, mode: mode, modificationTime: mtime), .file(path: path))
@@ -153,6 +172,50 @@ public struct SourceTree: Sendable {
             append(OfferEntry(kind: .symlink, path: components, mode: mode, modificationTime: mtime, linkTarget: target), .none)
         default:
             skipped.append("'\(path)': \(Self.specialKind(info) ?? "not a regular file"), not a file, folder or symlink; not sent")
+        }
+    }
+
+    /// Whether the file system of `path` (on `device`) reports the size of a file's content.
+    private mutating func reportsContentSize(_ path: String, device: UInt64) throws(TransferError) -> Bool {
+        if let known = contentSizesByDevice[device] { return known }
+        guard let type = fileSystemType(of: path) else { throw TransferError.posix("cannot read", "'\(path)'", errno: errno) }
+        let reports = Self.reportsContentSizes(type)
+        contentSizesByDevice[device] = reports
+        return reports
+    }
+
+    /// Reads the first byte of a kernel file, whose reads can fail however readable its
+    /// permissions say it is (a sysfs attribute its device lacks: `EINVAL`, `EOPNOTSUPP`, `EIO`),
+    /// or wait for an event (`trace_pipe`: `EAGAIN` here, without blocking): found out now, it is
+    /// skipped and named, where in the middle of the transfer it would end it. Returns the
+    /// `errno` of the failure, or nil.
+    static func firstReadFails(_ path: String) -> Int32? {
+        let fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else { return errno }
+        defer { close(fd) }
+        var byte: UInt8 = 0
+        var n: Int
+        repeat { n = read(fd, &byte, 1) } while n < 0 && errno == EINTR
+        return n < 0 ? errno : nil
+    }
+
+    /// Whether files on a file system of this type (`statfs`'s `f_type`) have the size of their
+    /// content. The kernel's own file systems make a file's content when it is read: procfs and
+    /// cgroup files have size 0, sysfs, configfs and securityfs ones the page size, debugfs and
+    /// tracefs ones either.
+    static func reportsContentSizes(_ fileSystemType: Int64) -> Bool {
+        switch fileSystemType {
+        case 0x9fa0,  // procfs
+             0x6265_6572,  // sysfs
+             0x6462_6720,  // debugfs
+             0x7472_6163,  // tracefs
+             0x7363_6673,  // securityfs
+             0x6265_6570,  // configfs
+             0x0027_e0eb,  // cgroup
+             0x6367_7270:  // cgroup2
+            false
+        default:
+            true
         }
     }
 

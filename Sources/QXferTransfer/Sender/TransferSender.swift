@@ -50,7 +50,7 @@ public struct TransferSender: Sendable {
     private func exchange<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
         // Zeros only when a file may have holes: a receiver from before them still takes the rest.
         let offer = Offer(algorithm: algorithm, entries: markingEarlyFiles(tree.entries), flags: tree.mayHaveHoles ? [.batches, .early, .zeros] : [.batches, .early])
-        progress.report(.offered(entries: offer.entries.count, bytes: tree.totalSize, sizeUnknown: tree.entries.contains { $0.flags.contains(.sizeUnknown) }))
+        progress.report(.offered(entries: offer.entries.count, bytes: tree.totalSize, sizeUnknown: tree.entries.count(where: { $0.flags.contains(.sizeUnknown) })))
         try await connection.send(.offer(offer))
 
         let shared = SendingState()
@@ -300,7 +300,7 @@ public struct TransferSender: Sendable {
             } else {
                 progress.report(.started(path: path, size: size, offset: 0))
                 if size > 0 {
-                    let count = try batch.appendFileData(entry: job.index, from: file, size: Int(size))  // size <= batchedFileLimit
+                    let count = try batch.appendFileData(entry: job.index, from: file, shown: path, size: Int(size))  // size <= batchedFileLimit
                     guard count == size else { throw Self.changed(path, read: UInt64(count), offered: size) }
                     batch.withLastPayload { hasher.update($0) }
                     progress.add(transferred: count)
@@ -340,7 +340,7 @@ public struct TransferSender: Sendable {
             }
             progress.report(.started(path: path, size: size, offset: offset))
             // The end of the span being sent as data; a long hole before the next one goes as Zeros.
-            var dataEnd = tree.mayHaveHoles && job.source != .standardInput ? offset : (size ?? .max)
+            var dataEnd = tree.mayHaveHoles && size != nil ? offset : (size ?? .max)
             while size.map({ offset < $0 }) ?? true {
                 if let size, offset >= dataEnd {
                     let data = FileHoles.dataSpan(in: file, from: offset, size: size, length: UInt64(ProtocolLimits.maximumChunkSize))
@@ -356,7 +356,7 @@ public struct TransferSender: Sendable {
                 }
                 let want = Int(min(UInt64(ProtocolLimits.maximumChunkSize), min(size ?? .max, dataEnd) - offset))
                 let count = try await stream.sendFileData(
-                    entry: job.index, offset: offset, from: file, capacity: want, sequential: job.source == .standardInput
+                    entry: job.index, offset: offset, from: file, shown: path, capacity: want, sequential: size == nil
                 ) { hasher.update($0) }
                 if count == 0 {
                     guard let size else { break }

@@ -14,15 +14,15 @@ extension NetworkConnection where Stack: TLVStack {
     /// Sends one FileData frame of `entry` at `offset`: up to `capacity` bytes of `file` read
     /// straight into the buffer the transport takes (no copy of the chunk on its way out);
     /// `payload` sees them before they go (the sender's digest). Returns how many were read: 0
-    /// at the end of the file, and then nothing is sent.
+    /// at the end of the file, and then nothing is sent. `shown` names the file in a read error.
     func sendFileData(
-        entry: UInt32, offset: UInt64, from file: Descriptor, capacity: Int, sequential: Bool,
+        entry: UInt32, offset: UInt64, from file: Descriptor, shown: String, capacity: Int, sequential: Bool,
         payload: (UnsafeRawBufferPointer) -> Void
     ) async throws -> Int {
         var count = 0
         do {
             try await send(type: MessageType.fileData.rawValue, capacity: FileDataBody.headerSize + capacity) { body in
-                count = try FileDataBody.fill(body, entry: entry, offset: offset, from: file, sequential: sequential)
+                count = try FileDataBody.fill(body, entry: entry, offset: offset, from: file, shown: shown, sequential: sequential)
                 guard count > 0 else { throw EndOfFile() }
                 payload(UnsafeRawBufferPointer(rebasing: body[FileDataBody.headerSize..<FileDataBody.headerSize + count]))
                 return FileDataBody.headerSize + count
@@ -64,9 +64,9 @@ enum FileDataBody {
 
     /// Writes the header into `body` and reads up to `body.count - headerSize` bytes of `file`
     /// at `offset` after it; returns the number read (0 at the end of the file). `sequential`
-    /// reads with `read` (pipes, standard input) instead of `pread`.
+    /// reads with `read` (standard input, kernel files) instead of `pread`.
     static func fill(
-        _ body: UnsafeMutableRawBufferPointer, entry: UInt32, offset: UInt64, from file: Descriptor, sequential: Bool
+        _ body: UnsafeMutableRawBufferPointer, entry: UInt32, offset: UInt64, from file: Descriptor, shown: String, sequential: Bool
     ) throws(TransferError) -> Int {
         precondition(body.count > headerSize, "a FileData body needs room for its header and a byte")
         body.storeBytes(of: entry.bigEndian, toByteOffset: 0, as: UInt32.self)
@@ -79,7 +79,7 @@ enum FileDataBody {
             n = sequential ? read(file.fd, start, capacity) : pread(file.fd, start, capacity, off_t(offset))
             err = errno
         } while n < 0 && err == EINTR
-        guard n >= 0 else { throw TransferError.posix("cannot read", "a file being sent", errno: err) }
+        guard n >= 0 else { throw TransferError.posix("cannot read", "'\(shown)'", errno: err) }
         return n
     }
 }
@@ -99,7 +99,7 @@ struct BatchBody {
     /// Appends a FileData frame of `entry` at offset 0 holding the first `size` bytes of `file`
     /// (1 … ``ProtocolLimits/maximumChunkSize``); returns how many were read (fewer when the
     /// file shrank: then the caller stops, nothing of this batch having been sent).
-    mutating func appendFileData(entry: UInt32, from file: Descriptor, size: Int) throws(TransferError) -> Int {
+    mutating func appendFileData(entry: UInt32, from file: Descriptor, shown: String, size: Int) throws(TransferError) -> Int {
         precondition(size > 0 && size <= ProtocolLimits.maximumChunkSize, "a FileData of \(size) bytes")
         let start = bytes.count
         let header = MessageCodec.headerSize + FileDataBody.headerSize
@@ -121,7 +121,7 @@ struct BatchBody {
                 done += n
             }
         }
-        guard err == 0 || err == EINTR else { throw TransferError.posix("cannot read", "a file being sent", errno: err) }
+        guard err == 0 || err == EINTR else { throw TransferError.posix("cannot read", "'\(shown)'", errno: err) }
         bytes.count = start + header + done
         bytes.withUnsafeMutableBytes { raw in
             raw.storeBytes(of: UInt32(FileDataBody.headerSize + done).bigEndian, toByteOffset: start + 4, as: UInt32.self)

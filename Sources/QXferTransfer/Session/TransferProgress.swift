@@ -4,8 +4,9 @@ internal import LinuxSystem
 
 /// Something that happened in a transfer, for a progress display or a JSON log.
 public enum TransferEvent: Sendable {
-    /// The offer was sent (sender) or received (receiver).
-    case offered(entries: Int, bytes: UInt64, sizeUnknown: Bool)
+    /// The offer was sent (sender) or received (receiver): `bytes` in its files of known size,
+    /// and `sizeUnknown` files read to their end (standard input, kernel files).
+    case offered(entries: Int, bytes: UInt64, sizeUnknown: Int)
     /// The receiver accepted: `bytes` will travel; `resumed` bytes were already there and
     /// checked; `present` files exist identically and only their digests are compared.
     /// `holes`: on the sender, the holes of sparse files that will go as Zeros instead (not in
