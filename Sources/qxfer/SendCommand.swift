@@ -45,7 +45,8 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             Folders are sent whole: empty files and folders, permissions and modification \
             times; symlinks inside a folder are sent as links (never followed), those pointing \
             out of it are skipped, as are sockets, FIFOs and devices. A file or folder whose \
-            name qxfer/1 cannot carry (control characters, a reserved suffix, not UTF-8) is \
+            name qxfer/1 cannot carry (control characters, a reserved suffix, not UTF-8, deeper \
+            than 64 levels) is \
             skipped too, and then the command exits 77 once the rest has arrived; one inside a \
             folder that you may not read (or list) is skipped and the command exits 74 once the \
             rest has arrived. '-' sends standard input as a file named by --name; a pipe or \
@@ -196,7 +197,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             throw TransferError(
                 .unsafePath,
                 "\(count(tree.unsentForTheirNames, "file or folder", "files or folders")) named above \(one ? "was" : "were") not sent "
-                    + "(qxfer/1 cannot carry \(one ? "its name" : "their names")); everything else arrived")
+                    + "(qxfer/1 cannot carry \(one ? "it" : "them")); everything else arrived")
         }
     }
 

@@ -315,6 +315,24 @@ struct SessionTests {
         #expect(device?.message.contains("'/dev/null': it is a device") == true, "\(String(describing: device))")
     }
 
+    @Test("A folder deeper than qxfer/1's 64 levels stays behind, named and counted as unsent; the rest is offered")
+    func tooDeepFolderIsSkipped() throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        // top/1/2/…/70, a file at level 3 and one at the bottom.
+        let levels = (1...70).map(String.init)
+        try FileManager.default.createDirectory(atPath: scratch.sub((["top"] + levels).joined(separator: "/")), withIntermediateDirectories: true)
+        _ = FileManager.default.createFile(atPath: scratch.sub("top/1/2/shallow.txt"), contents: Data("up here\n".utf8))
+        _ = FileManager.default.createFile(atPath: scratch.sub((["top"] + levels + ["bottom.txt"]).joined(separator: "/")), contents: Data("down there\n".utf8))
+
+        let tree = try SourceTree.scan([scratch.sub("top")])
+        #expect(tree.entries.map(\.path.count).max() == ProtocolLimits.maximumDepth)
+        #expect(tree.entries.contains { $0.path == ["top", "1", "2", "shallow.txt"] })
+        #expect(tree.unsentForTheirNames == 1)
+        let deep = scratch.sub((["top"] + levels.prefix(64)).joined(separator: "/"))
+        #expect(tree.skipped == ["'\(deep)': nested deeper than 64 levels, which qxfer/1 cannot carry; not sent"], "\(tree.skipped)")
+    }
+
     @Test("Kernel files, whose size says nothing of their content, arrive read to their end beside a sparse file", arguments: StackKind.allCases)
     func kernelFilesArriveWhole(_ kind: StackKind) async throws {
         let scratch = TempDir()

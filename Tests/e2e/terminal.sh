@@ -329,7 +329,7 @@ T capture-pane -p -e -t names | grep -qF $'\e[41m' && { screen names >&2; fail "
 [ -f "$WORK/dst-names/names/plain.txt" ] || fail "the plain file beside the skipped names did not arrive"
 # Files left out for their names make the send incomplete: a script must not take it for done.
 screen names | grep -q '^EXIT=77$' \
-    && screen names | grep -qF "2 files or folders named above were not sent (qxfer/1 cannot carry their names); everything else arrived" \
+    && screen names | grep -qF "2 files or folders named above were not sent (qxfer/1 cannot carry them); everything else arrived" \
     || { screen names >&2; fail "a send that left files out for their names did not exit 77 saying so"; }
 kill -INT "$BG_RECV"; wait "$BG_RECV" 2>/dev/null || true
 ok "names with an escape sequence and a line break: skipped, shown escaped ($(screen names | grep -c 'not allowed') warnings), exit 77"

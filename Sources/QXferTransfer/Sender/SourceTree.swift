@@ -25,7 +25,8 @@ public struct SourceTree: Sendable {
     /// Things found but not sent, one line each (sockets, devices, links leaving the tree…).
     public private(set) var skipped: [String] = []
     /// How many of the skipped items are files or folders left out because qxfer/1 cannot carry
-    /// their names: data the user asked to send that does not arrive, so the send is incomplete.
+    /// their names (or paths: deeper than 64 levels, counted once with what they hold): data the
+    /// user asked to send that does not arrive, so the send is incomplete.
     /// (Sockets, devices and links leaving the tree hold no data qxfer carries.)
     public private(set) var unsentForTheirNames = 0
     /// How many of the skipped items are files or folders inside a folder that this process may
@@ -107,7 +108,12 @@ public struct SourceTree: Sendable {
 
     private mutating func add(path: String, components: [String], info: stat) throws(TransferError) {
         guard components.count <= ProtocolLimits.maximumDepth else {
-            throw TransferError(.limitExceeded, "'\(path)' is nested deeper than \(ProtocolLimits.maximumDepth) levels")
+            // qxfer/1 carries paths of at most 64 components: this one and what it holds stay
+            // behind, named, and the send fails once the rest has arrived, as for a name it
+            // cannot carry (a path named on the command line is one component).
+            skipped.append("'\(path)': nested deeper than \(ProtocolLimits.maximumDepth) levels, which qxfer/1 cannot carry; not sent")
+            unsentForTheirNames += 1
+            return
         }
         let mode = UInt32(info.st_mode) & 0o7777
         let mtime = Self.nanoseconds(info.st_mtim)
