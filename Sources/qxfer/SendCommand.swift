@@ -52,7 +52,9 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             rest has arrived. '-' sends standard input as a file named by --name; a pipe or \
             device named as a path is an error (pipe it into '-'), as is a path you may not read. \
             Kernel files (/proc, /sys), whose size is not their content's, are read to their \
-            end; one whose read fails is skipped and the command exits 74.
+            end; one whose read fails is skipped and the command exits 74, as it does once the \
+            rest has arrived when a file cannot be read to its end during the send (deleted or \
+            truncated meanwhile, a read error).
 
             A sparse file's holes of 1 MiB or more travel as holes (a few bytes each, not their \
             length), and every block of zeros stays a hole on the receiver.

@@ -108,6 +108,11 @@ struct HostileSenderTests {
             try await data.send(.fileData(FileData(entry: 7, offset: 0, bytes: pattern(10))))
             return data
         }),
+        ("the sender's Failed for an entry that was not offered", { peer in
+            let data = try await peer.openDataStream()
+            try await data.send(.failed(EntryFailure(entry: 7, code: .io, message: "cannot read")))
+            return data
+        }),
         ("a message only the receiver sends", { peer in
             try await peer.send(.complete(Complete(succeeded: 1, failed: 0)))
             return nil

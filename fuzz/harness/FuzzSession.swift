@@ -1,6 +1,6 @@
 // libFuzzer target: what each side of qxfer/1 computes from decoded messages, past the codec —
 // the receiver's offer checks and plan (Receiver/OfferPlanner.swift), its ReceivingSession fed
-// FileData, Zeros, FileDone (alone or in Batches, with the offer's batches and zeros flags or
+// FileData, Zeros, FileDone, the sender's Failed (alone or in Batches, with the offer's batches and zeros flags or
 // without), stream ends,
 // failures and its committer's outcomes, and its Complete; the sender's SenderLedger fed
 // hostile Accept, Verified, Failed and Complete. The input is not wire bytes but a script: each
@@ -209,6 +209,11 @@ func fuzzReceiver(_ script: inout Script) {
             }
         case 3, 4:
             let e = entry(&script)
+            if script.byte() % 5 == 0 {
+                // The sender gives the file up where its FileDone would go (docs/PROTOCOL.md §3.5).
+                event = .message(.failed(EntryFailure(entry: e, code: script.pick([.io, .internal, TransferError.Code(rawValue: 999)]), message: "cannot read")))
+                break
+            }
             let bytes = sentBytes[e] ?? []
             let size = script.byte() < 200 ? UInt64(bytes.count) : script.number()
             let right = script.byte() < 200

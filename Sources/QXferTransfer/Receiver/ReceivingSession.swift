@@ -176,12 +176,18 @@ struct ReceivingSession {
                 // With batches the stream may carry the next entry now; without, never.
                 if usesBatches { streamEntries[source] = nil }
                 return try finish(done)
+            case .failed(let failure):
+                // The sender could not read this file to its end: it ends the entry as a
+                // FileDone would (docs/PROTOCOL.md §3.5).
+                try bind(failure.entry, to: source, usesStreams: usesStreams)
+                if usesBatches { streamEntries[source] = nil }
+                return giveUp(failure)
             case .batch(let messages):
                 guard usesBatches else { throw TransferError(.malformed, "a Batch, but the offer did not set the batches flag") }
                 var replies: [Message] = []
                 for inner in messages {
                     switch inner {
-                    case .fileData, .zeros, .fileDone: replies += try handle(.message(inner), from: source, usesStreams: usesStreams)
+                    case .fileData, .zeros, .fileDone, .failed: replies += try handle(.message(inner), from: source, usesStreams: usesStreams)
                     default: throw TransferError(.protocolViolation, "the sender sent \(inner.type) inside a Batch")
                     }
                 }
@@ -295,6 +301,23 @@ struct ReceivingSession {
             }
         }
         return [verdict(done.entry, size: done.size, digest: hexString(done.digest), outcome)]
+    }
+
+    /// A file the sender gave up: what was written of it is kept as after a lost connection
+    /// (resumable with a journal, removed without), and it is answered Failed with the sender's reason.
+    private mutating func giveUp(_ failure: EntryFailure) -> [Message] {
+        let sentEarly = discarding.removeValue(forKey: failure.entry) != nil
+        switch pending.removeValue(forKey: failure.entry)! {
+        case .skipped:
+            return []  // answered `skip` already, and counted failed then
+        case .receive(_, let resume, let writer):
+            if let writer { writer.abandon() } else { bytesToHashFirst = bytesToHashFirst.saturatingSubtract(resume.offset) }
+        case .present(let target, _):
+            if !sentEarly { bytesToHashFirst = bytesToHashFirst.saturatingSubtract(target.size ?? 0) }
+        case .unwritable:
+            break
+        }
+        return [verdict(failure.entry, size: 0, digest: "", .failure(TransferError(failure.code, "the sender: \(failure.message)")))]
     }
 
     /// Records what the committer did with a group; returns their verdicts.

@@ -83,12 +83,13 @@ struct SenderLedger {
         return (Self.shown(entries[Int(entry)]), entries[Int(entry)].size)
     }
 
-    /// Records a Failed for a file, or for a folder or symlink the receiver could not make.
-    mutating func failed(_ failure: EntryFailure) throws(TransferError) -> (path: String, error: TransferError) {
+    /// Records a Failed for a file, or for a folder or symlink the receiver could not make; for
+    /// a file this sender gave up (it could not read it), its `own` reason rather than the echo.
+    mutating func failed(_ failure: EntryFailure, own: TransferError? = nil) throws(TransferError) -> (path: String, error: TransferError) {
         guard awaitingVerdict.remove(failure.entry) != nil || mayFail.remove(failure.entry) != nil else {
             throw TransferError(.protocolViolation, "the receiver reported entry \(failure.entry) failed, which was not sent or was answered already")
         }
-        let recorded = (Self.shown(entries[Int(failure.entry)]), TransferError(failure.code, "the receiver: \(failure.message)"))
+        let recorded = (Self.shown(entries[Int(failure.entry)]), own ?? TransferError(failure.code, "the receiver: \(failure.message)"))
         failures.append(recorded)
         return recorded
     }

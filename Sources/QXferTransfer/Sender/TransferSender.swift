@@ -71,7 +71,7 @@ public struct TransferSender: Sendable {
             }
             var summary: TransferSummary
             do {
-                summary = try await receiveVerdicts(offer: offer, connection: connection, acceptance: acceptance, earlyJobs: earlyJobs, digests: shared.digests)
+                summary = try await receiveVerdicts(offer: offer, connection: connection, acceptance: acceptance, earlyJobs: earlyJobs, shared: shared)
                 try await group.waitForAll()
             } catch {
                 // The connection closed under the wait because a file of ours failed: that is the cause.
@@ -93,7 +93,7 @@ public struct TransferSender: Sendable {
     /// until Complete: the summary, less the byte counts (the sending task may still be ending).
     private func receiveVerdicts<Stack: TLVStack>(
         offer: Offer, connection: NetworkConnection<Stack>, acceptance: AsyncStream<[SendUnit]>.Continuation, earlyJobs: [FileJob],
-        digests: Locked<[UInt32: String]>
+        shared: SendingState
     ) async throws -> TransferSummary {
         let answers = try await receiveAnswers(from: connection)
         var ledger = try SenderLedger(entries: offer.entries, algorithm: algorithm, answers: answers)
@@ -118,9 +118,9 @@ public struct TransferSender: Sendable {
             }
             switch message {
             case .verified, .failed:
-                try record(message, in: &ledger, summary: &summary, digests: digests)
+                try record(message, in: &ledger, summary: &summary, shared: shared)
             case .batch(let verdicts):
-                for verdict in verdicts { try record(verdict, in: &ledger, summary: &summary, digests: digests) }
+                for verdict in verdicts { try record(verdict, in: &ledger, summary: &summary, shared: shared) }
             case .complete(let complete):
                 summary.succeeded = try ledger.complete(complete)
                 summary.failures = ledger.failures
@@ -161,16 +161,18 @@ public struct TransferSender: Sendable {
     }
 
     /// Records one Verified or Failed (alone or from a Batch); anything else is out of place.
-    private func record(_ verdict: Message, in ledger: inout SenderLedger, summary: inout TransferSummary, digests: Locked<[UInt32: String]>) throws {
+    private func record(_ verdict: Message, in ledger: inout SenderLedger, summary: inout TransferSummary, shared: SendingState) throws {
         switch verdict {
         case .verified(let entry):
             let (path, size) = try ledger.verified(entry)
-            let digest = digests.withLock { $0[entry] } ?? ""
+            let digest = shared.digests.withLock { $0[entry] } ?? ""
             summary.digests.append((path, digest))
             progress.report(.verified(path: path, size: size, digest: digest))
         case .failed(let failure):
-            let (path, error) = try ledger.failed(failure)
-            progress.report(.failed(path: path, error: error))
+            // A file this sender gave up was reported when it did.
+            let own = shared.givenUp.withLock { $0.removeValue(forKey: failure.entry) }
+            let (path, error) = try ledger.failed(failure, own: own)
+            if own == nil { progress.report(.failed(path: path, error: error)) }
         default:
             throw TransferError(.protocolViolation, "the receiver sent \(verdict.type) among the verdicts")
         }
@@ -269,14 +271,21 @@ public struct TransferSender: Sendable {
         }
     }
 
-    /// Sends one unit on `stream`. A file of ours that fails (it shrank, a read error) ends the
-    /// transfer: the receiver hears why on `control` while `stream` is still open (dropped, it is
-    /// reset, and a receiver that saw the reset first would take it for a sender gone away).
+    /// Sends one unit on `stream`. A file of ours that cannot be read to its end (removed, shrunk,
+    /// a read error) fails alone: its Failed goes where its FileDone would (docs/PROTOCOL.md
+    /// §3.5). Any other failure of ours ends the transfer: the receiver hears why on `control`
+    /// while `stream` is still open (dropped, it is reset, and a receiver that saw the reset first
+    /// would take it for a sender gone away).
     private func send<Stack: TLVStack>(_ unit: SendUnit, on stream: NetworkConnection<Stack>, control: NetworkConnection<Stack>, shared: SendingState) async throws {
         do {
             switch unit {
-            case .single(let job): try await send(job, on: stream, digests: shared.digests)
-            case .batch(let jobs): try await sendBatch(jobs, on: stream, digests: shared.digests)
+            case .single(let job):
+                do {
+                    try await send(job, on: stream, digests: shared.digests)
+                } catch let failure as TransferError where failure.code == .io {
+                    try await stream.send(giveUp(job, failure, shared: shared))
+                }
+            case .batch(let jobs): try await sendBatch(jobs, on: stream, shared: shared)
             }
         } catch let failure as TransferError {
             shared.localFailure.withLock { $0 = $0 ?? failure }
@@ -287,31 +296,49 @@ public struct TransferSender: Sendable {
 
     /// Sends small files whole (or, when `present`, only their digest) in one Batch: FileData
     /// and FileDone of each file, one after another.
-    private func sendBatch<Stack: TLVStack>(_ jobs: [FileJob], on stream: NetworkConnection<Stack>, digests: Locked<[UInt32: String]>) async throws {
+    private func sendBatch<Stack: TLVStack>(_ jobs: [FileJob], on stream: NetworkConnection<Stack>, shared: SendingState) async throws {
         var batch = BatchBody()
         for job in jobs {
-            let path = job.entry.path.joined(separator: "/")
-            let file = try job.open()
-            let hasher = algorithm.makeHasher()
-            let size = job.entry.size
-            if job.answer.disposition == .present {
-                let hashed = try FileStore.hash(file, upTo: size, into: hasher, shown: path)
-                guard hashed == size else { throw Self.changed(path, read: hashed, offered: size) }
-            } else {
-                progress.report(.started(path: path, size: size, offset: 0))
-                if size > 0 {
-                    let count = try batch.appendFileData(entry: job.index, from: file, shown: path, size: Int(size))  // size <= batchedFileLimit
-                    guard count == size else { throw Self.changed(path, read: UInt64(count), offered: size) }
-                    batch.withLastPayload { hasher.update($0) }
-                    progress.add(transferred: count)
-                }
-                noteIfChanged(file, job, path: path, sent: size)
+            do {
+                try append(job, to: &batch, digests: shared.digests)
+            } catch let failure as TransferError where failure.code == .io {
+                batch.append(giveUp(job, failure, shared: shared))
             }
-            let digest = hasher.digest()
-            digests.withLock { $0[job.index] = hexString(digest) }
-            batch.append(.fileDone(FileDone(entry: job.index, size: size, algorithm: algorithm, digest: digest)))
         }
         try await stream.send(batch)
+    }
+
+    /// Reports a file of ours that cannot be read to its end; returns the Failed that ends it
+    /// for the receiver, whose answer is then not reported again.
+    private func giveUp(_ job: FileJob, _ failure: TransferError, shared: SendingState) -> Message {
+        shared.givenUp.withLock { $0[job.index] = failure }
+        progress.report(.failed(path: job.entry.path.joined(separator: "/"), error: failure))
+        return .failed(EntryFailure(entry: job.index, code: failure.code, message: failure.message))
+    }
+
+    /// Appends one small file to `batch`: whole (or, when `present`, only its digest), FileData
+    /// then FileDone. (Untyped `throws`: typed, Swift 6.3.1's AllocBoxToStack pass crashes on it.)
+    private func append(_ job: FileJob, to batch: inout BatchBody, digests: Locked<[UInt32: String]>) throws {
+        let path = job.entry.path.joined(separator: "/")
+        let file = try job.open()
+        let hasher = algorithm.makeHasher()
+        let size = job.entry.size
+        if job.answer.disposition == .present {
+            let hashed = try FileStore.hash(file, upTo: size, into: hasher, shown: path)
+            guard hashed == size else { throw Self.changed(path, read: hashed, offered: size) }
+        } else {
+            progress.report(.started(path: path, size: size, offset: 0))
+            if size > 0 {
+                let count = try batch.appendFileData(entry: job.index, from: file, shown: path, size: Int(size))  // size <= batchedFileLimit
+                guard count == size else { throw Self.changed(path, read: UInt64(count), offered: size) }
+                batch.withLastPayload { hasher.update($0) }
+                progress.add(transferred: count)
+            }
+            noteIfChanged(file, job, path: path, sent: size)
+        }
+        let digest = hasher.digest()
+        digests.withLock { $0[job.index] = hexString(digest) }
+        batch.append(.fileDone(FileDone(entry: job.index, size: size, algorithm: algorithm, digest: digest)))
     }
 
     /// Sends one file's FileData from the agreed offset and its FileDone, recording the digest
@@ -399,6 +426,9 @@ private struct SendingState: Sendable {
     let digests = Locked<[UInt32: String]>([:])
     /// The first file of ours that failed, recorded before the receiver is told.
     let localFailure = Locked<TransferError?>(nil)
+    /// Files of ours given up (they could not be read to their end), and why, until the
+    /// receiver's Failed for each comes back.
+    let givenUp = Locked<[UInt32: TransferError]>([:])
 }
 
 /// One file to send and the receiver's answer for it.
@@ -428,7 +458,9 @@ private struct FileJob: Sendable {
             return Descriptor(STDIN_FILENO, owned: false)
         case .file(let path):
             let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-            guard fd >= 0 else { throw TransferError.posix("cannot open", "'\(path)'", errno: errno) }
+            // Named as offered: the message may travel to the receiver, which has no business
+            // with this machine's folders.
+            guard fd >= 0 else { throw TransferError.posix("cannot open", "'\(entry.path.joined(separator: "/"))'", errno: errno) }
             return Descriptor(fd)
         case .none:
             throw TransferError(.internal, "no data source for '\(entry.path.joined(separator: "/"))'")

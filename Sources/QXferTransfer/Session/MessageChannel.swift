@@ -122,6 +122,10 @@ struct BatchBody {
             }
         }
         guard err == 0 || err == EINTR else { throw TransferError.posix("cannot read", "'\(shown)'", errno: err) }
+        guard done > 0 else {
+            bytes.count = start  // no empty FileData (malformed): the frame goes
+            return 0
+        }
         bytes.count = start + header + done
         bytes.withUnsafeMutableBytes { raw in
             raw.storeBytes(of: UInt32(FileDataBody.headerSize + done).bigEndian, toByteOffset: start + 4, as: UInt32.self)
