@@ -330,9 +330,9 @@ public struct TransferSender: Sendable {
             progress.report(.started(path: path, size: size, offset: 0))
             if size > 0 {
                 let count = try batch.appendFileData(entry: job.index, from: file, shown: path, size: Int(size))  // size <= batchedFileLimit
+                progress.add(transferred: count)  // in the Batch, even when a Failed follows
                 guard count == size else { throw Self.changed(path, read: UInt64(count), offered: size) }
                 batch.withLastPayload { hasher.update($0) }
-                progress.add(transferred: count)
             }
             noteIfChanged(file, job, path: path, sent: size)
         }

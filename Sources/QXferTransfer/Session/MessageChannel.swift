@@ -98,7 +98,7 @@ struct BatchBody {
 
     /// Appends a FileData frame of `entry` at offset 0 holding the first `size` bytes of `file`
     /// (1 … ``ProtocolLimits/maximumChunkSize``); returns how many were read (fewer when the
-    /// file shrank: then the caller stops, nothing of this batch having been sent).
+    /// file shrank, and the caller then ends it with a Failed; none: no frame is appended).
     mutating func appendFileData(entry: UInt32, from file: Descriptor, shown: String, size: Int) throws(TransferError) -> Int {
         precondition(size > 0 && size <= ProtocolLimits.maximumChunkSize, "a FileData of \(size) bytes")
         let start = bytes.count
