@@ -205,10 +205,11 @@ struct SessionTests {
         #expect(truncate(shrinking, off_t(size / 3)) == 0)
         #expect(unlink(removed) == 0)
 
+        let (sending, receiving) = (TransferProgress(), TransferProgress())
         let (server, client) = try await withConnectedPair(kind, receive: { peer in
-            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst"), progress: receiving))
         }, send: { peer in
-            try await peer.runSender(TransferSender(tree: tree))
+            try await peer.runSender(TransferSender(tree: tree, progress: sending))
         })
         let sent = try client.get(), received = try server.get()
         let shrank = "'log.bin' shrank while it was being sent (it ended after \(size / 3) of the \(size) bytes offered)"
@@ -226,6 +227,9 @@ struct SessionTests {
         // What arrived of the file that shrank stays resumable when it has a journal (over
         // 1 MiB), and is removed when it has none.
         #expect(exists(scratch.sub("dst/.log.bin.qxfer-partial")) == (size > 1 << 20))
+        // What the given-up files would have sent left the progress totals: both end at 100 %.
+        #expect(sending.totalBytes == sending.transferredBytes, "\(sending.totalBytes) \(sending.transferredBytes)")
+        #expect(receiving.totalBytes == receiving.transferredBytes, "\(receiving.totalBytes) \(receiving.transferredBytes)")
     }
 
     @Test(

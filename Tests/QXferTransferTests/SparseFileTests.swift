@@ -106,15 +106,19 @@ struct SparseFileTests {
         let tree = try SourceTree.scan([scratch.sub("disk.img")])
         #expect(tree.mayHaveHoles)
         #expect(truncate(scratch.sub("disk.img"), 3 << 20) == 0)  // its end, data and hole, gone
+        let (sending, receiving) = (TransferProgress(), TransferProgress())
         let (_, client) = try await withConnectedPair(kind, receive: { peer in
-            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst"), progress: receiving))
         }, send: { peer in
-            try await peer.runSender(TransferSender(tree: tree))
+            try await peer.runSender(TransferSender(tree: tree, progress: sending))
         })
         // It fails alone (docs/PROTOCOL.md §3.5, the sender's Failed).
         let sent = try client.get().failures.first?.error
         #expect(sent?.message.contains("'disk.img' shrank while it was being sent (it ended after \(3 << 20) of the \(size) bytes offered)") == true, "\(String(describing: sent))")
         #expect(!FileManager.default.fileExists(atPath: scratch.sub("dst/disk.img")))
+        // The file's data and holes that never travelled left the progress totals.
+        #expect(sending.totalBytes == sending.transferredBytes, "\(sending.totalBytes) \(sending.transferredBytes)")
+        #expect(receiving.totalBytes == receiving.transferredBytes, "\(receiving.totalBytes) \(receiving.transferredBytes)")
     }
 
     @Test("Files without holes are offered without the zeros flag, so an older receiver still takes them")

@@ -310,8 +310,10 @@ struct ReceivingSession {
         switch pending.removeValue(forKey: failure.entry)! {
         case .skipped:
             return []  // answered `skip` already, and counted failed then
-        case .receive(_, let resume, let writer):
+        case .receive(let target, let resume, let writer):
             if let writer { writer.abandon() } else { bytesToHashFirst = bytesToHashFirst.saturatingSubtract(resume.offset) }
+            // What had not arrived leaves the total (holes already left it as they came).
+            progress.forgo(data: (target.size ?? 0).saturatingSubtract(writer?.offset ?? resume.offset), holes: 0)
         case .present(let target, _):
             if !sentEarly { bytesToHashFirst = bytesToHashFirst.saturatingSubtract(target.size ?? 0) }
         case .unwritable:

@@ -101,7 +101,9 @@ public struct TransferSender: Sendable {
         let present = jobs.count(where: { $0.answer.disposition == .present })
         // Early files the receiver did not want travelled all the same.
         let earlyUnwanted = earlyJobs.filter { answers[Int($0.index)].disposition != .send }.reduce(UInt64(0)) { $0 + $1.entry.size }  // ≤ 4 MiB
-        let holes = holeBytes(of: jobs)
+        let holesByEntry = holeBytes(of: jobs)
+        shared.holesAtAcceptance.withLock { $0 = holesByEntry }
+        let holes = holesByEntry.values.reduce(UInt64(0)) { $0.saturatingAdd($1) }
         progress.report(.accepted(bytes: ledger.bytesToSend.saturatingAdd(earlyUnwanted).saturatingSubtract(holes), resumed: ledger.resumedBytes,
                                   present: present, skipped: ledger.failures.count, holes: holes))
         for failure in ledger.failures { progress.report(.failed(path: failure.path, error: failure.error)) }
@@ -181,12 +183,13 @@ public struct TransferSender: Sendable {
     /// The holes that will go as Zeros in the files the receiver wants, from where each resumes:
     /// so the "accepted" line, the progress total and its time left count only what travels
     /// from the start. A file that cannot be opened now counts none (its failure comes later).
-    private func holeBytes(of jobs: [FileJob]) -> UInt64 {
-        jobs.reduce(0) { sum, job in
-            guard tree.entriesWithHoles.contains(Int(job.index)), job.answer.disposition == .send,
-                  let file = try? job.open() else { return sum }
-            return sum.saturatingAdd(FileHoles.holeBytes(in: file, from: job.answer.offset, size: job.entry.size))
+    private func holeBytes(of jobs: [FileJob]) -> [UInt32: UInt64] {
+        var holes: [UInt32: UInt64] = [:]
+        for job in jobs where tree.entriesWithHoles.contains(Int(job.index)) && job.answer.disposition == .send {
+            guard let file = try? job.open() else { continue }
+            holes[job.index] = FileHoles.holeBytes(in: file, from: job.answer.offset, size: job.entry.size)
         }
+        return holes
     }
 
     /// Reads Accept (or Decline).
@@ -280,10 +283,11 @@ public struct TransferSender: Sendable {
         do {
             switch unit {
             case .single(let job):
+                var reached = FileProgress(job)
                 do {
-                    try await send(job, on: stream, digests: shared.digests)
+                    try await send(job, on: stream, digests: shared.digests, reached: &reached)
                 } catch let failure as TransferError where failure.code == .io {
-                    try await stream.send(giveUp(job, failure, shared: shared))
+                    try await stream.send(giveUp(job, failure, reached: reached, shared: shared))
                 }
             case .batch(let jobs): try await sendBatch(jobs, on: stream, shared: shared)
             }
@@ -299,26 +303,31 @@ public struct TransferSender: Sendable {
     private func sendBatch<Stack: TLVStack>(_ jobs: [FileJob], on stream: NetworkConnection<Stack>, shared: SendingState) async throws {
         var batch = BatchBody()
         for job in jobs {
+            var reached = FileProgress(job)
             do {
-                try append(job, to: &batch, digests: shared.digests)
+                try append(job, to: &batch, digests: shared.digests, reached: &reached)
             } catch let failure as TransferError where failure.code == .io {
-                batch.append(giveUp(job, failure, shared: shared))
+                batch.append(giveUp(job, failure, reached: reached, shared: shared))
             }
         }
         try await stream.send(batch)
     }
 
-    /// Reports a file of ours that cannot be read to its end; returns the Failed that ends it
-    /// for the receiver, whose answer is then not reported again.
-    private func giveUp(_ job: FileJob, _ failure: TransferError, shared: SendingState) -> Message {
+    /// Reports a file of ours that cannot be read to its end, and takes what of it will not
+    /// travel out of the progress total; returns the Failed that ends it for the receiver, whose
+    /// answer is then not reported again.
+    private func giveUp(_ job: FileJob, _ failure: TransferError, reached: FileProgress, shared: SendingState) -> Message {
         shared.givenUp.withLock { $0[job.index] = failure }
+        let unsent = job.entry.flags.contains(.sizeUnknown) ? 0 : job.entry.size.saturatingSubtract(reached.offset)
+        let holes = min(unsent, (shared.holesAtAcceptance.withLock { $0[job.index] } ?? 0).saturatingSubtract(reached.zeros))
+        progress.forgo(data: unsent - holes, holes: holes)
         progress.report(.failed(path: job.entry.path.joined(separator: "/"), error: failure))
         return .failed(EntryFailure(entry: job.index, code: failure.code, message: failure.message))
     }
 
     /// Appends one small file to `batch`: whole (or, when `present`, only its digest), FileData
     /// then FileDone. (Untyped `throws`: typed, Swift 6.3.1's AllocBoxToStack pass crashes on it.)
-    private func append(_ job: FileJob, to batch: inout BatchBody, digests: Locked<[UInt32: String]>) throws {
+    private func append(_ job: FileJob, to batch: inout BatchBody, digests: Locked<[UInt32: String]>, reached: inout FileProgress) throws {
         let path = job.entry.path.joined(separator: "/")
         let file = try job.open()
         let hasher = algorithm.makeHasher()
@@ -331,6 +340,7 @@ public struct TransferSender: Sendable {
             if size > 0 {
                 let count = try batch.appendFileData(entry: job.index, from: file, shown: path, size: Int(size))  // size <= batchedFileLimit
                 progress.add(transferred: count)  // in the Batch, even when a Failed follows
+                reached.offset = UInt64(count)
                 guard count == size else { throw Self.changed(path, read: UInt64(count), offered: size) }
                 batch.withLastPayload { hasher.update($0) }
             }
@@ -343,7 +353,9 @@ public struct TransferSender: Sendable {
 
     /// Sends one file's FileData from the agreed offset and its FileDone, recording the digest
     /// first (the receiver's Verified can come back before this function returns).
-    private func send<Stack: TLVStack>(_ job: FileJob, on stream: NetworkConnection<Stack>, digests: Locked<[UInt32: String]>) async throws {
+    private func send<Stack: TLVStack>(
+        _ job: FileJob, on stream: NetworkConnection<Stack>, digests: Locked<[UInt32: String]>, reached: inout FileProgress
+    ) async throws {
         let path = job.entry.path.joined(separator: "/")
         let file = try job.open()
         let hasher = algorithm.makeHasher()
@@ -362,7 +374,8 @@ public struct TransferSender: Sendable {
                     offset = job.answer.offset
                 } else {
                     progress.unresume(job.answer.offset)
-                    return try await send(job.restarted, on: stream, digests: digests)
+                    reached = FileProgress(job.restarted)
+                    return try await send(job.restarted, on: stream, digests: digests, reached: &reached)
                 }
             }
             progress.report(.started(path: path, size: size, offset: offset))
@@ -377,6 +390,7 @@ public struct TransferSender: Sendable {
                         try await stream.send(.zeros(Zeros(entry: job.index, offset: offset, length: length)))
                         offset += length
                         progress.add(zeros: length)
+                        (reached.offset, reached.zeros) = (offset, reached.zeros + length)
                     }
                     dataEnd = data.upperBound
                     continue
@@ -390,6 +404,7 @@ public struct TransferSender: Sendable {
                     throw Self.changed(path, read: offset, offered: size)
                 }
                 offset += UInt64(count)
+                reached.offset = offset
                 progress.add(transferred: count)
             }
             noteIfChanged(file, job, path: path, sent: offset)
@@ -429,6 +444,21 @@ private struct SendingState: Sendable {
     /// Files of ours given up (they could not be read to their end), and why, until the
     /// receiver's Failed for each comes back.
     let givenUp = Locked<[UInt32: TransferError]>([:])
+    /// The holes counted at acceptance in each file that has some.
+    let holesAtAcceptance = Locked<[UInt32: UInt64]>([:])
+}
+
+/// How far the sending of one file got, for the progress total should it be given up.
+private struct FileProgress {
+    /// Its bytes before this offset are out of the total: sent, held by the receiver, or
+    /// (a file the receiver has) never in it.
+    var offset: UInt64
+    /// Zeros sent for it so far.
+    var zeros: UInt64 = 0
+
+    init(_ job: FileJob) {
+        offset = job.answer.disposition == .send ? job.answer.offset : job.entry.size
+    }
 }
 
 /// One file to send and the receiver's answer for it.

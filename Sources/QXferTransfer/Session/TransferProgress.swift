@@ -34,6 +34,11 @@ public final class TransferProgress: Sendable {
         var zeroBytes: UInt64 = 0
         /// Holes counted at acceptance (sender) that have not yet gone as Zeros.
         var expectedZeroBytes: UInt64 = 0
+        /// Whether the receiver has accepted: before, ``totalBytes`` is not set yet.
+        var accepted = false
+        /// Bytes of files given up before acceptance (an early file, sender): out of the total
+        /// once it is set.
+        var forgoneEarly: UInt64 = 0
     }
     private let counters = Locked(Counters())
     private let onEvent: @Sendable (TransferEvent) -> Void
@@ -56,9 +61,10 @@ public final class TransferProgress: Sendable {
     func report(_ event: TransferEvent) {
         if case .accepted(let bytes, let resumed, _, _, let holes) = event {
             counters.withLock {
-                $0.totalBytes = bytes
+                $0.totalBytes = bytes.saturatingSubtract($0.forgoneEarly)
                 $0.resumedBytes = resumed
                 $0.expectedZeroBytes = holes
+                $0.accepted = true
             }
         }
         onEvent(event)
@@ -77,6 +83,19 @@ public final class TransferProgress: Sendable {
             let expected = min(bytes, $0.expectedZeroBytes)
             $0.expectedZeroBytes -= expected
             $0.totalBytes = $0.totalBytes.saturatingSubtract(bytes - expected)
+        }
+    }
+
+    /// A file was given up (its sender could not read it to its end): `data` bytes of it and
+    /// `holes` counted at acceptance will not travel after all.
+    func forgo(data: UInt64, holes: UInt64) {
+        counters.withLock {
+            guard $0.accepted else {
+                $0.forgoneEarly = $0.forgoneEarly.saturatingAdd(data)  // early files have no holes
+                return
+            }
+            $0.totalBytes = $0.totalBytes.saturatingSubtract(data)
+            $0.expectedZeroBytes = $0.expectedZeroBytes.saturatingSubtract(holes)
         }
     }
 
