@@ -119,7 +119,7 @@ public struct SourceTree: Sendable {
         let mtime = Self.nanoseconds(info.st_mtim)
         switch info.st_mode & S_IFMT {
         case S_IFREG:
-            guard try reportsContentSize(path, device: UInt64(info.st_dev)) else {
+            guard reportsContentSize(path, device: UInt64(info.st_dev)) else {
                 // A kernel file (`/proc/cpuinfo` is 0 bytes to stat, a sysfs attribute 4096):
                 // sent as standard input is, read to its end, rather than as 0 bytes or a failure.
                 if let error = Self.firstReadFails(path) {
@@ -182,9 +182,10 @@ public struct SourceTree: Sendable {
     }
 
     /// Whether the file system of `path` (on `device`) reports the size of a file's content.
-    private mutating func reportsContentSize(_ path: String, device: UInt64) throws(TransferError) -> Bool {
+    private mutating func reportsContentSize(_ path: String, device: UInt64) -> Bool {
         if let known = contentSizesByDevice[device] { return known }
-        guard let type = fileSystemType(of: path) else { throw TransferError.posix("cannot read", "'\(path)'", errno: errno) }
+        // Gone since it was listed, say: taken as an ordinary file, which then fails alone.
+        guard let type = fileSystemType(of: path) else { return true }
         let reports = Self.reportsContentSizes(type)
         contentSizesByDevice[device] = reports
         return reports
