@@ -1,8 +1,7 @@
 // libFuzzer target: what each side of qxfer/1 computes from decoded messages, past the codec —
 // the receiver's offer checks and plan (Receiver/OfferPlanner.swift), its ReceivingSession fed
-// FileData, Zeros, FileDone, the sender's Failed (alone or in Batches, with the offer's batches and zeros flags or
-// without), stream ends,
-// failures and its committer's outcomes, and its Complete; the sender's SenderLedger fed
+// FileData, Zeros, FileDone, the sender's Failed (alone or in Batches, with the offer's batches
+// and zeros flags or without), stream ends, failures and its committer's outcomes, and its Complete; the sender's SenderLedger fed
 // hostile Accept, Verified, Failed and Complete. The input is not wire bytes but a script: each
 // byte picks the next step and its values, and numbers come from a table of extremes (0, 1,
 // 2^32, 2^63, 2^64 - 1, …) or from the state (the next expected offset, the right digest), so

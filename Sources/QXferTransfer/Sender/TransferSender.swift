@@ -282,13 +282,7 @@ public struct TransferSender: Sendable {
     private func send<Stack: TLVStack>(_ unit: SendUnit, on stream: NetworkConnection<Stack>, control: NetworkConnection<Stack>, shared: SendingState) async throws {
         do {
             switch unit {
-            case .single(let job):
-                var reached = FileProgress(job)
-                do {
-                    try await send(job, on: stream, digests: shared.digests, reached: &reached)
-                } catch let failure as TransferError where failure.code == .io {
-                    try await stream.send(giveUp(job, failure, reached: reached, shared: shared))
-                }
+            case .single(let job): try await sendAlone(job, on: stream, shared: shared)
             case .batch(let jobs): try await sendBatch(jobs, on: stream, shared: shared)
             }
         } catch let failure as TransferError {
@@ -298,8 +292,18 @@ public struct TransferSender: Sendable {
         }
     }
 
+    /// Sends one large file on `stream`, or its Failed if it cannot be read to its end.
+    private func sendAlone<Stack: TLVStack>(_ job: FileJob, on stream: NetworkConnection<Stack>, shared: SendingState) async throws {
+        var reached = FileProgress(job)
+        do {
+            try await send(job, on: stream, digests: shared.digests, reached: &reached)
+        } catch let failure as TransferError where failure.code == .io {
+            try await stream.send(giveUp(job, failure, reached: reached, shared: shared))
+        }
+    }
+
     /// Sends small files whole (or, when `present`, only their digest) in one Batch: FileData
-    /// and FileDone of each file, one after another.
+    /// and FileDone of each file, one after another; a file that cannot be read, its Failed.
     private func sendBatch<Stack: TLVStack>(_ jobs: [FileJob], on stream: NetworkConnection<Stack>, shared: SendingState) async throws {
         var batch = BatchBody()
         for job in jobs {
