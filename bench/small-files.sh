@@ -5,6 +5,9 @@
 #   wan       2000 files of 1-8 KiB in 40 folders over the emulated path (25 ms each way,
 #             500 Mbit/s, 50 ms queue: bench/netns, qxfer-linkemu between two namespaces)
 #   loopback  10 000 files of 4 KiB in 100 folders, both ends in one namespace over lo
+#   many      200 000 files of 1-64 bytes in 2 000 folders over lo: a tree whose offer is
+#             longer than one qxfer/1 frame (25 MB; docs/PROTOCOL.md §3.9). Not in the
+#             default CONDITIONS (each run keeps 200 000 files: RUNS=1 is plenty)
 #
 #     bench/small-files.sh                         # both conditions, 3 runs
 #     RUNS=5 CONDITIONS=wan QXFER=path/to/qxfer bench/small-files.sh
@@ -52,7 +55,8 @@ for i in range(files):
 EOF
 }
 # One digest of a tree: every file's relative path and bytes, in name order.
-tree_sum() { (cd "$1" && find . -type f -print0 | sort -z | while IFS= read -r -d '' f; do echo "$f"; cat "$f"; done) | xxhsum -H2 - | cut -d' ' -f1; }
+# (xxhsum prints each file's digest beside its name; one process per few thousand files.)
+tree_sum() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r xxhsum -H2) | xxhsum -H2 - | cut -d' ' -f1; }
 
 CSV=bench/results/small-files-$(date +%Y%m%d-%H%M%S).csv
 echo "condition,tool,run,files,bytes,seconds,load1,complete,arrived" >"$CSV"
@@ -62,8 +66,10 @@ for condition in $CONDITIONS; do
     case $condition in
         wan) make_tree "$WORK/tree" 2000 40 1024 8192 ;;
         loopback) make_tree "$WORK/tree" 10000 100 4096 4096 ;;
+        many) make_tree "$WORK/tree" 200000 2000 1 64 ;;
+        *) echo "small-files: unknown condition '$condition' (wan, loopback, many)" >&2; exit 2 ;;
     esac
-    bench_path_up "$condition" 10.99.78
+    bench_path_up "$([ "$condition" = many ] && echo loopback || echo "$condition")" 10.99.78
     files=$(find "$WORK/tree" -type f | wc -l)
     bytes=$(find "$WORK/tree" -type f -printf '%s\n' | awk '{ s += $1 } END { print s }')
     sum=$(tree_sum "$WORK/tree")

@@ -3,6 +3,9 @@
 public enum ProtocolLimits {
     /// The largest message body, in bytes (16 MiB, the `TLV` framer's default).
     public static let maximumMessageSize = 16 << 20
+    /// The largest body of an Offer or Accept sent in parts (Continuations, docs/PROTOCOL.md
+    /// §3.9), in bytes (256 MiB).
+    public static let maximumLongMessageSize = 256 << 20
     /// The largest FileData payload, in bytes (1 MiB).
     public static let maximumChunkSize = 1 << 20
     /// The longest run of zeros one Zeros message stands for, in bytes (1 GiB: hashing it takes

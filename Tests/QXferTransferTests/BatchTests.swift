@@ -41,11 +41,15 @@ struct BatchTests {
         #expect(two == .batch([.verified(entry: 1), .verified(entry: 1)]))
     }
 
-    @Test("Offer flags other than batches, early files and zeros are unsupported, as an older receiver refuses them")
+    @Test("Offer flags other than batches, early files, zeros and long are unsupported, as an older receiver refuses them")
     func unknownOfferFlags() {
         var body = MessageCodec.encodeBody(.offer(Offer(algorithm: .xxh3_128, entries: [])))
-        body[1] = 8
-        #expect(throws: TransferError(.unsupported, "")) { try MessageCodec.decode(type: MessageType.offer.rawValue, body: body) }
+        for flags: UInt8 in [16, 32, 64, 128, 0x1f] {
+            body[1] = flags
+            #expect(throws: TransferError(.unsupported, "")) { try MessageCodec.decode(type: MessageType.offer.rawValue, body: body) }
+        }
+        body[1] = 15
+        #expect((try? MessageCodec.decode(type: MessageType.offer.rawValue, body: body)) == .offer(Offer(algorithm: .xxh3_128, entries: [], flags: [.batches, .early, .zeros, .long])))
     }
 
     // MARK: Whole transfers

@@ -5,7 +5,9 @@
 // the stream. Oracles, beyond "never traps":
 //  - feeding the stream in pieces yields exactly the messages (and the same final error, if
 //    any) as feeding it in one go: the decoder's buffering never loses or duplicates a byte;
-//  - each message re-encodes (encodeFrame) to the very bytes it was read from;
+//  - each message re-encodes (encodeBody) to the very bytes it was read from: one frame's body,
+//    or, for an Offer or Accept in parts (Continuations, docs/PROTOCOL.md §3.9), the parts'
+//    bytes joined;
 //  - the decoder never holds more than the bytes fed to it.
 
 enum FrameOutcome: Equatable {
@@ -54,11 +56,27 @@ public func qxferFuzzFrames(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int32
     var position = 0
     for outcome in whole {
         guard case .message(let message) = outcome else { break }
-        let frame = MessageCodec.encodeFrame(message)
-        guard position + frame.count <= stream.count, Array(stream[position..<position + frame.count]) == frame else {
-            fatalError("message \(message.type) does not re-encode to the bytes it came from")
+        var body: [UInt8] = []
+        while true {
+            guard let (type, part) = frame(in: stream, at: &position) else { fatalError("message \(message.type) from bytes that are not frames") }
+            guard type == MessageCodec.continuationType else {
+                guard type == message.type.rawValue, body + part == MessageCodec.encodeBody(message) else {
+                    fatalError("message \(message.type) does not re-encode to the bytes it came from")
+                }
+                break
+            }
+            body += part.dropFirst(4)
         }
-        position += frame.count
     }
     return 0
+}
+
+/// The frame at `position` of `stream` (type and body), moving past it; nil if none is whole.
+private func frame(in stream: [UInt8], at position: inout Int) -> (UInt32, [UInt8])? {
+    guard stream.count - position >= 8 else { return nil }
+    let field = { (at: Int) in stream[at..<at + 4].reduce(UInt32(0)) { $0 << 8 | UInt32($1) } }
+    let type = field(position), length = Int(field(position + 4))
+    guard stream.count - position - 8 >= length else { return nil }
+    defer { position += 8 + length }
+    return (type, Array(stream[position + 8..<position + 8 + length]))
 }

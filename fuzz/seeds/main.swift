@@ -56,6 +56,25 @@ let receiverSide: [Message] = messages.filter { ![.offer, .fileData, .zeros, .fi
 write("frames", "sender", [3] + senderSide.flatMap(MessageCodec.encodeFrame))
 write("frames", "receiver", [200] + receiverSide.flatMap(MessageCodec.encodeFrame))
 write("frames", "one-offer", [0] + MessageCodec.encodeFrame(messages[0].1))
+// An Offer and an Accept in parts (docs/PROTOCOL.md §3.9), cut every 16 bytes: any cut is valid.
+func inParts(_ message: Message) -> [UInt8] {
+    func frame(_ type: UInt32, _ body: [UInt8]) -> [UInt8] {
+        let header: [UInt32] = [type, UInt32(body.count)]
+        return header.flatMap { value in (0..<4).map { UInt8(value >> (24 - 8 * $0) & 0xff) } } + body
+    }
+    let body = MessageCodec.encodeBody(message)
+    let type = message.type.rawValue
+    let typeBytes = Array(frame(type, []).prefix(4))
+    var stream: [UInt8] = []
+    var start = 0
+    while body.count - start > 16 {
+        stream += frame(MessageCodec.continuationType, typeBytes + body[start..<start + 16])
+        start += 16
+    }
+    return stream + frame(type, Array(body[start...]))
+}
+write("frames", "offer-in-parts", [5] + inParts(messages[1].1) + MessageCodec.encodeFrame(.verified(entry: 0)))
+write("frames", "accept-in-parts", [9] + inParts(messages[2].1))
 
 // MARK: paths (target paths): components separated by 0xFF, then the link target
 

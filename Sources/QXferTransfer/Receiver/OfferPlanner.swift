@@ -29,17 +29,30 @@ struct OfferPlanner {
         guard OfferPlanner.totalSize(of: offer.entries) != nil else {
             throw TransferError(.limitExceeded, "the offered files add up to more than \(UInt64.max) bytes")
         }
-        var kinds: [SafePath: EntryKind] = [:]
+        // Every path and prefix seen is a node, named by its parent's node and its last
+        // component, so each entry costs a lookup per component, not a path per prefix (an
+        // offer of a million paths 64 deep would otherwise hash 2 000 components an entry).
+        var nodes: [PathNode: Int] = [:]
+        var kinds: [EntryKind?] = []
         var paths: [SafePath] = []
         paths.reserveCapacity(offer.entries.count)
         for entry in offer.entries {
             let path = try SafePath(validating: entry.path)
-            guard kinds[path] == nil else { throw TransferError(.unsafePath, "'\(path)' is offered twice") }
-            for depth in 1..<path.components.count {
-                if let kind = kinds[try SafePath(validating: Array(path.components[0..<depth]))], kind != .directory {
+            var node = -1
+            for (depth, component) in path.components.enumerated() {
+                if depth > 0, let kind = kinds[node], kind != .directory {
                     throw TransferError(.unsafePath, "'\(path)' is offered inside '\(path.components[0..<depth].joined(separator: "/"))', which is not a directory")
                 }
+                let key = PathNode(parent: node, name: component)
+                if let known = nodes[key] {
+                    node = known
+                } else {
+                    node = kinds.count
+                    kinds.append(nil)
+                    nodes[key] = node
+                }
             }
+            guard kinds[node] == nil else { throw TransferError(.unsafePath, "'\(path)' is offered twice") }
             switch entry.kind {
             case .symlink:
                 try path.validateLinkTarget(entry.linkTarget)
@@ -49,10 +62,18 @@ struct OfferPlanner {
             guard entry.kind == .file || entry.size == 0, !entry.flags.contains(.sizeUnknown) || (entry.kind == .file && entry.size == 0) else {
                 throw TransferError(.malformed, "'\(path)' has a size that does not fit its kind")
             }
-            kinds[path] = entry.kind
+            kinds[node] = entry.kind
             paths.append(path)
         }
         return paths
+    }
+
+    /// An Accept in parts only to a sender that takes one (docs/PROTOCOL.md §3.9): one longer
+    /// than a frame, to an offer without the `long` flag, is `limit-exceeded`.
+    static func checkAnswersFit(_ answers: some Sequence<EntryAnswer>, to offer: Offer) throws(TransferError) {
+        guard offer.flags.contains(.long) || MessageCodec.acceptBodySize(answers) <= ProtocolLimits.maximumMessageSize else {
+            throw TransferError(.limitExceeded, "the answer to \(offer.entries.count) items would be longer than the sender's qxfer takes (16 MiB); update it, or send fewer items at once")
+        }
     }
 
     /// What to do with each entry given what is on disk; checks the free space (unless the offer
@@ -102,6 +123,13 @@ struct OfferPlanner {
         if !offer.flags.contains(.zeros) { try store.checkFreeSpace(for: needed) }
         return plans
     }
+}
+
+/// A path as the planner's index of an offer holds it: the node of its parent (-1 for none)
+/// and its last component.
+private struct PathNode: Hashable {
+    var parent: Int
+    var name: String
 }
 
 /// What the receiver does with one entry.

@@ -89,6 +89,7 @@ public struct TransferReceiver: Sendable {
             let files = zip(offer.entries, paths).filter { $0.0.kind == .file }.map { directory + "\u{0}" + $0.1.description }
             await registry.claim(files, for: registration)
             plans = try planner.plan(offer, paths: paths, store: store)
+            try OfferPlanner.checkAnswersFit(plans.lazy.map(\.answer), to: offer)
         } catch {
             try await decline(error, on: connection)
         }
@@ -106,9 +107,8 @@ public struct TransferReceiver: Sendable {
                 plans[index] = .skip(error)
             }
         }
-        let answers = plans.map(\.answer)
         session.expect(plans)
-        try await connection.send(.accept(Accept(answers: answers)))
+        try await connection.send(.accept(Accept(answers: plans.map(\.answer))))
         progress.report(.accepted(
             bytes: session.bytesToReceive, resumed: session.resumedBytes,
             present: plans.count(where: { if case .present = $0 { true } else { false } }),
@@ -304,10 +304,12 @@ public struct TransferReceiver: Sendable {
 
     private func receiveOffer<Stack: TLVStack>(from connection: NetworkConnection<Stack>) async throws -> Offer {
         let timeout = offerTimeout
+        // Counted again from each part of an Offer in parts, which may take long on a slow path.
+        let watchdog = IdleWatchdog(limit: timeout)
         let message = try await withThrowingTaskGroup(of: Message?.self) { group in
-            group.addTask { try await connection.receiveMessage() }
+            group.addTask { try await connection.receiveMessageInParts { watchdog.idle() } }
             group.addTask {
-                try await Task.sleep(for: timeout)
+                guard await watchdog.waitForSilence() != nil else { throw CancellationError() }
                 throw TransferError(.protocolViolation, "the sender made no offer within \(timeout)")
             }
             defer { group.cancelAll() }

@@ -49,7 +49,9 @@ public struct TransferSender: Sendable {
 
     private func exchange<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
         // Zeros only when a file may have holes: a receiver from before them still takes the rest.
-        let offer = Offer(algorithm: algorithm, entries: markingEarlyFiles(tree.entries), flags: tree.mayHaveHoles ? [.batches, .early, .zeros] : [.batches, .early])
+        var offer = Offer(algorithm: algorithm, entries: markingEarlyFiles(tree.entries), flags: tree.mayHaveHoles ? [.batches, .early, .zeros] : [.batches, .early])
+        // Parts only when needed: a receiver from before them still takes every smaller offer.
+        if MessageCodec.mayNeedParts(offer) { offer.flags.insert(.long) }
         progress.report(.offered(entries: offer.entries.count, bytes: tree.totalSize, sizeUnknown: tree.entries.count(where: { $0.flags.contains(.sizeUnknown) })))
         try await connection.send(.offer(offer))
 
@@ -95,7 +97,7 @@ public struct TransferSender: Sendable {
         offer: Offer, connection: NetworkConnection<Stack>, acceptance: AsyncStream<[SendUnit]>.Continuation, earlyJobs: [FileJob],
         shared: SendingState
     ) async throws -> TransferSummary {
-        let answers = try await receiveAnswers(from: connection)
+        let answers = try await receiveAnswers(to: offer, from: connection)
         var ledger = try SenderLedger(entries: offer.entries, algorithm: algorithm, answers: answers)
         let jobs = ledger.jobs.map { FileJob(index: $0.index, entry: offer.entries[Int($0.index)], source: tree.sources[Int($0.index)], answer: $0.answer) }
         let present = jobs.count(where: { $0.answer.disposition == .present })
@@ -193,8 +195,10 @@ public struct TransferSender: Sendable {
     }
 
     /// Reads Accept (or Decline).
-    private func receiveAnswers<Stack: TLVStack>(from connection: NetworkConnection<Stack>) async throws -> [EntryAnswer] {
-        guard let message = try await connection.receiveMessage() else {
+    private func receiveAnswers<Stack: TLVStack>(to offer: Offer, from connection: NetworkConnection<Stack>) async throws -> [EntryAnswer] {
+        let long = offer.flags.contains(.long)
+        let count = offer.entries.count
+        guard let message = try await connection.receiveMessageInParts() else {
             throw TransferError(.refused, "the receiver closed the connection without answering the offer")
         }
         switch message {
@@ -202,6 +206,9 @@ public struct TransferSender: Sendable {
             return accept.answers  // checked by SenderLedger
         case .decline(let refusal):
             throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver declined: \(refusal.message)"))
+        case .error(let refusal) where long && (refusal.code == .malformed || refusal.code == .unsupported):
+            // docs/PROTOCOL.md §3.9, version rule: an older receiver refuses the first part or the flag.
+            throw AlreadyCommunicated(error: TransferError(.unsupported, "the receiver runs an older qxfer, which takes an offer of at most 16 MiB (about 135 000 items; this one has \(count)) (it said: \(refusal.message)); update it, or send fewer items at once"))
         case .error(let refusal) where refusal.code == .unsupported && refusal.message.contains("offer flags"):
             // docs/PROTOCOL.md §3.6-3.8, version rules: a receiver from before Batch, early files
             // or Zeros refuses the flags.

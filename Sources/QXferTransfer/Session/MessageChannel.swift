@@ -6,9 +6,11 @@ import QXfer
 /// framer carries exactly the protocol's frames (type UInt32, length UInt32, body), bounds the
 /// length before allocating, and the codec checks everything inside.
 extension NetworkConnection where Stack: TLVStack {
-    /// Sends one message.
+    /// Sends one message: an Offer or Accept longer than a frame in parts (docs/PROTOCOL.md §3.9).
     func send(_ message: Message) async throws {
-        try await send(MessageCodec.encodeBody(message), type: message.type.rawValue)
+        for frame in MessageCodec.frames(of: message) {
+            try await send(frame.body, type: frame.type)
+        }
     }
 
     /// Sends one FileData frame of `entry` at `offset`: up to `capacity` bytes of `file` read
@@ -42,15 +44,31 @@ extension NetworkConnection where Stack: TLVStack {
     /// longer than the limit is `limit-exceeded`, which the caller reports to the peer in an
     /// Error before closing (docs/PROTOCOL.md §2).
     func receiveMessage() async throws -> Message? {
-        let received: (content: Data, metadata: TLVMetadata)
+        guard let frame = try await receiveFrame() else { return nil }
+        return try MessageCodec.decode(type: frame.metadata.type, body: frame.content)
+    }
+
+    /// The next message where an Offer or Accept may come in parts (docs/PROTOCOL.md §3.9):
+    /// the parts are put together, and `onPart` is called as each Continuation arrives. The peer
+    /// finishing the stream between parts is `malformed`.
+    func receiveMessageInParts(onPart: () -> Void = {}) async throws -> Message? {
+        var assembler = MessageAssembler()
+        while let frame = try await receiveFrame() {
+            if let message = try assembler.take(type: frame.metadata.type, body: frame.content) { return message }
+            onPart()
+        }
+        guard !assembler.isPartial else { throw TransferError(.malformed, "the stream ended between the parts of a message") }
+        return nil
+    }
+
+    private func receiveFrame() async throws -> (content: Data, metadata: TLVMetadata)? {
         do {
-            received = try await receive()
+            return try await receive()
         } catch let error as QXferError where error.code == .endOfStream {
             return nil
         } catch let error as QXferError where error.code == .messageTooLarge {
             throw TransferError(.limitExceeded, error.message)
         }
-        return try MessageCodec.decode(type: received.metadata.type, body: received.content)
     }
 }
 

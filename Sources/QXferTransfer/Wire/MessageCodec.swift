@@ -100,10 +100,13 @@ public enum MessageCodec {
         return w.buffer
     }
 
-    /// Decodes one message body of the given type. The whole body must be consumed.
+    /// Decodes one message body of the given type. The whole body must be consumed. An Offer or
+    /// Accept body may be one put together from parts (``MessageAssembler``), up to
+    /// ``ProtocolLimits/maximumLongMessageSize``; any other, at most one frame's.
     public static func decode(type: UInt32, body: [UInt8]) throws(TransferError) -> Message {
-        guard body.count <= ProtocolLimits.maximumMessageSize else {
-            throw TransferError(.limitExceeded, "message of \(body.count) bytes exceeds the \(ProtocolLimits.maximumMessageSize)-byte limit")
+        let limit = mayComeInParts(type) ? ProtocolLimits.maximumLongMessageSize : ProtocolLimits.maximumMessageSize
+        guard body.count <= limit else {
+            throw TransferError(.limitExceeded, "message of \(body.count) bytes exceeds the \(limit)-byte limit")
         }
         guard let messageType = MessageType(rawValue: type) else {
             throw TransferError(.malformed, "unknown message type \(type)")
@@ -303,10 +306,12 @@ public enum MessageCodec {
 }
 
 /// Splits a byte stream into qxfer/1 messages, sans-IO: feed bytes as they arrive, take
-/// messages out. A frame whose length exceeds the limit fails before its body is buffered.
+/// messages out; an Offer or Accept in parts comes out whole (``MessageAssembler``). A frame
+/// whose length exceeds the limit fails before its body is buffered.
 public struct FrameDecoder: Sendable {
     private var buffer: [UInt8] = []
     private var start = 0
+    private var assembler = MessageAssembler()
     /// The largest body accepted (default ``ProtocolLimits/maximumMessageSize``).
     public let maximumMessageSize: Int
 
@@ -329,6 +334,13 @@ public struct FrameDecoder: Sendable {
     /// The next complete message, or nil if more bytes are needed. After an error the decoder
     /// must be discarded (the stream is no longer in sync).
     public mutating func next() throws(TransferError) -> Message? {
+        while let (type, body) = try nextFrame() {
+            if let message = try assembler.take(type: type, body: Data(body)) { return message }
+        }
+        return nil
+    }
+
+    private mutating func nextFrame() throws(TransferError) -> (type: UInt32, body: [UInt8])? {
         guard buffer.count - start >= MessageCodec.headerSize else { return nil }
         var header = ByteReader(Array(buffer[start..<start + MessageCodec.headerSize]))
         let type = try header.u32()
@@ -336,7 +348,9 @@ public struct FrameDecoder: Sendable {
         guard length <= maximumMessageSize else {
             throw TransferError(.limitExceeded, "message of \(length) bytes exceeds the \(maximumMessageSize)-byte limit")
         }
-        guard MessageType(rawValue: type) != nil else { throw TransferError(.malformed, "unknown message type \(type)") }
+        guard MessageType(rawValue: type) != nil || type == MessageCodec.continuationType else {
+            throw TransferError(.malformed, "unknown message type \(type)")
+        }
         let bodyStart = start + MessageCodec.headerSize
         guard buffer.count - bodyStart >= length else { return nil }
         let body = Array(buffer[bodyStart..<bodyStart + length])
@@ -345,7 +359,7 @@ public struct FrameDecoder: Sendable {
             buffer.removeAll(keepingCapacity: buffer.capacity <= 2 * ProtocolLimits.maximumChunkSize)
             start = 0
         }
-        return try MessageCodec.decode(type: type, body: body)
+        return (type, body)
     }
 }
 
@@ -415,5 +429,109 @@ struct ByteReader {
             throw TransferError(.malformed, "\(what) is not valid UTF-8")
         }
         return s
+    }
+}
+
+// MARK: - Offers and Accepts in parts (docs/PROTOCOL.md §3.9)
+
+extension MessageCodec {
+    /// The frame type of a Continuation: the next part of an Offer's or Accept's body.
+    public static let continuationType: UInt32 = 12
+
+    /// Whether messages of this type may come in parts.
+    static func mayComeInParts(_ type: UInt32) -> Bool {
+        type == MessageType.offer.rawValue || type == MessageType.accept.rawValue
+    }
+
+    /// The frames to send `message` in, as (type, body): the message alone when its body fits in
+    /// one frame; otherwise (an Offer or Accept only) Continuations of
+    /// ``ProtocolLimits/maximumMessageSize`` bytes less the 4-byte type, then a last part of the
+    /// message's own type. A longer body of another type stays whole, for the framer to refuse.
+    public static func frames(of message: Message) -> [(type: UInt32, body: [UInt8])] {
+        let body = encodeBody(message)
+        let type = message.type.rawValue
+        guard body.count > ProtocolLimits.maximumMessageSize, mayComeInParts(type) else { return [(type, body)] }
+        let partSize = ProtocolLimits.maximumMessageSize - 4
+        var frames: [(type: UInt32, body: [UInt8])] = []
+        var start = 0
+        while body.count - start > ProtocolLimits.maximumMessageSize {
+            var w = ByteWriter()
+            w.buffer.reserveCapacity(ProtocolLimits.maximumMessageSize)
+            w.u32(type)
+            w.buffer.append(contentsOf: body[start..<start + partSize])
+            frames.append((continuationType, w.buffer))
+            start += partSize
+        }
+        frames.append((type, Array(body[start...])))
+        return frames
+    }
+
+    /// The length of an Accept's body holding `answers`.
+    static func acceptBodySize(_ answers: some Sequence<EntryAnswer>) -> Int {
+        answers.reduce(4) { $0 + minimumAnswerSize + $1.prefixDigest.count }
+    }
+
+    /// Whether `offer` or its Accept (every answer with a digest) could be longer than one
+    /// frame: the sender then sets ``Offer/Flags/long`` (docs/PROTOCOL.md §3.9).
+    public static func mayNeedParts(_ offer: Offer) -> Bool {
+        let limit = ProtocolLimits.maximumMessageSize
+        let answer = minimumAnswerSize + offer.algorithm.digestLength
+        guard offer.entries.count <= (limit - 4) / answer else { return true }
+        var bytes = 6
+        for entry in offer.entries {
+            bytes += minimumEntrySize + entry.linkTarget.utf8.count
+            for component in entry.path { bytes += 2 + component.utf8.count }
+            if bytes > limit { return true }
+        }
+        return false
+    }
+}
+
+/// Puts an Offer or Accept sent in parts back together (docs/PROTOCOL.md §3.9), sans-IO: hand it
+/// each frame as it arrives; it returns the message once the last part has come. The parts are
+/// checked as they arrive (type, order, the 256 MiB bound) before their bytes are kept.
+public struct MessageAssembler: Sendable {
+    private var continued: UInt32?
+    private var body: [UInt8] = []
+
+    public init() {}
+
+    /// Whether parts have come and the message is not complete yet.
+    public var isPartial: Bool { continued != nil }
+
+    /// Takes the next frame: the message it is or completes, or nil when it was a Continuation.
+    public mutating func take(type: UInt32, body part: Data) throws(TransferError) -> Message? {
+        guard type == MessageCodec.continuationType else {
+            guard let continued else { return try MessageCodec.decode(type: type, body: [UInt8](part)) }
+            guard type == continued else {
+                throw TransferError(.malformed, "a \(Self.name(type)) frame among the parts of an \(Self.name(continued))")
+            }
+            try append(part)
+            self.continued = nil
+            defer { body = [] }
+            return try MessageCodec.decode(type: type, body: body)
+        }
+        guard part.count > 4 else { throw TransferError(.malformed, "a Continuation of \(part.count) bytes") }
+        let inner = part.prefix(4).reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
+        guard MessageCodec.mayComeInParts(inner) else {
+            throw TransferError(.malformed, "a Continuation of message type \(inner) (only an Offer or an Accept comes in parts)")
+        }
+        guard continued == nil || continued == inner else {
+            throw TransferError(.malformed, "a Continuation of an \(Self.name(inner)) among the parts of an \(Self.name(continued!))")
+        }
+        continued = inner
+        try append(part.dropFirst(4))
+        return nil
+    }
+
+    private mutating func append(_ bytes: Data) throws(TransferError) {
+        guard bytes.count <= ProtocolLimits.maximumLongMessageSize - body.count else {
+            throw TransferError(.limitExceeded, "an \(Self.name(continued ?? 0)) in parts longer than the \(ProtocolLimits.maximumLongMessageSize)-byte limit")
+        }
+        body.append(contentsOf: bytes)
+    }
+
+    private static func name(_ type: UInt32) -> String {
+        MessageType(rawValue: type).map { "\($0)" } ?? "type-\(type)"
     }
 }

@@ -98,8 +98,11 @@ public struct Offer: Sendable, Hashable {
         /// The sender may send ``Message/zeros(_:)`` for runs of zeros (a sparse file's holes,
         /// docs/PROTOCOL.md §3.8). A receiver that does not know it refuses the offer.
         public static let zeros = Flags(rawValue: 4)
+        /// The sender takes an Accept sent in parts (docs/PROTOCOL.md §3.9). Set only when the
+        /// offer goes in parts or its Accept could: a receiver that does not know it refuses the offer.
+        public static let long = Flags(rawValue: 8)
         /// All flags this implementation understands; others are ``TransferError/Code/unsupported``.
-        public static let known: Flags = [.batches, .early, .zeros]
+        public static let known: Flags = [.batches, .early, .zeros, .long]
     }
 
     /// The digest the sender computes for every file.
