@@ -12,6 +12,16 @@ public struct SafePath: Hashable, Sendable, CustomStringConvertible {
     /// The checked components.
     public let components: [String]
 
+    /// Equal when the components are byte for byte, as the kernel compares names (not
+    /// canonically equivalent Unicode, which `String` compares: ``ExactString``).
+    public static func == (a: SafePath, b: SafePath) -> Bool {
+        a.components.elementsEqual(b.components) { $0.utf8.elementsEqual($1.utf8) }
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        for component in components { ExactString.hash(component, into: &hasher) }
+    }
+
     /// Suffixes reserved for the receiver's own temporary files.
     public static let reservedSuffixes = [".qxfer-partial", ".qxfer-journal"]
 

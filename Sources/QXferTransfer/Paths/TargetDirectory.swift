@@ -170,7 +170,7 @@ public final class TargetDirectory {
         if symlinkat(target, parent.fd, path.name) != 0 {
             let err = errno
             guard err == EEXIST else { throw TransferError.posix("cannot create symlink", path.description, errno: err) }
-            guard linkTarget(of: path.name, in: parent) == target else { throw TransferError(.exists, "'\(path)' exists and is not the same symlink") }
+            guard linkTarget(of: path.name, in: parent).map(ExactString.init) == ExactString(target) else { throw TransferError(.exists, "'\(path)' exists and is not the same symlink") }
         }
     }
 

@@ -43,7 +43,7 @@ struct OfferPlanner {
                 if depth > 0, let kind = kinds[node], kind != .directory {
                     throw TransferError(.unsafePath, "'\(path)' is offered inside '\(path.components[0..<depth].joined(separator: "/"))', which is not a directory")
                 }
-                let key = PathNode(parent: node, name: component)
+                let key = PathNode(parent: node, name: ExactString(component))
                 if let known = nodes[key] {
                     node = known
                 } else {
@@ -89,7 +89,7 @@ struct OfferPlanner {
             case .symlink:
                 // Answered now, not found out after the files: an existing link is fine only
                 // when it is the same link.
-                if state == .absent || (state == .symlink && store.directory.linkTarget(of: path) == entry.linkTarget) {
+                if state == .absent || (state == .symlink && store.directory.linkTarget(of: path).map(ExactString.init) == ExactString(entry.linkTarget)) {
                     plans.append(.symlink)
                 } else {
                     plans.append(.skip(TransferError(.exists, state == .symlink ? "'\(path)' exists as a symlink to somewhere else" : "'\(path)' exists and is not a symlink")))
@@ -126,10 +126,10 @@ struct OfferPlanner {
 }
 
 /// A path as the planner's index of an offer holds it: the node of its parent (-1 for none)
-/// and its last component.
+/// and its last component, byte for byte.
 private struct PathNode: Hashable {
     var parent: Int
-    var name: String
+    var name: ExactString
 }
 
 /// What the receiver does with one entry.

@@ -27,20 +27,21 @@ struct TargetClaimTable {
         case supersede([Holder])
     }
 
-    private var owners: [String: (holder: Holder, sender: Fingerprint?)] = [:]
+    /// By target, byte for byte (two names Unicode takes for one are two files).
+    private var owners: [ExactString: (holder: Holder, sender: Fingerprint?)] = [:]
     private var held: [Holder: [String]] = [:]
     /// Transfers told to stop: they never hold anything again.
     private var superseded: Set<Holder> = []
 
     /// The holder of `target`, if any.
-    func holder(of target: String) -> Holder? { owners[target]?.holder }
+    func holder(of target: String) -> Holder? { owners[ExactString(target)]?.holder }
 
     /// `holder` (a transfer from `sender`) asks for `targets`.
     mutating func claim(_ targets: [String], for holder: Holder, sender: Fingerprint?) -> Decision {
         guard !superseded.contains(holder) else { return .granted(contested: targets) }
         var toSupersede: [Holder] = []
         for target in targets {
-            guard let owner = owners[target], owner.holder != holder else { continue }
+            guard let owner = owners[ExactString(target)], owner.holder != holder else { continue }
             if let sender, owner.sender == sender, !toSupersede.contains(owner.holder) {
                 toSupersede.append(owner.holder)
             }
@@ -51,11 +52,11 @@ struct TargetClaimTable {
         }
         var contested: [String] = []
         for target in targets {
-            if let owner = owners[target] {
+            if let owner = owners[ExactString(target)] {
                 if owner.holder != holder { contested.append(target) }
                 continue
             }
-            owners[target] = (holder, sender)
+            owners[ExactString(target)] = (holder, sender)
             held[holder, default: []].append(target)
         }
         return .granted(contested: contested)
@@ -63,8 +64,8 @@ struct TargetClaimTable {
 
     /// `holder` ended (or stopped writing): its targets are free.
     mutating func release(_ holder: Holder) {
-        for target in held.removeValue(forKey: holder) ?? [] where owners[target]?.holder == holder {
-            owners[target] = nil
+        for target in held.removeValue(forKey: holder) ?? [] where owners[ExactString(target)]?.holder == holder {
+            owners[ExactString(target)] = nil
         }
     }
 

@@ -53,7 +53,7 @@ public struct SourceTree: Sendable {
     /// A path named on the command line is followed if it is a symlink: the user chose it.
     public static func scan(_ paths: [String], standardInputName: String = "stdin") throws(TransferError) -> SourceTree {
         var tree = SourceTree()
-        var topLevel = Set<String>()
+        var topLevel = Set<ExactString>()
         for path in paths {
             let name: String
             if path == "-" {
@@ -61,7 +61,7 @@ public struct SourceTree: Sendable {
             } else {
                 name = try topLevelName(of: path)
             }
-            guard topLevel.insert(name).inserted else {
+            guard topLevel.insert(ExactString(name)).inserted else {
                 throw TransferError(.unsafePath, "two of the paths to send are named '\(name)'; send them separately")
             }
             do {

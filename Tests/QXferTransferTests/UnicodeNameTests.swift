@@ -1,0 +1,61 @@
+import Foundation
+import Testing
+@testable import QXferTransfer
+
+/// Two names Unicode takes for one ("café" with U+00E9, and with "e" + U+0301) are two files on
+/// Linux: everything that tells names apart compares their bytes.
+@Suite struct UnicodeNameTests {
+    static let composed = "caf\u{e9}"
+    static let decomposed = "cafe\u{301}"
+
+    @Test func theTwoFormsAreEqualStringsButNotEqualNames() throws {
+        #expect(Self.composed == Self.decomposed)  // why ExactString exists
+        #expect(ExactString(Self.composed) != ExactString(Self.decomposed))
+        #expect(Set([ExactString(Self.composed), ExactString(Self.decomposed), ExactString("cafe\u{301}")]).count == 2)
+        let a = try SafePath(validating: ["dir", Self.composed]), b = try SafePath(validating: ["dir", Self.decomposed])
+        #expect(a != b && Set([a, b]).count == 2)
+        #expect(a == (try SafePath(validating: "dir/caf\u{e9}")))
+    }
+
+    @Test func thePlannerAndTheClaimsKeepThemApart() throws {
+        let entries = [Self.composed, Self.decomposed].map {
+            OfferEntry(kind: .file, path: ["dir", $0], size: 1, mode: 0o644, modificationTime: 0)
+        }
+        let planner = OfferPlanner(maximumEntries: 10, overwrite: false)
+        #expect(try planner.check(Offer(algorithm: .xxh3_128, entries: entries)).count == 2)
+        // The same bytes twice are still refused.
+        #expect(throws: TransferError(.unsafePath, "")) { try planner.check(Offer(algorithm: .xxh3_128, entries: [entries[0], entries[0]])) }
+
+        var table = TargetClaimTable()
+        #expect(table.claim(["d\u{0}" + Self.composed], for: 1, sender: nil) == .granted(contested: []))
+        #expect(table.claim(["d\u{0}" + Self.decomposed], for: 2, sender: nil) == .granted(contested: []))
+        #expect(table.holder(of: "d\u{0}" + Self.composed) == 1 && table.holder(of: "d\u{0}" + Self.decomposed) == 2)
+    }
+
+    @Test("A folder holding both forms arrives with both files; both may be named at the top", arguments: StackKind.allCases)
+    func bothFormsArrive(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("dir"), withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: scratch.sub("other"), withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        try Data("composed\n".utf8).write(to: URL(fileURLWithPath: scratch.sub("dir/" + Self.composed)))
+        try Data("decomposed\n".utf8).write(to: URL(fileURLWithPath: scratch.sub("dir/" + Self.decomposed)))
+        try Data("top\n".utf8).write(to: URL(fileURLWithPath: scratch.sub("other/" + Self.decomposed)))
+        // Top-level names: the folder's composed file beside another folder's decomposed one.
+        let tree = try SourceTree.scan([scratch.sub("dir"), scratch.sub("dir/" + Self.composed), scratch.sub("other/" + Self.decomposed)])
+
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        #expect(try client.get().isComplete && server.get().isComplete)
+        let names = try FileManager.default.contentsOfDirectory(atPath: scratch.sub("dst/dir")).map { Array($0.utf8) }.sorted { $0.lexicographicallyPrecedes($1) }
+        #expect(names == [Array(Self.decomposed.utf8), Array(Self.composed.utf8)])
+        #expect(readFile(scratch.sub("dst/dir/" + Self.composed)) == Array("composed\n".utf8))
+        #expect(readFile(scratch.sub("dst/dir/" + Self.decomposed)) == Array("decomposed\n".utf8))
+        #expect(readFile(scratch.sub("dst/" + Self.composed)) == Array("composed\n".utf8))
+        #expect(readFile(scratch.sub("dst/" + Self.decomposed)) == Array("top\n".utf8))
+    }
+}
