@@ -32,7 +32,7 @@ WIRE="$T/Wire/MessageCodec.swift $T/Wire/Messages.swift $T/Limits.swift $T/Trans
 # The receiver's and sender's decisions after decoding, with the file store they write through.
 SESSION="$T/Receiver/OfferPlanner.swift $T/Receiver/ReceivingSession.swift $T/Sender/SenderLedger.swift $T/Session/InboundFunnel.swift
   $T/Session/TransferProgress.swift $T/Store/FileStore.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift
-  $T/Paths/SafePath.swift $T/Hashing/Digest.swift $T/Store/FileCommitter.swift Sources/LinuxSystem/Locked.swift
+  $T/Paths/SafePath.swift $T/Paths/ExactString.swift $T/Hashing/Digest.swift $T/Store/FileCommitter.swift Sources/LinuxSystem/Locked.swift
   Sources/LinuxSystem/DetachedThread.swift Sources/FastHash/XXH3.swift Sources/SafeOutput/RenameAt.swift fuzz/support/SessionSupport.swift"
 STREAM="$S/WireFormat.swift $S/Bytes.swift $S/Frame.swift $S/RealtimeDatagrams.swift $S/ReedSolomon.swift Sources/PlainText/TextFormat.swift"
 CXXHASH=(-Xcc -fmodule-map-file=fuzz/support/CXXHash.modulemap -I Sources/CXXHash/include -lxxhash
@@ -44,8 +44,8 @@ sources() {
     case "$1" in
         codec)   echo "fuzz/harness/FuzzCodec.swift $WIRE" ;;
         frames)  echo "fuzz/harness/FuzzFrames.swift $WIRE" ;;
-        paths)   echo "fuzz/harness/FuzzPaths.swift $T/Paths/SafePath.swift $T/Limits.swift $T/TransferError.swift $PLAIN" ;;
-        journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $WIRE Sources/SafeOutput/RenameAt.swift fuzz/support/JournalSupport.swift" ;;
+        paths)   echo "fuzz/harness/FuzzPaths.swift $T/Paths/SafePath.swift $T/Paths/ExactString.swift $T/Limits.swift $T/TransferError.swift $PLAIN" ;;
+        journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $T/Paths/ExactString.swift $WIRE Sources/SafeOutput/RenameAt.swift fuzz/support/JournalSupport.swift" ;;
         dns)     echo "fuzz/harness/FuzzDNS.swift $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift" ;;
         framers) echo "fuzz/harness/FuzzFramers.swift Sources/QXferCore/FrameRules.swift Sources/QXferCore/QXferError.swift" ;;
         media)   echo "fuzz/harness/FuzzMedia.swift $S/MediaFiles.swift $STREAM Sources/SafeOutput/OutputFile.swift Sources/SafeOutput/OutputKind.swift" ;;
@@ -113,7 +113,7 @@ if [ "$mode" = seeds ]; then
     # shellcheck disable=SC2046
     "$SWIFTC" -swift-version 6 -module-name QXferFuzzSeeds -module-cache-path "$OUT/module-cache" \
         "${CXXHASH[@]}" fuzz/seeds/main.swift $WIRE $T/Store/Journal.swift $T/Paths/TargetDirectory.swift \
-        $T/Paths/SafePath.swift Sources/SafeOutput/RenameAt.swift fuzz/support/JournalSupport.swift \
+        $T/Paths/SafePath.swift $T/Paths/ExactString.swift Sources/SafeOutput/RenameAt.swift fuzz/support/JournalSupport.swift \
         $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift -o "$OUT/seeds"
     "$OUT/seeds" fuzz/corpus
     python3 fuzz/seeds/wire_seeds.py fuzz/corpus

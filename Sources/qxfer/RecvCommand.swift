@@ -22,7 +22,9 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
 
             An existing file of the same size is compared by digest and left alone; one of \
             another size is kept and reported (use --overwrite to replace it once the new one \
-            is verified).
+            is verified). Into a file system that does not tell upper from lower case (exFAT, \
+            FAT), of two offered names that differ only in case the first is received and the \
+            later reported.
 
             The question is asked on the terminal, one offer at a time; keys typed before it \
             appears are discarded, and it is withdrawn (declined) if its sender goes away \

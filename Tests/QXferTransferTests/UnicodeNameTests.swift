@@ -59,3 +59,34 @@ import Testing
         #expect(readFile(scratch.sub("dst/" + Self.decomposed)) == Array("top\n".utf8))
     }
 }
+
+/// On a file system that does not tell upper from lower case, names that differ only in case
+/// land on one file: the later entries are skipped, never written into the earlier one's file.
+@Suite struct CaseFoldingTests {
+    @Test func laterEntriesOfTheSameNameInAnotherCaseAreNamed() throws {
+        var same = SameInAnyCase()
+        func earlier(_ path: String, _ kind: EntryKind = .file) throws -> String? {
+            try same.earlier(than: SafePath(validating: path), kind: kind)?.description
+        }
+        #expect(try earlier("f", .directory) == nil)
+        #expect(try earlier("f/Big.bin") == nil)
+        #expect(try earlier("f/big.bin") == "f/Big.bin")
+        #expect(try earlier("f/BIG.BIN") == "f/Big.bin")
+        #expect(try earlier("f/Sub", .directory) == nil)
+        #expect(try earlier("F/sub", .directory) == nil)  // one folder there, as cp makes it
+        #expect(try earlier("f/Sub/x") == nil)
+        #expect(try earlier("f/sub/X") == "f/Sub/x")
+        #expect(try earlier("F/SUB", .symlink) == "f/Sub")  // a link where a folder is
+        #expect(try earlier("f/\u{c9}t\u{e9}.txt") == nil)
+        #expect(try earlier("f/\u{e9}T\u{c9}.TXT") == "f/\u{c9}t\u{e9}.txt")
+        #expect(try earlier("f/other") == nil)
+    }
+
+    @Test func aFileSystemThatTellsCaseApartIsSeenAsSuch() throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        let directory = try TargetDirectory(path: scratch.path)
+        #expect(!directory.foldsCase())
+        #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.path).isEmpty)  // the probe is gone
+    }
+}

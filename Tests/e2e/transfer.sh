@@ -12,7 +12,8 @@
 # there is no terminal to ask on; `send --to NAME` found over multicast DNS; a sender who may
 # not read everything in a folder delivers the rest and exits 74; a read-only folder sent again;
 # thousands of files to a receiver under `ulimit -n 200`; a receive onto exFAT (FUSE), whose
-# names and links it cannot hold fail alone. Everything it
+# names and links it cannot hold fail alone, and where two names differ only in case the later
+# is skipped. Everything it
 # creates (processes, namespaces, files) is removed on exit, also when interrupted.
 set -euo pipefail
 
@@ -425,6 +426,29 @@ for stack in quic tls; do
     [ -z "$(find "$STICK/$stack" -name '*.qxfer-*')" ] || fail "onto exFAT, $stack: a partial or journal was left behind"
 done
 ok "onto exFAT (FUSE): the names it cannot hold fail alone, the rest arrives (exit 74), renamed without RENAME_NOREPLACE"
+
+# exFAT does not tell upper from lower case: "Big.bin" and "big.bin" are one file there. Both
+# were written into it at once (and the FUSE driver died: "Transport endpoint is not connected");
+# the later name is now skipped and named, exit 73, the earlier arrives whole.
+CASES=$WORK/cases; mkdir -p "$CASES/Sub" "$CASES/sub"
+head -c 3000000 /dev/urandom >"$CASES/Big.bin"; head -c 3000000 /dev/urandom >"$CASES/big.bin"
+echo upper >"$CASES/A.txt"; echo lower >"$CASES/a.txt"; echo one >"$CASES/Sub/x"; echo two >"$CASES/sub/y"
+for stack in quic tls; do
+    mkdir -p "$STICK/cases-$stack"
+    recv_start "case-$stack" "" --dir "$STICK/cases-$stack" --yes --once --port 0 --host 127.0.0.1
+    send_run "case-$stack" "" "$CASES" "127.0.0.1:$RECV_PORT" --stack $stack
+    [ "$SEND_RC" = 73 ] || fail "case on exFAT, $stack: send exit $SEND_RC, expected 73: $(cat "$WORK/case-$stack.serr")"
+    wait_recv
+    got=$STICK/cases-$stack/cases
+    cmp "$CASES/Big.bin" "$got/Big.bin" && cmp "$CASES/A.txt" "$got/A.txt" && cmp "$CASES/Sub/x" "$got/Sub/x" && cmp "$CASES/sub/y" "$got/Sub/y" \
+        || fail "case on exFAT, $stack: the first of each name (and both folders' files) did not arrive: $(ls -laR "$got" 2>&1)"
+    for later in "big.bin' and 'cases/Big.bin" "a.txt' and 'cases/A.txt"; do
+        grep -q "'cases/$later' are one name on the receiving file system" "$WORK/case-$stack.err" \
+            || fail "case on exFAT, $stack: '$later' was not named: $(cat "$WORK/case-$stack.err")"
+    done
+    [ -z "$(find "$STICK/cases-$stack" -name '.*')" ] || fail "case on exFAT, $stack: a partial, journal or probe was left behind"
+done
+ok "onto exFAT (FUSE): of two names that differ only in case the first arrives, the later is named (exit 73); folders merge"
 
 # --- 9. Kernel files: their size says 0 (procfs) or 4096 (sysfs), their content is what a read gives --
 mkdir -p "$WORK/kernel"

@@ -1,3 +1,5 @@
+import Glibc
+
 /// A string compared and hashed by its UTF-8 bytes, as the kernel compares file names.
 ///
 /// Swift's `String` equality is Unicode canonical equivalence: "café" written with U+00E9 and
@@ -9,7 +11,14 @@ struct ExactString: Hashable, Sendable {
 
     init(_ value: String) { self.value = value }
 
-    static func == (a: ExactString, b: ExactString) -> Bool { a.value.utf8.elementsEqual(b.value.utf8) }
+    static func == (a: ExactString, b: ExactString) -> Bool { equalBytes(a.value, b.value) }
+
+    /// Whether `a` and `b` hold the same UTF-8 bytes (one `memcmp`, for paths of kilobytes).
+    static func equalBytes(_ a: String, _ b: String) -> Bool {
+        guard a.utf8.count == b.utf8.count else { return false }
+        var a = a, b = b
+        return a.withUTF8 { x in b.withUTF8 { y in x.isEmpty || memcmp(x.baseAddress!, y.baseAddress!, x.count) == 0 } }
+    }
 
     func hash(into hasher: inout Hasher) { ExactString.hash(value, into: &hasher) }
 

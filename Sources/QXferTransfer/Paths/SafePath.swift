@@ -15,7 +15,7 @@ public struct SafePath: Hashable, Sendable, CustomStringConvertible {
     /// Equal when the components are byte for byte, as the kernel compares names (not
     /// canonically equivalent Unicode, which `String` compares: ``ExactString``).
     public static func == (a: SafePath, b: SafePath) -> Bool {
-        a.components.elementsEqual(b.components) { $0.utf8.elementsEqual($1.utf8) }
+        a.components.elementsEqual(b.components, by: ExactString.equalBytes)
     }
 
     public func hash(into hasher: inout Hasher) {

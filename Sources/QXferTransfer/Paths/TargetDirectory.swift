@@ -156,6 +156,19 @@ public final class TargetDirectory {
         return Descriptor(fd)
     }
 
+    /// Whether the file system here takes names that differ only in case for one name (exFAT,
+    /// FAT, NTFS, an ext4 folder with casefold): a file is made under a reserved name of lower
+    /// case and looked up in upper case. False when the folder takes no new file.
+    public func foldsCase() -> Bool {
+        let name = ".qxfer-case-\(getpid())-\(UInt32.random(in: 0 ... .max)).qxfer-partial"
+        let fd = openat(root.fd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return false }
+        close(fd)
+        defer { unlinkat(root.fd, name, 0) }
+        var info = stat()
+        return fstatat(root.fd, name.uppercased(), &info, AT_SYMLINK_NOFOLLOW) == 0
+    }
+
     /// Opens the file at `path` for reading, never through a symlink.
     public func openForReading(_ path: SafePath) throws(TransferError) -> Descriptor {
         let parent = try openParent(of: path, create: false)

@@ -81,7 +81,12 @@ struct OfferPlanner {
     func plan(_ offer: Offer, paths: [SafePath], store: FileStore) throws(TransferError) -> [Plan] {
         var plans: [Plan] = []
         var needed: UInt64 = 0
+        var sameInAnyCase = store.directory.foldsCase() ? SameInAnyCase() : nil
         for (entry, path) in zip(offer.entries, paths) {
+            if let earlier = sameInAnyCase?.earlier(than: path, kind: entry.kind) {
+                plans.append(.skip(TransferError(.exists, "'\(path)' and '\(earlier)' are one name on the receiving file system, which does not tell upper from lower case; '\(earlier)' is received")))
+                continue
+            }
             let state = try store.directory.state(of: path)
             switch entry.kind {
             case .directory:
@@ -122,6 +127,24 @@ struct OfferPlanner {
         // out of space while writing stops the transfer resumably, as for any file.
         if !offer.flags.contains(.zeros) { try store.checkFreeSpace(for: needed) }
         return plans
+    }
+}
+
+/// On a file system that does not tell upper from lower case, the entries that would land on
+/// an earlier one's name: two files "Big.bin" and "big.bin" would both be written into one file
+/// (and a FUSE exFAT driver was seen to crash on it). Folders of the same name in another case
+/// are one folder there, as `cp` makes them: what is inside them lands together.
+struct SameInAnyCase {
+    private var seen: [ExactString: (path: SafePath, kind: EntryKind)] = [:]
+
+    /// The earlier entry `path` would land on, if any; records `path` otherwise.
+    mutating func earlier(than path: SafePath, kind: EntryKind) -> SafePath? {
+        let key = ExactString(path.components.map { $0.lowercased() }.joined(separator: "/"))
+        if let first = seen[key], first.path != path, !(first.kind == .directory && kind == .directory) {
+            return first.path
+        }
+        if seen[key] == nil { seen[key] = (path, kind) }
+        return nil
     }
 }
 

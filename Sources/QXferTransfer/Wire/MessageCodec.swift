@@ -493,8 +493,12 @@ extension MessageCodec {
 public struct MessageAssembler: Sendable {
     private var continued: UInt32?
     private var body: [UInt8] = []
+    private let limit: Int
 
-    public init() {}
+    public init() { self.init(limit: ProtocolLimits.maximumLongMessageSize) }
+
+    /// With a lower bound than the protocol's, for tests.
+    init(limit: Int) { self.limit = limit }
 
     /// Whether parts have come and the message is not complete yet.
     public var isPartial: Bool { continued != nil }
@@ -525,8 +529,8 @@ public struct MessageAssembler: Sendable {
     }
 
     private mutating func append(_ bytes: Data) throws(TransferError) {
-        guard bytes.count <= ProtocolLimits.maximumLongMessageSize - body.count else {
-            throw TransferError(.limitExceeded, "an \(Self.name(continued ?? 0)) in parts longer than the \(ProtocolLimits.maximumLongMessageSize)-byte limit")
+        guard bytes.count <= limit - body.count else {
+            throw TransferError(.limitExceeded, "an \(Self.name(continued ?? 0)) in parts longer than the \(limit)-byte limit")
         }
         body.append(contentsOf: bytes)
     }
