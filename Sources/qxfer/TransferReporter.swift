@@ -23,6 +23,8 @@ final class TransferReporter: Sendable {
     /// Whether the line for this connection's offer was printed: the same offer made again on
     /// a new connection after early data got no answer is not news; after a reconnect it is.
     private let offerShown = Mutex(false)
+    /// The offer's files of unknown size (standard input, kernel files): the accepted line counts them.
+    private let offeredOfUnknownSize = Mutex(0)
 
     init(json: Bool, role: Role, pairedNames: [Fingerprint: String] = [:]) {
         self.style = json ? .json : (isatty(STDERR_FILENO) == 1 ? .bar : .lines)
@@ -52,6 +54,7 @@ final class TransferReporter: Sendable {
         switch event {
         case .offered(let entries, let bytes, let sizeUnknown):
             logger.info("offer: \(entries) entries, \(bytes) bytes, \(sizeUnknown) files of unknown size")
+            offeredOfUnknownSize.withLock { $0 = sizeUnknown }
             guard !offerShown.withLock({ shown in defer { shown = true }; return shown }) else { break }
             if style == .json { emit("offered", ["entries": entries, "bytes": bytes, "size_unknown": sizeUnknown > 0]) }
             if role == .sender && style != .json {
@@ -64,7 +67,10 @@ final class TransferReporter: Sendable {
                 if role == .sender { fields["hole_bytes"] = holes }
                 emit("accepted", fields)
             } else if role == .sender {
-                printLine("accepted: \(formatBytes(bytes)) to send" + (holes > 0 ? " (plus \(formatBytes(holes)) of holes)" : "")
+                // Not "0 B to send" for standard input alone: its size is not known yet.
+                let unknown = offeredOfUnknownSize.withLock { $0 }
+                let amount = unknown > 0 && bytes == 0 ? "sending, size unknown" : "\(formatSize(bytes, filesOfUnknownSize: unknown)) to send"
+                printLine("accepted: \(amount)" + (holes > 0 ? " (plus \(formatBytes(holes)) of holes)" : "")
                           + (resumed > 0 ? ", \(formatBytes(resumed)) already there" : ""))
             }
         case .started(let path, let size, let offset):

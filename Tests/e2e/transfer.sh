@@ -457,6 +457,7 @@ send_run kernel "" /proc/version /sys/class/net/lo/mtu "127.0.0.1:$RECV_PORT"
 [ "$SEND_RC" = 0 ] || fail "kernel files: send exit $SEND_RC: $(cat "$WORK/kernel.serr")"
 wait_recv
 grep -q "offered 2 items (size unknown)" "$WORK/kernel.serr" || fail "kernel files: the offered line: $(cat "$WORK/kernel.serr")"
+grep -q "accepted: sending, size unknown" "$WORK/kernel.serr" || fail "kernel files: the accepted line (not '0 B to send'): $(cat "$WORK/kernel.serr")"
 cmp /proc/version "$WORK/kernel/version" && cmp /sys/class/net/lo/mtu "$WORK/kernel/mtu" \
     || fail "kernel files did not arrive whole: $(wc -c "$WORK/kernel/version" "$WORK/kernel/mtu")"
 ok "kernel files (/proc, /sys) arrive read to their end, not as 0 bytes or a 'shrank' failure"
