@@ -408,14 +408,18 @@ mount.exfat-fuse "$LOOPDEV" "$STICK" >/dev/null 2>&1 || fail "cannot mount an ex
 USB=$WORK/for-the-stick; mkdir -p "$USB/photos"
 head -c 3000000 /dev/urandom >"$USB/photos/big.jpg"; echo notes >"$USB/notes.txt"; echo when >"$USB/meeting 10:30.txt"
 ln -s notes.txt "$USB/link to notes"
-for stack in quic tls; do
-    mkdir -p "$STICK/$stack"
-    recv_start "stick-$stack" "" --dir "$STICK/$stack" --yes --once --port 0 --host 127.0.0.1
-    send_run "stick-$stack" "" "$USB" "127.0.0.1:$RECV_PORT" --stack $stack
-    [ "$SEND_RC" = 74 ] || fail "onto exFAT, $stack: send exit $SEND_RC, expected 74: $(cat "$WORK/stick-$stack.serr")"
+# onto_stick NAME SOURCE STACK EXIT: sends SOURCE over loopback into $STICK/NAME, expecting EXIT.
+onto_stick() {
+    mkdir -p "$STICK/$1"
+    recv_start "$1" "" --dir "$STICK/$1" --yes --once --port 0 --host 127.0.0.1
+    send_run "$1" "" "$2" "127.0.0.1:$RECV_PORT" --stack "$3"
+    [ "$SEND_RC" = "$4" ] || fail "onto exFAT, $1: send exit $SEND_RC, expected $4: $(cat "$WORK/$1.serr")"
     wait_recv
-    cmp "$USB/photos/big.jpg" "$STICK/$stack/for-the-stick/photos/big.jpg" || fail "onto exFAT, $stack: big.jpg did not arrive"
-    cmp "$USB/notes.txt" "$STICK/$stack/for-the-stick/notes.txt" || fail "onto exFAT, $stack: notes.txt did not arrive"
+}
+for stack in quic tls; do
+    onto_stick "stick-$stack" "$USB" $stack 74
+    cmp "$USB/photos/big.jpg" "$STICK/stick-$stack/for-the-stick/photos/big.jpg" || fail "onto exFAT, $stack: big.jpg did not arrive"
+    cmp "$USB/notes.txt" "$STICK/stick-$stack/for-the-stick/notes.txt" || fail "onto exFAT, $stack: notes.txt did not arrive"
     for refused in "meeting 10:30.txt" "link to notes"; do
         grep -q "'for-the-stick/$refused' not transferred: the receiver: cannot create" "$WORK/stick-$stack.serr" \
             || fail "onto exFAT, $stack: '$refused' was not reported: $(cat "$WORK/stick-$stack.serr")"
@@ -423,7 +427,7 @@ for stack in quic tls; do
     # Each was named on its own line: the last one counts them, not repeat the first.
     [ "$(tail -1 "$WORK/stick-$stack.serr")" = "qxfer: 2 items named above were not transferred; everything else arrived" ] \
         || fail "onto exFAT, $stack: the last line: $(tail -1 "$WORK/stick-$stack.serr")"
-    [ -z "$(find "$STICK/$stack" -name '*.qxfer-*')" ] || fail "onto exFAT, $stack: a partial or journal was left behind"
+    [ -z "$(find "$STICK/stick-$stack" -name '*.qxfer-*')" ] || fail "onto exFAT, $stack: a partial or journal was left behind"
 done
 ok "onto exFAT (FUSE): the names it cannot hold fail alone, the rest arrives (exit 74), renamed without RENAME_NOREPLACE"
 
@@ -434,19 +438,15 @@ CASES=$WORK/cases; mkdir -p "$CASES/Sub" "$CASES/sub"
 head -c 3000000 /dev/urandom >"$CASES/Big.bin"; head -c 3000000 /dev/urandom >"$CASES/big.bin"
 echo upper >"$CASES/A.txt"; echo lower >"$CASES/a.txt"; echo one >"$CASES/Sub/x"; echo two >"$CASES/sub/y"
 for stack in quic tls; do
-    mkdir -p "$STICK/cases-$stack"
-    recv_start "case-$stack" "" --dir "$STICK/cases-$stack" --yes --once --port 0 --host 127.0.0.1
-    send_run "case-$stack" "" "$CASES" "127.0.0.1:$RECV_PORT" --stack $stack
-    [ "$SEND_RC" = 73 ] || fail "case on exFAT, $stack: send exit $SEND_RC, expected 73: $(cat "$WORK/case-$stack.serr")"
-    wait_recv
-    got=$STICK/cases-$stack/cases
+    onto_stick "case-$stack" "$CASES" $stack 73
+    got=$STICK/case-$stack/cases
     cmp "$CASES/Big.bin" "$got/Big.bin" && cmp "$CASES/A.txt" "$got/A.txt" && cmp "$CASES/Sub/x" "$got/Sub/x" && cmp "$CASES/sub/y" "$got/Sub/y" \
         || fail "case on exFAT, $stack: the first of each name (and both folders' files) did not arrive: $(ls -laR "$got" 2>&1)"
     for later in "big.bin' and 'cases/Big.bin" "a.txt' and 'cases/A.txt"; do
         grep -q "'cases/$later' are one name on the receiving file system" "$WORK/case-$stack.err" \
             || fail "case on exFAT, $stack: '$later' was not named: $(cat "$WORK/case-$stack.err")"
     done
-    [ -z "$(find "$STICK/cases-$stack" -name '.*')" ] || fail "case on exFAT, $stack: a partial, journal or probe was left behind"
+    [ -z "$(find "$STICK/case-$stack" -name '.*')" ] || fail "case on exFAT, $stack: a partial, journal or probe was left behind"
 done
 ok "onto exFAT (FUSE): of two names that differ only in case the first arrives, the later is named (exit 73); folders merge"
 

@@ -264,6 +264,9 @@ public struct SourceTree: Sendable {
         return String(decoding: last, as: UTF8.self)
     }
 
+    /// Where a directory entry's name starts in its record.
+    private static let nameOffset = MemoryLayout<dirent>.offset(of: \dirent.d_name)!
+
     /// The names in a directory, sorted by bytes, without `.` and `..`, and how many names were
     /// left out because they are not valid UTF-8 (qxfer/1 names are UTF-8).
     static func list(_ path: String) throws(TransferError) -> (names: [String], undecodable: Int) {
@@ -272,9 +275,11 @@ public struct SourceTree: Sendable {
         var names: [String] = []
         var undecodable = 0
         while let entry = readdir(directory) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(validating: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
-            }
+            // Read in place up to its NUL: a record is only as long as its name needs, so
+            // copying the 256-byte `d_name` out read past the end of the kernel's buffer
+            // (AddressSanitizer, on a 250-byte name that ended the buffer).
+            let start = UnsafeRawPointer(entry).advanced(by: Self.nameOffset).assumingMemoryBound(to: CChar.self)
+            let name = String(validating: UnsafeRawBufferPointer(start: start, count: strlen(start)), as: UTF8.self)
             guard let name else {
                 undecodable += 1
                 continue
