@@ -137,10 +137,11 @@ struct OfferPlanner {
 struct SameInAnyCase {
     private var seen: [ExactString: (path: SafePath, kind: EntryKind)] = [:]
 
-    /// The earlier entry `path` would land on, if any; records `path` otherwise.
+    /// The earlier entry `path` would land on, if any; records `path` otherwise. The paths
+    /// come checked: no two are the same bytes.
     mutating func earlier(than path: SafePath, kind: EntryKind) -> SafePath? {
         let key = ExactString(path.components.map { $0.lowercased() }.joined(separator: "/"))
-        if let first = seen[key], first.path != path, !(first.kind == .directory && kind == .directory) {
+        if let first = seen[key], !(first.kind == .directory && kind == .directory) {
             return first.path
         }
         if seen[key] == nil { seen[key] = (path, kind) }
