@@ -60,9 +60,11 @@ else
     ST=$(le_state_dir "$P")
     PID=$(cat "$ST/emu.pid" 2>/dev/null)
 
-    # RTT = 2 x 10 ms within 1 ms.
-    AVG=$(ip netns exec "$A" ping -c 10 -i 0.05 -q 10.99.0.2 | awk -F'[=/ ]+' '/^rtt/ {print $7}')
-    check "ping RTT 20 ± 1 ms (got ${AVG:-none})" $(echo "${AVG:-0} >= 19 && ${AVG:-0} <= 21" | bc | grep -q 1; echo $?)
+    # RTT = 2 x 10 ms within 1 ms. The minimum, not the mean: the emulator never
+    # delivers early, while a busy machine's scheduler can only add to single samples
+    # (CI once measured a 21.001 ms mean).
+    MIN=$(ip netns exec "$A" ping -c 10 -i 0.05 -q 10.99.0.2 | awk -F'[=/ ]+' '/^rtt/ {print $6}')
+    check "ping RTT 20 ± 1 ms, fastest of 10 (got ${MIN:-none})" $(echo "${MIN:-0} >= 19 && ${MIN:-0} <= 21" | bc | grep -q 1; echo $?)
 
     # A second emulator on the same devices is refused.
     "$BIN" --a-ns "$A" --b-ns "$B" >/dev/null 2>/tmp/linkemu-selftest.err; rc=$?
