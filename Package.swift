@@ -295,6 +295,7 @@ let package = Package(
         // (Tests/Subprocesses/ChildProcess.swift says why).
         .target(
             name: "Subprocesses",
+            dependencies: ["LinuxSystem"],
             path: "Tests/Subprocesses",
             swiftSettings: strictSwift6
         ),
@@ -310,6 +311,7 @@ let package = Package(
                 "QXferRace",
                 "QXferDiscovery",
                 "QUICEngine",
+                "LinuxSystem",
                 "Subprocesses",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -342,7 +344,7 @@ let package = Package(
         ),
         .testTarget(
             name: "QUICEngineTests",
-            dependencies: ["QUICEngine", "CNGTCP2", "CQUICPacketProtection"],
+            dependencies: ["QUICEngine", "CNGTCP2", "CQUICPacketProtection", "LinuxSystem"],
             swiftSettings: strictSwift6
         ),
         .testTarget(

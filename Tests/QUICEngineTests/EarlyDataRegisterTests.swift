@@ -1,5 +1,5 @@
+import LinuxSystem
 import QUICEngine
-import Synchronization
 import Testing
 
 /// A server whose ticket issuer has an early-data register takes a resumed client's early data
@@ -7,7 +7,7 @@ import Testing
 @Suite struct EarlyDataRegisterTests {
     /// A register in memory, shared by the issuers of one test as a file would be by processes.
     final class SharedRegister: QUICEarlyDataRegister {
-        let keys = Mutex<Set<[UInt8]>>([])
+        let keys = Locked<Set<[UInt8]>>([])
         func record(_ key: [UInt8], until expiry: Int64) -> Bool {
             keys.withLock { $0.insert(key).inserted }
         }

@@ -1,12 +1,12 @@
+import LinuxSystem
 import QUICEngine
-import Synchronization
 import Testing
 
 /// Session tickets, resumption and 0-RTT between two engines on the simulated link.
 @Suite struct ResumptionTests {
     /// Collects the tickets a client receives.
     final class TicketBox: Sendable {
-        let tickets = Mutex<[QUICSessionTicket]>([])
+        let tickets = Locked<[QUICSessionTicket]>([])
         var latest: QUICSessionTicket? { tickets.withLock { $0.last } }
     }
 

@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import LinuxSystem
 import Testing
 import QXfer
 @_spi(Stacks) @testable import QXferCore
@@ -21,7 +21,7 @@ struct VethLink: Sendable {
     let rightInterface: String
     let rightAddress: String
 
-    private static let counter = Mutex(0)
+    private static let counter = Locked(0)
 
     static func create(twoNamespaces: Bool = false) async throws -> VethLink {
         let serial = counter.withLock { value -> Int in

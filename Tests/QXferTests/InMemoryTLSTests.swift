@@ -1,8 +1,8 @@
 import Foundation
+import LinuxSystem
 import NIOCore
 import NIOEmbedded
 import NIOSSL
-import Synchronization
 import Testing
 import QXfer
 @_spi(Stacks) @testable import QXferCore
@@ -38,8 +38,8 @@ struct InMemoryTLSTests {
         let serverSetup = try TLSByteStream.Setup.install(
             NIOSSLServerHandler(context: serverContext, customVerificationCallback: serverVerifier.verify),
             accepting: serverTLS.applicationProtocols, idle: nil, exporterSecrets: (serverSecrets, isServer: true), on: server)
-        let clientResult = Mutex<Result<String, any Error>?>(nil)
-        let serverResult = Mutex<Result<String, any Error>?>(nil)
+        let clientResult = Locked<Result<String, any Error>?>(nil)
+        let serverResult = Locked<Result<String, any Error>?>(nil)
         clientSetup.handshake.whenComplete { result in clientResult.withLock { $0 = result } }
         serverSetup.handshake.whenComplete { result in serverResult.withLock { $0 = result } }
 

@@ -1,4 +1,5 @@
 import Foundation
+import LinuxSystem
 import NIOCore
 import Testing
 import QXfer
@@ -483,9 +484,7 @@ actor Gate {
 
 /// A thread-safe byte counter.
 final class Counter: Sendable {
-    private let total = Mutex(0)
+    private let total = Locked(0)
     func add(_ count: Int) { total.withLock { $0 += count } }
     var value: Int { total.withLock { $0 } }
 }
-
-import Synchronization

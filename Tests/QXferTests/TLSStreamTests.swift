@@ -1,6 +1,6 @@
 import Foundation
+import LinuxSystem
 import NIOCore
-import Synchronization
 import Testing
 import QXfer
 @_spi(Stacks) @testable import QXferCore
@@ -229,7 +229,7 @@ struct TLSStreamTests {
 
     @Test("reset() on a stream aborts it: the peer's read fails instead of ending cleanly; the parent lives on")
     func resetAbortsStream() async throws {
-        let outcome = Mutex<String?>(nil)
+        let outcome = Locked<String?>(nil)
         try await withListener(Self.listener(), handler: { connection in
             for try await stream in connection.incomingStreams {
                 _ = try await stream.receive(exactly: 3)
@@ -272,7 +272,7 @@ struct TLSStreamTests {
 
     @Test("On TLS only the client opens streams; a client's incoming streams end when the connection closes")
     func serverCannotOpenStreams() async throws {
-        let refusal = Mutex<QXferError?>(nil)
+        let refusal = Locked<QXferError?>(nil)
         try await withListener(Self.listener(), handler: { connection in
             do { _ = try await connection.openStream() } catch let error as QXferError { refusal.withLock { $0 = error } }
             try await connection.send(Data([1]))

@@ -1,6 +1,6 @@
 import Foundation
+import LinuxSystem
 import QXfer
-import Synchronization
 @testable import QXferTransfer
 import Testing
 
@@ -44,7 +44,7 @@ struct SparseFileTests {
         #expect(tree.mayHaveHoles)
         #expect(tree.entriesWithHoles.map { tree.entries[$0].path.last } == ["disk.img"])
         // What the sender announces once accepted, and its progress total then.
-        let accepted = Mutex<(bytes: UInt64, holes: UInt64)?>(nil)
+        let accepted = Locked<(bytes: UInt64, holes: UInt64)?>(nil)
         let progress = TransferProgress { event in
             if case .accepted(let bytes, _, _, _, let holes) = event { accepted.withLock { $0 = (bytes, holes) } }
         }

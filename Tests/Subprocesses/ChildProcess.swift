@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import LinuxSystem
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -16,7 +16,7 @@ import Glibc
 public final class ChildProcess: Sendable {
     /// The child's process ID (reaped, so meaningless, once ``status`` is known).
     public let pid: pid_t
-    private let reaped = Mutex<Int32?>(nil)
+    private let reaped = Locked<Int32?>(nil)
     /// A description for error messages.
     public let command: String
 
