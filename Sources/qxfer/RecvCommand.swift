@@ -53,7 +53,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     @Flag(help: "Admit only senders paired with 'qxfer pair' (mutual TLS against the paired devices; with --allow, those too).")
     var pairedOnly = false
 
-    @Flag(help: "Exit after one transfer, with its result as the exit code.")
+    @Flag(help: "Exit after one transfer, with its result as the exit code (a connection closed before any offer is none).")
     var once = false
 
     @Flag(help: "Replace existing files of another size (after the new one is verified).")
@@ -217,7 +217,9 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
         // nothing): under way from its acceptance until this connection's handling ends.
         let accepted = OnceFlag()
         defer { if accepted.isSet { InterruptNote.receptionEnded() } }
+        let offered = OnceFlag()
         receiver.progress = clock.progress { event in
+            if case .offered = event { offered.set() }
             if case .accepted = event, relay == nil, accepted.setFirst() { InterruptNote.receptionStarted() }
             relay?.note(event)
             reporter.handle(event)
@@ -253,10 +255,25 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             // The same sender reconnected: its transfer goes on in the new connection, whose
             // result is the one that counts (--once).
             reporter.warn("transfer from \(sender?.description ?? "unknown sender") continues on a new connection: \(superseded.message)")
+        } catch is CancellationError {
+            // This receiver is stopping (Ctrl-C, or --once has its transfer): nothing failed here.
+        } catch where !offered.isSet && Self.wentAway(error) {
+            // Gone before an offer, so no transfer: a sender's race closes the connection it did
+            // not pick, even once both handshakes have completed, and a port probe offers
+            // nothing. Neither may end --once or read as a failed transfer.
+            reporter.info("connection from \(sender?.description ?? "a sender without a certificate") closed before an offer: \(TransferReporter.message(of: error))")
         } catch {
             if !withdrawn.isSet { reporter.failed(error, peer: sender) }  // the withdrawal said it already
             finished.yield(.failure(error))
         }
+    }
+
+    /// Whether `error` says the peer closed, reset or abandoned the connection (not that it
+    /// sent something wrong).
+    private static func wentAway(_ error: any Error) -> Bool {
+        if let error = error as? TransferError { return error.code == .cancelled }
+        guard let error = error as? QXferError else { return false }
+        return [.connectionClosed, .truncated, .endOfStream, .idleTimeout, .cancelled].contains(error.code)
     }
 }
 

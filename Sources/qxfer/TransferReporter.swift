@@ -147,7 +147,7 @@ final class TransferReporter: Sendable {
     }
 
     func failed(_ error: any Error, peer: Fingerprint?) {
-        let message = (error as? TransferError)?.message ?? (error as? QXferError)?.message ?? "\(error)"
+        let message = Self.message(of: error)
         let sender = peer?.description ?? "unknown sender"
         if style == .json {
             let code = (error as? TransferError)?.code.name ?? (error as? QXferError)?.code.name ?? "error"
@@ -155,6 +155,11 @@ final class TransferReporter: Sendable {
         } else {
             printLine("transfer from \(sender) failed: \(message)")
         }
+    }
+
+    /// `error`'s one line for a person.
+    static func message(of error: any Error) -> String {
+        (error as? TransferError)?.message ?? (error as? QXferError)?.message ?? "\(error)"
     }
 
     // MARK: Progress

@@ -5,7 +5,7 @@
 # 1.2-only client and clients offering another ALPN refused, a sender's Error carrying terminal
 # escapes shown harmless, and (not hostile) a sparse file whose hole travels as a Zeros message
 # from this independent sender arrives verified and sparse; then a real `qxfer send` still goes
-# through. No root needed;
+# through; and `recv --once` outlives connections that leave before an offer. No root needed;
 # everything it creates is removed on exit.
 #
 #   Tests/e2e/hostile.sh        (QXFER=path picks the binary)
@@ -64,5 +64,27 @@ for stack in quic tls; do
     rm "$WORK/parent/target/real.txt"
 done
 echo "hostile: ok: a real send still goes through on both stacks"
+
+# Connections that leave before an offer (a stack race's loser once both handshakes have
+# completed, a port probe) are no transfer: `recv --once` keeps waiting for the real one, exits
+# 0 with it, and reports no failure.
+kill -9 "$RECV_PID" 2>/dev/null || true; wait "$RECV_PID" 2>/dev/null || true
+mkdir -p "$WORK/once"
+"$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --yes --once --port "$PORT" --dir "$WORK/once" \
+    >"$WORK/once.out" 2>"$WORK/once.err" </dev/null &
+RECV_PID=$!
+for _ in $(seq 1 100); do grep -q "on port $PORT" "$WORK/once.out" 2>/dev/null && break; sleep 0.1; done
+for stack in tls quic; do
+    python3 "$ROOT/Tests/e2e/hostile_peer.py" --stack "$stack" --port "$PORT" --connect-only || fail "$stack: connecting only"
+done
+sleep 0.5
+kill -0 "$RECV_PID" 2>/dev/null || fail "recv --once ended on connections that made no offer: $(cat "$WORK/once.err")"
+timeout 60 "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/src/real.txt" "127.0.0.1:$PORT" >"$WORK/send.out" 2>&1 </dev/null \
+    || fail "the real send after the connections without an offer: $(cat "$WORK/send.out")"
+rc=0; wait "$RECV_PID" || rc=$?; RECV_PID=
+[ "$rc" = 0 ] || fail "recv --once exited $rc after the real transfer: $(cat "$WORK/once.err")"
+cmp -s "$WORK/src/real.txt" "$WORK/once/real.txt" || fail "recv --once: the real file did not arrive"
+grep -q "failed" "$WORK/once.err" && fail "recv --once reported a failure: $(cat "$WORK/once.err")"
+echo "hostile: ok: recv --once outlives three connections that made no offer and exits 0 with the real transfer"
 [ "$(ls -A "$WORK/parent")" = "target" ] || fail "something appeared beside the target folder: $(ls -A "$WORK/parent")"
 echo "hostile: all checks passed"

@@ -19,6 +19,11 @@ so it is also an independent encoder of qxfer/1 Offers. Checks, on the stack giv
 Prints one line per check; exits 1 on the first failure.
 
     hostile_peer.py --stack tls|quic --port P --target DIR
+    hostile_peer.py --stack tls|quic --port P --connect-only
+
+With --connect-only it only completes handshakes and goes away before any message, as the loser
+of a sender's stack race does once both handshakes have completed, and as a port probe does:
+over TLS once with close_notify and once with a TCP reset, over QUIC with CONNECTION_CLOSE.
 """
 import argparse
 import asyncio
@@ -289,6 +294,38 @@ def check_zeros(stack, port, target):
     ok(f"{stack}: a sparse file sent with a Zeros message is verified and takes {allocated} bytes for {len(content)}")
 
 
+def connect_only(stack, port):
+    """Completes handshakes and leaves before any message (see the module's docstring)."""
+    if stack == "tls":
+        for abrupt in (False, True):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+                sock = tls_context().wrap_socket(raw, server_hostname="qxfer")
+                if sock.selected_alpn_protocol() != "qxfer/1":
+                    fail("tls: the handshake did not select qxfer/1")
+                if abrupt:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    sock.close()
+                else:
+                    try:
+                        sock.unwrap()  # close_notify; the receiver's answer may follow its session tickets
+                    except ssl.SSLError:
+                        pass
+                    sock.close()
+        ok("tls: two handshakes completed and left before an offer (close_notify, reset)")
+        return
+
+    async def run():
+        from aioquic.asyncio import connect
+        from aioquic.quic.configuration import QuicConfiguration
+
+        configuration = QuicConfiguration(is_client=True, alpn_protocols=["qxfer/1"], verify_mode=ssl.CERT_NONE)
+        async with connect("127.0.0.1", port, configuration=configuration, wait_connected=True) as client:
+            client.close()
+            await client.wait_closed()
+    asyncio.run(asyncio.wait_for(run(), 30))
+    ok("quic: a handshake completed and left before an offer (CONNECTION_CLOSE)")
+
+
 def snapshot(target):
     parent = os.path.dirname(os.path.abspath(target))
     return sorted(os.listdir(parent)), sorted(os.listdir(target))
@@ -298,8 +335,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--stack", choices=["tls", "quic"], required=True)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--target", required=True)
+    parser.add_argument("--target")
+    parser.add_argument("--connect-only", action="store_true")
     args = parser.parse_args()
+    if args.connect_only:
+        connect_only(args.stack, args.port)
+        return
+    if not args.target:
+        parser.error("--target is needed")
 
     before = snapshot(args.target)
     if before[1]:
