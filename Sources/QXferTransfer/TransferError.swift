@@ -52,10 +52,12 @@ public struct TransferError: Error, Hashable, CustomStringConvertible, Sendable 
         public static let cancelled = Code(11, "cancelled")
         /// A bug or an unexpected condition in the peer.
         public static let `internal` = Code(12, "internal")
+        /// Another transfer is receiving the target right now; it was left untouched.
+        public static let busy = Code(13, "busy")
 
         static let known: [Code] = [
             .malformed, .limitExceeded, .unsafePath, .noSpace, .refused, .exists,
-            .digestMismatch, .io, .protocolViolation, .unsupported, .cancelled, .internal,
+            .digestMismatch, .io, .protocolViolation, .unsupported, .cancelled, .internal, .busy,
         ]
     }
 
@@ -91,7 +93,7 @@ public struct TransferError: Error, Hashable, CustomStringConvertible, Sendable 
     /// it cannot hold (`:` on exFAT, too long), a permission. Another file may still succeed,
     /// where a full disk, a read-only file system or a lack of descriptors would stop them all.
     var concernsOneEntry: Bool {
-        code == .exists || [EINVAL, ENAMETOOLONG, EILSEQ, ENOENT, EPERM, EACCES].contains(systemError ?? 0)
+        code == .exists || code == .busy || [EINVAL, ENAMETOOLONG, EILSEQ, ENOENT, EPERM, EACCES].contains(systemError ?? 0)
     }
 
     public var description: String { message }

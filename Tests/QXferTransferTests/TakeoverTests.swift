@@ -1,4 +1,5 @@
 import Foundation
+import LinuxSystem
 import QXfer
 @testable import QXferTransfer
 import Testing
@@ -80,7 +81,56 @@ struct TakeoverTests {
         #expect(readFile(scratch.sub("dst/big.bin")) == content)
         #expect(!exists(scratch.sub("dst/.big.bin.qxfer-partial")) && !exists(scratch.sub("dst/.big.bin.qxfer-journal")))
     }
+
+    @Test("Another sender's offer of a file being received is answered busy: nothing of it is sent, the first goes on", arguments: StackKind.allCases)
+    func anotherSenderIsToldBusy(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        let dst = scratch.sub("dst")
+        try FileManager.default.createDirectory(atPath: dst, withIntermediateDirectories: true)
+        let size = 24 << 20
+        let written = 17 << 20  // past the first checkpoint (16 MiB): a journal the second could resume from
+        let content = pattern(size, seed: 11)
+        try Data(content).write(to: URL(fileURLWithPath: scratch.sub("big.bin")))
+        let tree = try SourceTree.scan([scratch.sub("big.bin")])
+        let secondDone = Locked(false)
+
+        let outcome = try await withTwoConnections(kind, receiver: TransferReceiver(directory: dst), stalled: { peer in
+            // The first sender sends 17 MiB, waits until the second has had its answer, then
+            // finishes its file.
+            try await peer.send(.offer(Offer(algorithm: .xxh3_128, entries: tree.entries)))
+            guard case .accept? = try await peer.receiveMessage() else { throw TransferError(.protocolViolation, "no accept") }
+            let data = try await peer.openDataStream()
+            var offset = 0
+            func send(upTo end: Int) async throws {
+                while offset < end {
+                    let chunk = Array(content[offset..<min(end, offset + ProtocolLimits.maximumChunkSize)])
+                    try await data.send(.fileData(FileData(entry: 0, offset: UInt64(offset), bytes: chunk)))
+                    offset += chunk.count
+                }
+            }
+            try await send(upTo: written)
+            while !secondDone.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(10)) }
+            try await send(upTo: size)
+            try await data.send(.fileDone(FileDone(entry: 0, size: UInt64(size), algorithm: .xxh3_128, digest: DigestAlgorithm.xxh3_128.digest(of: content))))
+            return try await peer.receiveMessage()
+        }, whenStalled: {
+            partialSize(scratch.sub("dst/.big.bin.qxfer-partial")) >= written
+        }, fresh: { peer in
+            defer { secondDone.withLock { $0 = true } }
+            return try await peer.runSender(TransferSender(tree: tree))
+        }, freshIdentity: otherClientIdentity)
+
+        let second = try outcome.fresh.get()
+        #expect(second.failures.map(\.error.code) == [.busy], "\(second.failures)")
+        #expect(second.transferredBytes == 0 && second.resumedBytes == 0)
+        if case .verified? = try outcome.stalled.get() {} else { Issue.record("the first sender got \(String(describing: outcome.stalled))") }
+        #expect(readFile(scratch.sub("dst/big.bin")) == content)
+    }
 }
+
+/// A sender identity other than ``clientIdentity``.
+private let otherClientIdentity = try! HostIdentity.ephemeral(commonName: "another sender")
 
 private func partialSize(_ path: String) -> Int {
     var info = stat()
@@ -96,17 +146,18 @@ struct TwoConnections<Stalled: Sendable, Fresh: Sendable>: Sendable {
 }
 
 /// One receiver (shared by both connections, as `qxfer recv` shares it), a first client that
-/// runs `stalled`, and once `whenStalled` holds, a second client with the same identity that
-/// runs `fresh`.
+/// runs `stalled`, and once `whenStalled` holds, a second client (with the same identity unless
+/// `freshIdentity` says otherwise) that runs `fresh`.
 func withTwoConnections<Stalled: Sendable, Fresh: Sendable>(
     _ kind: StackKind, receiver: TransferReceiver,
     stalled: @escaping @Sendable (any TransferPeer) async throws -> Stalled,
     whenStalled: @escaping @Sendable () -> Bool,
-    fresh: @escaping @Sendable (any TransferPeer) async throws -> Fresh
+    fresh: @escaping @Sendable (any TransferPeer) async throws -> Fresh,
+    freshIdentity: HostIdentity = clientIdentity
 ) async throws -> TwoConnections<Stalled, Fresh> {
     switch kind {
-    case .quic: try await twoConnections(QUIC(), receiver, stalled, whenStalled, fresh)
-    case .tls: try await twoConnections(TLS(), receiver, stalled, whenStalled, fresh)
+    case .quic: try await twoConnections(QUIC(), receiver, stalled, whenStalled, fresh, freshIdentity)
+    case .tls: try await twoConnections(TLS(), receiver, stalled, whenStalled, fresh, freshIdentity)
     }
 }
 
@@ -114,7 +165,8 @@ private func twoConnections<Transport: SecureTransport, Stalled: Sendable, Fresh
     _ transport: Transport, _ receiver: TransferReceiver,
     _ stalled: @escaping @Sendable (any TransferPeer) async throws -> Stalled,
     _ whenStalled: @escaping @Sendable () -> Bool,
-    _ fresh: @escaping @Sendable (any TransferPeer) async throws -> Fresh
+    _ fresh: @escaping @Sendable (any TransferPeer) async throws -> Fresh,
+    _ freshIdentity: HostIdentity
 ) async throws -> TwoConnections<Stalled, Fresh> {
     let listener = NetworkListener(on: 0, host: "127.0.0.1") { TLV { transport.identity(serverIdentity) } }
     let (results, continuation) = AsyncStream.makeStream(of: Result<TransferSummary, any Error>.self)
@@ -127,19 +179,19 @@ private func twoConnections<Transport: SecureTransport, Stalled: Sendable, Fresh
             }
         }
         let port = try await listener.port
-        func connect() -> NetworkConnection<TLV<Transport>> {
+        func connect(as identity: HostIdentity) -> NetworkConnection<TLV<Transport>> {
             NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
-                TLV { transport.identity(clientIdentity).peerFingerprint(serverIdentity.fingerprint) }
+                TLV { transport.identity(identity).peerFingerprint(serverIdentity.fingerprint) }
             }
         }
-        let first = connect()
+        let first = connect(as: clientIdentity)
         async let stalledOutcome: Result<Stalled, any Error> = {
             do { return .success(try await stalled(Peer(connection: first))) } catch { return .failure(error) }
         }()
         let clock = ContinuousClock()
         let deadline = clock.now + .seconds(60)
         while !whenStalled() && clock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
-        let second = connect()
+        let second = connect(as: freshIdentity)
         let freshResult: Result<Fresh, any Error>
         do { freshResult = .success(try await fresh(Peer(connection: second))) } catch { freshResult = .failure(error) }
         let stalledResult = await stalledOutcome

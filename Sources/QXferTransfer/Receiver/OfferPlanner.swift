@@ -77,12 +77,17 @@ struct OfferPlanner {
     }
 
     /// What to do with each entry given what is on disk; checks the free space (unless the offer
-    /// may send Zeros).
-    func plan(_ offer: Offer, paths: [SafePath], store: FileStore) throws(TransferError) -> [Plan] {
+    /// may send Zeros). The files at `heldElsewhere` (entry indices) are another transfer's
+    /// right now: skipped `busy`, their partials neither read nor counted.
+    func plan(_ offer: Offer, paths: [SafePath], store: FileStore, heldElsewhere: Set<Int> = []) throws(TransferError) -> [Plan] {
         var plans: [Plan] = []
         var needed: UInt64 = 0
         var sameInAnyCase = store.directory.foldsCase() ? SameInAnyCase() : nil
-        for (entry, path) in zip(offer.entries, paths) {
+        for (index, (entry, path)) in zip(offer.entries, paths).enumerated() {
+            if heldElsewhere.contains(index) {
+                plans.append(.skip(TransferError(.busy, "'\(path)' is being received by another transfer right now")))
+                continue
+            }
             if let earlier = sameInAnyCase?.earlier(than: path, kind: entry.kind) {
                 plans.append(.skip(TransferError(.exists, "'\(path)' and '\(earlier)' are one name on the receiving file system, which does not tell upper from lower case; '\(earlier)' is received")))
                 continue

@@ -296,7 +296,7 @@ struct ReceivingSession {
                 readyToCommit.append((done.entry, writer))
                 committing[done.entry] = (done.size, hexString(done.digest))
                 return []
-            } catch let error as TransferError where [.digestMismatch, .exists, .io].contains(error.code) {
+            } catch let error as TransferError where [.digestMismatch, .exists, .busy, .io].contains(error.code) {
                 outcome = .failure(error)
             }
         }

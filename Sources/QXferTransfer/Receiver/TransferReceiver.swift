@@ -86,9 +86,13 @@ public struct TransferReceiver: Sendable {
         do {
             let planner = OfferPlanner(maximumEntries: maximumEntries, overwrite: overwrite)
             paths = try planner.check(offer)
-            let files = zip(offer.entries, paths).filter { $0.0.kind == .file }.map { directory + "\u{0}" + $0.1.description }
-            await registry.claim(files, for: registration)
-            plans = try planner.plan(offer, paths: paths, store: store)
+            let files = offer.entries.indices.filter { offer.entries[$0].kind == .file }
+            let targets = files.map { directory + "\u{0}" + paths[$0].description }
+            // Another sender's transfer holds these now: answered busy, so nothing of them is
+            // sent only to be refused by the partial's lock (docs/PROTOCOL.md §6).
+            let contested = Set(await registry.claim(targets, for: registration).map(ExactString.init))
+            let heldElsewhere = Set(zip(files, targets).filter { contested.contains(ExactString($0.1)) }.map(\.0))
+            plans = try planner.plan(offer, paths: paths, store: store, heldElsewhere: heldElsewhere)
             try OfferPlanner.checkAnswersFit(plans.lazy.map(\.answer), to: offer)
         } catch {
             try await decline(error, on: connection)

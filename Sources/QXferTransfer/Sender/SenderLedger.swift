@@ -64,6 +64,7 @@ struct SenderLedger {
     static func skipped(_ code: TransferError.Code) -> String {
         switch code {
         case .exists: "the receiver already has something else under that name and keeps it (a file of another size is replaced only by recv --overwrite)"
+        case .busy: "the receiver is receiving it from another sender right now; send it again once that ends"
         case .unsafePath: "the receiver refused its name or link target"
         case .noSpace: "the receiver has no space left for it"
         case .io: "the receiver could not write it"

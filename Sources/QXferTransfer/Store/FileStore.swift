@@ -203,7 +203,7 @@ public final class FileStore {
         // same one again while the first connection lingers) must not write into a file the
         // first is about to give its final name.
         guard flock(file.fd, LOCK_EX | LOCK_NB) == 0 else {
-            throw TransferError(.exists, "'\(target.path)' is being received by another transfer right now")
+            throw TransferError(.busy, "'\(target.path)' is being received by another transfer right now")
         }
         // A new partial is empty already: no truncation (an inode update) for each small file.
         var info = stat()
