@@ -34,7 +34,11 @@ test: deps
 	# The streaming tests push live frames for seconds at a time; alone, they neither starve
 	# nor are starved by the socket tests' deadlines.
 	$(STEP) 900 $(SWIFT) test --skip-build --filter QXferStreamTests
-	$(STEP) 900 $(SWIFT) test --skip-build --skip QUICEngineTests --skip QXferStreamTests
+	# Offers and Accepts of hundreds of thousands of entries keep both cooperative threads of a
+	# two-core machine busy for over a minute: beside the socket tests, every task of theirs
+	# waited that long and a QUIC handshake timed out (CI run 30).
+	$(STEP) 900 $(SWIFT) test --skip-build --filter LongMessageTests
+	$(STEP) 900 $(SWIFT) test --skip-build --skip QUICEngineTests --skip QXferStreamTests --skip LongMessageTests
 	LINKEMU_BIN=$(BIN)/qxfer-linkemu $(STEP) 900 bench/netns/selftest.sh
 	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/transfer.sh
 	# faults.sh moves ~25 GiB through the debug build (20 kills each way, cuts, floods): 400 s
