@@ -78,16 +78,13 @@ struct OfferPlanner {
 
     /// What to do with each entry given what is on disk; checks the free space (unless the offer
     /// may send Zeros). The files at `heldElsewhere` (entry indices) are another transfer's
-    /// right now: skipped `busy`, their partials neither read nor counted.
+    /// right now: one that would be written is skipped `busy`, its partial neither read nor
+    /// counted (one that transfer has finished is compared as any existing file is).
     func plan(_ offer: Offer, paths: [SafePath], store: FileStore, heldElsewhere: Set<Int> = []) throws(TransferError) -> [Plan] {
         var plans: [Plan] = []
         var needed: UInt64 = 0
         var sameInAnyCase = store.directory.foldsCase() ? SameInAnyCase() : nil
         for (index, (entry, path)) in zip(offer.entries, paths).enumerated() {
-            if heldElsewhere.contains(index) {
-                plans.append(.skip(TransferError(.busy, "'\(path)' is being received by another transfer right now")))
-                continue
-            }
             if let earlier = sameInAnyCase?.earlier(than: path, kind: entry.kind) {
                 plans.append(.skip(TransferError(.exists, "'\(path)' and '\(earlier)' are one name on the receiving file system, which does not tell upper from lower case; '\(earlier)' is received")))
                 continue
@@ -111,6 +108,8 @@ struct OfferPlanner {
                 switch state {
                 case .regularFile(let existing) where size == existing && !overwrite:
                     plans.append(.present(target, digest: try store.digestOfExisting(target)))
+                case _ where (state == .absent || replaceable) && heldElsewhere.contains(index):
+                    plans.append(.skip(TransferError(.busy, "'\(path)' is being received by another transfer right now")))
                 case _ where state == .absent || replaceable:
                     // An early file comes whole from byte 0, whatever a journal holds (§3.7).
                     let resume = entry.flags.contains(.early) ? .start(offer.algorithm) : try store.resumeOffset(for: target)
