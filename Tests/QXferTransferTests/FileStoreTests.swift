@@ -120,7 +120,7 @@ import Testing
         let file = try target("same.bin", data)
         let first = try makeStore(temp.path).openWriter(for: file)
         try write(first, Array(data[0..<50_000]), from: 0, chunk: 10_000)
-        #expect(throws: TransferError(.exists, "")) { try makeStore(temp.path).openWriter(for: file) }
+        #expect(throws: TransferError(.busy, "")) { try makeStore(temp.path).openWriter(for: file) }
         try write(first, data, from: 50_000, chunk: 10_000)
         try first.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
         #expect(readFile(temp.sub("same.bin")) == data)
