@@ -51,13 +51,10 @@ struct TakeoverTests {
             try await peer.send(.offer(Offer(algorithm: .xxh3_128, entries: tree.entries)))
             guard case .accept? = try await peer.receiveMessage() else { throw TransferError(.protocolViolation, "no accept") }
             let data = try await peer.openDataStream()
-            var offset = 0
-            while offset < written {
-                let chunk = Array(content[offset..<offset + ProtocolLimits.maximumChunkSize])
-                try await data.send(.fileData(FileData(entry: 0, offset: UInt64(offset), bytes: chunk)))
-                offset += chunk.count
-            }
-            return try await peer.receiveMessage()
+            try await sendData(content, 0..<written, of: 0, on: data)
+            let reply = try await peer.receiveMessage()
+            withExtendedLifetime(data) {}  // open, not ended, while the connection stalls
+            return reply
         }, whenStalled: {
             partialSize(scratch.sub("dst/.big.bin.qxfer-partial")) >= written
         }, fresh: { peer in
@@ -107,17 +104,9 @@ struct TakeoverTests {
             try await data.send(.fileDone(FileDone(entry: 0, size: UInt64(small.count), algorithm: .xxh3_128, digest: DigestAlgorithm.xxh3_128.digest(of: small))))
             guard case .verified(entry: 0)? = try await peer.receiveMessage() else { throw TransferError(.protocolViolation, "done.txt not verified") }
             let data2 = try await peer.openDataStream()  // one file per data stream (§3.6)
-            var offset = 0
-            func send(upTo end: Int) async throws {
-                while offset < end {
-                    let chunk = Array(content[offset..<min(end, offset + ProtocolLimits.maximumChunkSize)])
-                    try await data2.send(.fileData(FileData(entry: 1, offset: UInt64(offset), bytes: chunk)))
-                    offset += chunk.count
-                }
-            }
-            try await send(upTo: written)
+            try await sendData(content, 0..<written, of: 1, on: data2)
             while !secondDone.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(10)) }
-            try await send(upTo: size)
+            try await sendData(content, written..<size, of: 1, on: data2)
             try await data2.send(.fileDone(FileDone(entry: 1, size: UInt64(size), algorithm: .xxh3_128, digest: DigestAlgorithm.xxh3_128.digest(of: content))))
             return try await peer.receiveMessage()
         }, whenStalled: {
@@ -141,6 +130,16 @@ struct TakeoverTests {
 
 /// A sender identity other than ``clientIdentity``.
 private let otherClientIdentity = try! HostIdentity.ephemeral(commonName: "another sender")
+
+/// Sends `content[range]` as `entry`'s FileData on `stream`, in chunks as large as allowed.
+private func sendData(_ content: [UInt8], _ range: Range<Int>, of entry: UInt32, on stream: any TransferPeer) async throws {
+    var offset = range.lowerBound
+    while offset < range.upperBound {
+        let end = min(range.upperBound, offset + ProtocolLimits.maximumChunkSize)
+        try await stream.send(.fileData(FileData(entry: entry, offset: UInt64(offset), bytes: Array(content[offset..<end]))))
+        offset = end
+    }
+}
 
 private func partialSize(_ path: String) -> Int {
     var info = stat()
