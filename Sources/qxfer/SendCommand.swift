@@ -71,7 +71,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             soon as QUIC fails, and sends over whichever completes its handshake first; the \
             summary (and --json) names it. A host where TCP+TLS won (UDP blocked) is \
             remembered for an hour ('stacks' in the configuration folder) and gets TCP+TLS \
-            first. Where nothing listens (TCP refused, no QUIC answer) it says so within \
+            first. Where nothing listens (TCP refused; UDP refused or silent) it says so within \
             about a second. To a receiver seen before (a session ticket kept, its fingerprint \
             trusted) a send of less than 16 MiB lets QUIC lead alone, the offer and small \
             files as 0-RTT early data; if nothing answers within a second, the send connects \

@@ -160,4 +160,28 @@ struct QUICLoopbackTests {
             #expect(error?.message.contains("cannot listen on UDP port \(port)") == true, "\(String(describing: error))")
         }
     }
+
+    @Test("QUIC to a UDP port where nothing listens fails at the host's refusal (ICMP port unreachable), not at the handshake timeout")
+    func refusedPortFailsAtOnce() async throws {
+        let port: UInt16 = 1  // tcpmux: nothing listens there on a test machine
+        // The handshake timeout is 10 s; without the refusal the attempt ends there, in
+        // "no QUIC answer from the peer (handshake timed out ...)".
+        let connection = NetworkConnection(
+            to: .hostPort(host: "127.0.0.1", port: port),
+            using: .parameters { QUIC().identity(Identities.client) }.connectTimeout(.seconds(600)))
+        let watcher = Task { () -> QXferError? in
+            for await state in connection.states {
+                if case .waiting(let error) = state { return error }
+                if state.isFinal { return nil }
+            }
+            return nil
+        }
+        let start = Task { try await connection.start() }
+        let error = try #require(await watcher.value)
+        connection.cancel()
+        start.cancel()
+        _ = await start.result
+        #expect(error.code == .connectFailed)
+        #expect(error.message == "cannot connect to 127.0.0.1:1 over UDP: Connection refused", "\(error.message)")
+    }
 }

@@ -104,6 +104,9 @@ final class UDPRelay: Sendable {
     }
 
     private func fromClient(_ envelope: AddressedEnvelope<ByteBuffer>) {
+        // An empty datagram holds no packet: a QUIC client's refusal watch, from a socket of its
+        // own, which would otherwise become the one client the server's answers go to.
+        guard envelope.data.readableBytes > 0 else { return }
         let (outside, server, delay): ((any Channel)?, SocketAddress, TimeAmount) = state.withLockedValue { state in
             state.client = envelope.remoteAddress
             return (state.dropFromClient ? nil : state.outside, state.server, state.delay)

@@ -127,11 +127,18 @@ enum QUICConnector {
             driver.socketOptions = socketOptions
             driver.peerAnswered = peerAnswered
             handler.attach(client: driver)
+            let bound = NIOLoopBound(driver, eventLoop: channel.eventLoop)
+            UDPRefusalWatch.watch(
+                remote, on: channel.eventLoop, until: driver.handshake.futureResult, unanswered: { !bound.value.heardFromPeer }
+            ) { code in
+                let address = remote.endpoint?.description ?? "\(remote)"
+                bound.value.refused(with: QXferError(.connectFailed, "cannot connect to \(address) over UDP: \(String(cString: strerror(code)))"))
+            }
             // The early stream opens before the first packet leaves, while the engine still
             // holds its 0-RTT keys unused (on a LAN the answer may come before the next turn).
             let firstStream = early != nil ? try earlyStream(of: driver) : nil
             driver.process()
-            return (NIOLoopBound(driver, eventLoop: channel.eventLoop), driver.handshake.futureResult, firstStream)
+            return (bound, driver.handshake.futureResult, firstStream)
         }
         let driver: NIOLoopBound<QUICConnectionDriver>
         let alpn: String

@@ -24,6 +24,8 @@ final class QUICConnectionDriver: QUICEndpointConnection {
     /// engine accepts (an Initial, a Retry or a version negotiation), long before the handshake
     /// completes on a slow path.
     var peerAnswered: (@Sendable () -> Void)?
+    /// Whether the engine has accepted any datagram from the peer.
+    private(set) var heardFromPeer = false
 
     private(set) var handshake: EventLoopPromise<String>
     /// On a server, completed when the client opens its first bidirectional stream.
@@ -79,6 +81,7 @@ final class QUICConnectionDriver: QUICEndpointConnection {
         guard !terminated else { return }
         do {
             try engine.handle(datagram: datagram, path: path, now: now)
+            heardFromPeer = true
             if let answered = peerAnswered {
                 peerAnswered = nil
                 answered()
@@ -476,8 +479,20 @@ final class QUICConnectionDriver: QUICEndpointConnection {
 
     /// Called by the socket when it closed: nothing can be sent any more.
     func socketClosed() {
+        abandon(with: QXferError(.connectionClosed, "the connection's socket was closed"))
+    }
+
+    /// A client's handshake to a server whose host refuses UDP on its port (``UDPRefusalWatch``):
+    /// ends now with `error`, unless the peer has answered: a refusal after that is stale or forged.
+    func refused(with error: QXferError) {
+        guard !heardFromPeer, !engine.isHandshakeComplete else { return }
+        abandon(with: error)
+    }
+
+    /// Ends the connection without a word to the peer, which cannot hear it.
+    private func abandon(with error: QXferError) {
         guard !terminated else { return }
-        closed(with: QXferError(.connectionClosed, "the connection's socket was closed"))
+        closed(with: error)
         terminated = true
         timer?.cancel()
         timer = nil
