@@ -67,11 +67,15 @@ final class TransferReporter: Sendable {
                 if role == .sender { fields["hole_bytes"] = holes }
                 emit("accepted", fields)
             } else if role == .sender {
-                // Not "0 B to send" for standard input alone: its size is not known yet.
+                // Not "0 B to send" for standard input alone (its size is not known yet), nor
+                // when every file is already there (their digests are compared, nothing travels).
                 let unknown = offeredOfUnknownSize.withLock { $0 }
-                let amount = unknown > 0 && bytes == 0 ? "sending, size unknown" : "\(formatSize(bytes, filesOfUnknownSize: unknown)) to send"
+                let amount = unknown > 0 && bytes == 0 ? "sending, size unknown"
+                    : bytes == 0 && holes == 0 && present > 0 ? "nothing to send"
+                    : "\(formatSize(bytes, filesOfUnknownSize: unknown)) to send"
                 printLine("accepted: \(amount)" + (holes > 0 ? " (plus \(formatBytes(holes)) of holes)" : "")
-                          + (resumed > 0 ? ", \(formatBytes(resumed)) already there" : ""))
+                          + (resumed > 0 ? ", \(formatBytes(resumed)) already there" : "")
+                          + (present > 0 ? ", \(count(present, "file", "files")) already there in full" : ""))
             }
         case .started(let path, let size, let offset):
             logger.info("file '\(path)': \(size.map { "\($0) bytes" } ?? "size unknown")\(offset > 0 ? ", resuming at byte \(offset)" : "")")

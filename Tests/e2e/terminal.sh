@@ -349,6 +349,20 @@ wait "$BG_RECV" || fail "recv of the sparse file: $(cat "$WORK/sparse.err")"
 cmp -s "$WORK/sparse/disk.img" "$WORK/dst-sparse/disk.img" || fail "the sparse file differs"
 ok "a sparse file: 'accepted: 4.2 MB to send (plus 2.1 GB of holes)', the summary the same"
 
+# --- 6d. Everything already there ------------------------------------------------------------
+# The same file sent again: its digest is compared and nothing travels, which the accepted line
+# says (before, "accepted: 0 B to send", as if the file had been forgotten).
+head -c 300000 /dev/urandom >"$WORK/again.bin"
+send_in_pane again1 $((PORT + 3)) "$WORK/dst-again" "$WORK/again.bin" --once
+wait "$BG_RECV" || fail "recv of the first copy: $(cat "$WORK/again1.err")"
+send_in_pane again2 $((PORT + 3)) "$WORK/dst-again" "$WORK/again.bin" --once
+screen again2 | grep -qxF "qxfer: accepted: nothing to send, 1 file already there in full" \
+    && screen again2 | grep -qE '^sent 0 B in .*; 1 file verified' \
+    && screen again2 | grep -q '^EXIT=0$' \
+    || { screen again2 >&2; fail "a file already there: the accepted line or summary"; }
+wait "$BG_RECV" || fail "recv of the second copy: $(cat "$WORK/again2.err")"
+ok "a file already there: 'accepted: nothing to send, 1 file already there in full', exit 0"
+
 # --- 7. recv --stdout --------------------------------------------------------------------------
 stdout_recv() {  # stdout_recv OUTPUT-COMMAND: a receiver whose data goes through OUTPUT-COMMAND
     : >"$WORK/so.err"  # the last receiver's banner must not pass for this one's
