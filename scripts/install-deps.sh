@@ -12,6 +12,7 @@ packages=(
   nftables                                                   # Tests/e2e/race.sh drops UDP or TCP between namespaces
   tmux                                                       # Tests/e2e/terminal.sh drives qxfer in a real terminal
   exfat-fuse exfatprogs                                      # Tests/e2e/transfer.sh receives onto a USB stick's exFAT (FUSE)
+  e2fsprogs                                                  # Tests/e2e/transfer.sh receives onto ext2 with a 16 GiB file size limit
   ffmpeg                                                     # qxfer stream: the tests check that ffmpeg reads its IVF output
   python3-zeroconf                                           # an independent mDNS/DNS-SD peer for the discovery tests
 )

@@ -54,10 +54,13 @@ public struct TransferError: Error, Hashable, CustomStringConvertible, Sendable 
         public static let `internal` = Code(12, "internal")
         /// Another transfer is receiving the target right now; it was left untouched.
         public static let busy = Code(13, "busy")
+        /// The file is larger than the receiving file system (or the receiver's file size
+        /// limit) lets one file be; nothing was written.
+        public static let tooLarge = Code(14, "too-large")
 
         static let known: [Code] = [
             .malformed, .limitExceeded, .unsafePath, .noSpace, .refused, .exists,
-            .digestMismatch, .io, .protocolViolation, .unsupported, .cancelled, .internal, .busy,
+            .digestMismatch, .io, .protocolViolation, .unsupported, .cancelled, .internal, .busy, .tooLarge,
         ]
     }
 

@@ -16,7 +16,7 @@ struct QXferCommand: AsyncParsableCommand {
             its SHA-256 fingerprint, like SSH host keys. Run 'qxfer id' to see yours.
 
             Exit codes: 0 success, 64 usage, 65 verification failed (digest mismatch), 69 \
-            network unavailable or the peer went away, 73 target exists or is being received by another sender (not overwritten), \
+            network unavailable or the peer went away, 73 target exists or is being received by another sender (not overwritten) or is too large for the receiving side, \
             74 local I/O error or disk full, 76 protocol error (malformed or unexpected data \
             from the peer), 77 untrusted, refused or unsafe (peer refused, offer declined, \
             path refused), 78 identity or configuration.
@@ -115,7 +115,7 @@ enum ExitCodes {
         switch error.code {
         case .digestMismatch: 65  // EX_DATAERR
         case .cancelled: 69  // EX_UNAVAILABLE: the peer went away; run again to resume
-        case .exists, .busy: 73  // EX_CANTCREAT
+        case .exists, .busy, .tooLarge: 73  // EX_CANTCREAT
         case .io, .noSpace: 74  // EX_IOERR
         case .malformed, .limitExceeded, .protocolViolation, .unsupported, .internal: 76  // EX_PROTOCOL
         case .refused, .unsafePath: 77  // EX_NOPERM

@@ -89,4 +89,22 @@ import Testing
         #expect(!directory.foldsCase())
         #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.path).isEmpty)  // the probe is gone
     }
+
+    @Test("The largest file a folder's file system holds: the kernel seeks a file that far and not a byte further")
+    func largestFileIsTheFileSystemsLimit() throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        let largest = try TargetDirectory(path: scratch.path).largestFile()
+        #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.path).isEmpty)  // the probe is gone
+        let fd = open(scratch.path + "/probe", O_RDWR | O_CREAT, 0o600)
+        defer { close(fd) }
+        try #require(fd >= 0)
+        if let largest {
+            // ext4 with 4 KiB blocks: 16 TiB less a block.
+            #expect(largest >= 1 << 32 && lseek(fd, off_t(largest), SEEK_SET) == off_t(largest), "\(largest)")
+            #expect(lseek(fd, off_t(largest + 1), SEEK_SET) < 0 && errno == EINVAL, "\(largest)")
+        } else {
+            #expect(lseek(fd, .max, SEEK_SET) == .max)  // tmpfs, btrfs: any size
+        }
+    }
 }

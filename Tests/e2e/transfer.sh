@@ -13,7 +13,8 @@
 # not read everything in a folder delivers the rest and exits 74; a read-only folder sent again;
 # thousands of files to a receiver under `ulimit -n 200`; a receive onto exFAT (FUSE), whose
 # names and links it cannot hold fail alone, and where two names differ only in case the later
-# is skipped. Everything it
+# is skipped; a file above the receiving file system's (or process's) file size limit skipped
+# at once. Everything it
 # creates (processes, namespaces, files) is removed on exit, also when interrupted.
 set -euo pipefail
 
@@ -27,12 +28,14 @@ BIG_MIB=${E2E_BIG_MIB:-1024}
 WORK=$(mktemp -d /tmp/qxfer-e2e.XXXXXX)
 NS=qxe$$
 PIDS=()
-STICK= LOOPDEV=
+STICK= LOOPDEV= SMALLFS= SMALLFS_LOOP=
 cleanup() {
     for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
     if [ -n "$STICK" ]; then umount "$STICK" 2>/dev/null || true; fi
     if [ -n "$LOOPDEV" ]; then losetup -d "$LOOPDEV" 2>/dev/null || true; fi
+    if [ -n "$SMALLFS" ]; then umount "$SMALLFS" 2>/dev/null || true; fi
+    if [ -n "$SMALLFS_LOOP" ]; then losetup -d "$SMALLFS_LOOP" 2>/dev/null || true; fi
     ip netns del "${NS}a" 2>/dev/null || true
     ip netns del "${NS}b" 2>/dev/null || true
     rm -rf "$WORK"
@@ -461,5 +464,40 @@ grep -q "accepted: sending, size unknown" "$WORK/kernel.serr" || fail "kernel fi
 cmp /proc/version "$WORK/kernel/version" && cmp /sys/class/net/lo/mtu "$WORK/kernel/mtu" \
     || fail "kernel files did not arrive whole: $(wc -c "$WORK/kernel/version" "$WORK/kernel/mtu")"
 ok "kernel files (/proc, /sys) arrive read to their end, not as 0 bytes or a 'shrank' failure"
+
+# --- 10. A file larger than the receiver can write as one file --------------------------------
+# A file system with a file size limit (ext2 with 1 KiB blocks: about 16 GiB, as FAT32's is
+# 4 GiB) and a receiver under `ulimit -f`: the file above the limit is skipped `too-large`
+# before a byte of it moves, the rest arrives, exit 73 on both sides. Before, the whole transfer
+# failed once the receiver reached the limit ("File too large"), the rest not received.
+truncate -s 64M "$WORK/small-fs.img"; mkfs.ext2 -q -b 1024 "$WORK/small-fs.img"
+SMALLFS_LOOP=$(losetup -f --show "$WORK/small-fs.img"); SMALLFS=$WORK/small-fs; mkdir -p "$SMALLFS"
+mount "$SMALLFS_LOOP" "$SMALLFS" || fail "cannot mount an ext2 file system"
+LARGE=$WORK/large; mkdir -p "$LARGE"
+truncate -s 17G "$LARGE/disk.img"; echo notes >"$LARGE/notes.txt"
+for stack in quic tls; do
+    recv_start "large-$stack" "" --dir "$SMALLFS/$stack" --yes --once --port 0 --host 127.0.0.1
+    send_run "large-$stack" "" "$LARGE" "127.0.0.1:$RECV_PORT" --stack $stack
+    wait_recv
+    [ "$SEND_RC" = 73 ] && [ "$RECV_RC" = 73 ] || fail "too large, $stack: exit $SEND_RC / $RECV_RC, expected 73: $(cat "$WORK/large-$stack.serr" "$WORK/large-$stack.err")"
+    grep -q "'large/disk.img' is 18253611008 bytes; the file system here holds files of at most [0-9]* bytes" "$WORK/large-$stack.err" \
+        || fail "too large, $stack: the receiver's reason: $(cat "$WORK/large-$stack.err")"
+    grep -q "'large/disk.img' not transferred: it is larger than the receiving file system" "$WORK/large-$stack.serr" \
+        || fail "too large, $stack: the sender's reason: $(cat "$WORK/large-$stack.serr")"
+    cmp "$LARGE/notes.txt" "$SMALLFS/$stack/large/notes.txt" || fail "too large, $stack: the rest did not arrive"
+    [ -z "$(find "$SMALLFS/$stack" -name '.*qxfer*')" ] || fail "too large, $stack: a partial, journal or probe was left behind"
+done
+head -c 300000 /dev/urandom >"$WORK/over-ulimit.bin"
+mkdir -p "$WORK/ulimit"
+(ulimit -f 100; exec "$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --dir "$WORK/ulimit" --yes --once --port 0 --host 127.0.0.1 \
+    >"$WORK/ulimit.out" 2>"$WORK/ulimit.err" </dev/null) &
+recv_started ulimit
+send_run ulimit "" "$WORK/over-ulimit.bin" "$LARGE/notes.txt" "127.0.0.1:$RECV_PORT"
+wait_recv
+[ "$SEND_RC" = 73 ] && [ "$RECV_RC" = 73 ] || fail "ulimit -f: exit $SEND_RC / $RECV_RC, expected 73: $(cat "$WORK/ulimit.serr" "$WORK/ulimit.err")"
+grep -q "'over-ulimit.bin' is 300000 bytes; this receiver may write files of at most 102400 bytes (its file size limit, ulimit -f)" "$WORK/ulimit.err" \
+    || fail "ulimit -f: the receiver's reason: $(cat "$WORK/ulimit.err")"
+cmp "$LARGE/notes.txt" "$WORK/ulimit/notes.txt" && [ ! -e "$WORK/ulimit/over-ulimit.bin" ] || fail "ulimit -f: what arrived: $(ls -la "$WORK/ulimit")"
+ok "a file above the receiving file system's limit (ext2, 1 KiB blocks) or the receiver's ulimit -f: skipped too-large at once, the rest arrives, exit 73"
 
 echo "e2e: all transfer tests passed"

@@ -160,13 +160,41 @@ public final class TargetDirectory {
     /// FAT, NTFS, an ext4 folder with casefold): a file is made under a reserved name of lower
     /// case and looked up in upper case. False when the folder takes no new file.
     public func foldsCase() -> Bool {
-        let name = ".qxfer-case-\(getpid())-\(UInt32.random(in: 0 ... .max)).qxfer-partial"
+        withProbeFile { _, name in
+            var info = stat()
+            return fstatat(root.fd, name.uppercased(), &info, AT_SYMLINK_NOFOLLOW) == 0
+        } ?? false
+    }
+
+    /// The largest file the file system here holds, in bytes (FAT32: 4 GiB − 1; ext2 with
+    /// 1 KiB blocks: about 16 GiB); nil for one that holds any size a file can have, or when the
+    /// folder takes no new file. The kernel refuses to move a file's offset past that size
+    /// (EINVAL), so an empty probe file finds it by bisection, in at most 63 seeks and nothing
+    /// written. (A FUSE file system's own limit is its daemon's, which the kernel does not know.)
+    public func largestFile() -> UInt64? {
+        withProbeFile { fd, _ -> UInt64? in
+            func reaches(_ offset: Int64) -> Bool { lseek(fd, off_t(offset), SEEK_SET) == off_t(offset) }
+            guard !reaches(.max) else { return nil }
+            var (low, high) = (Int64(0), Int64.max)  // reaches(low) and !reaches(high)
+            while high - low > 1 {
+                let middle = low + (high - low) / 2
+                if reaches(middle) { low = middle } else { high = middle }
+            }
+            return UInt64(low)
+        } ?? nil
+    }
+
+    /// Runs `body` on a new empty file of a reserved name in this folder (its descriptor and
+    /// name), removed afterwards; nil when the folder takes no new file.
+    private func withProbeFile<Result>(_ body: (Int32, String) -> Result) -> Result? {
+        let name = ".qxfer-probe-\(getpid())-\(UInt32.random(in: 0 ... .max)).qxfer-partial"
         let fd = openat(root.fd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { return false }
-        close(fd)
-        defer { unlinkat(root.fd, name, 0) }
-        var info = stat()
-        return fstatat(root.fd, name.uppercased(), &info, AT_SYMLINK_NOFOLLOW) == 0
+        guard fd >= 0 else { return nil }
+        defer {
+            close(fd)
+            unlinkat(root.fd, name, 0)
+        }
+        return body(fd, name)
     }
 
     /// Opens the file at `path` for reading, never through a symlink.

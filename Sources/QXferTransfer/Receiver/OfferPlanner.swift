@@ -1,3 +1,5 @@
+import Glibc
+
 /// The receiver's decisions about an offer before it answers, apart from any connection (so
 /// fuzz/harness/FuzzSession.swift drives them with hostile values): every path checked, the
 /// sizes added without overflow, and what to do with each entry given what is on disk.
@@ -84,6 +86,7 @@ struct OfferPlanner {
         var plans: [Plan] = []
         var needed: UInt64 = 0
         var sameInAnyCase = store.directory.foldsCase() ? SameInAnyCase() : nil
+        let largest = FileSizeCeiling(of: store.directory)
         for (index, (entry, path)) in zip(offer.entries, paths).enumerated() {
             if let earlier = sameInAnyCase?.earlier(than: path, kind: entry.kind) {
                 plans.append(.skip(TransferError(.exists, "'\(path)' and '\(earlier)' are one name on the receiving file system, which does not tell upper from lower case; '\(earlier)' is received")))
@@ -108,6 +111,8 @@ struct OfferPlanner {
                 switch state {
                 case .regularFile(let existing) where size == existing && !overwrite:
                     plans.append(.present(target, digest: try store.digestOfExisting(target)))
+                case _ where (state == .absent || replaceable) && largest.refuses(size):
+                    plans.append(.skip(largest.error(for: path, size: size ?? 0)))
                 case _ where (state == .absent || replaceable) && heldElsewhere.contains(index):
                     plans.append(.skip(TransferError(.busy, "'\(path)' is being received by another transfer right now")))
                 case _ where state == .absent || replaceable:
@@ -131,6 +136,37 @@ struct OfferPlanner {
         // out of space while writing stops the transfer resumably, as for any file.
         if !offer.flags.contains(.zeros) { try store.checkFreeSpace(for: needed) }
         return plans
+    }
+}
+
+/// The largest file the receiver can write into its folder: the file system's limit (FAT32's
+/// 4 GiB less a byte) or the process's file size limit (`ulimit -f`), whichever is lower. A
+/// file above it is skipped `too-large` before a byte moves, instead of failing with "File too
+/// large" once that many bytes have crossed the network.
+struct FileSizeCeiling {
+    private var bytes: UInt64?
+    private var isProcessLimit = false
+
+    init(of directory: TargetDirectory) {
+        bytes = directory.largestFile()
+        var limit = rlimit()
+        // RLIM_INFINITY is all ones (Swift cannot import its -1).
+        if getrlimit(__rlimit_resource_t(RLIMIT_FSIZE.rawValue), &limit) == 0, limit.rlim_cur != rlim_t.max, bytes.map({ UInt64(limit.rlim_cur) < $0 }) ?? true {
+            (bytes, isProcessLimit) = (UInt64(limit.rlim_cur), true)
+        }
+    }
+
+    /// Whether a file of `size` bytes (nil: unknown) cannot be written here whole.
+    func refuses(_ size: UInt64?) -> Bool {
+        guard let size, let bytes else { return false }
+        return size > bytes
+    }
+
+    func error(for path: SafePath, size: UInt64) -> TransferError {
+        guard let bytes else { return TransferError(.tooLarge, "'\(path)' is too large") }
+        let limit = isProcessLimit ? "this receiver may write files of at most \(bytes) bytes (its file size limit, ulimit -f)"
+            : "the file system here holds files of at most \(bytes) bytes" + (bytes == 0xFFFF_FFFF ? " (FAT32: 4 GiB less a byte)" : "")
+        return TransferError(.tooLarge, "'\(path)' is \(size) bytes; \(limit)")
     }
 }
 

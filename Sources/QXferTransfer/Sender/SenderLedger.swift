@@ -67,6 +67,7 @@ struct SenderLedger {
         case .busy: "the receiver is receiving it from another sender right now; send it again once that ends"
         case .unsafePath: "the receiver refused its name or link target"
         case .noSpace: "the receiver has no space left for it"
+        case .tooLarge: "it is larger than the receiving file system (or the receiver's file size limit) lets one file be"
         case .io: "the receiver could not write it"
         case .unsupported: "the receiver does not support it"
         default: "the receiver skipped it (\(code.name))"
