@@ -116,7 +116,9 @@ def folder_order_problems(root, order):
                          for m in [DECLARATION.match(line)] if m} for folder, paths in files.items()}
     problems = []
     for index, folder in enumerate(order):
-        higher = {name: other for other in order[index + 1:] for name in declared[other]}
+        # A name the folder declares itself (a protocol's associated type, such as a NIO
+        # handler's `InboundIn`) is its own, whatever a higher folder also declares.
+        higher = {name: other for other in order[index + 1:] for name in declared[other] if name not in declared[folder]}
         for path in files[folder]:
             code = code_of(path)
             for name, other in sorted(higher.items()):

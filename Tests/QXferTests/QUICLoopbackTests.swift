@@ -169,18 +169,7 @@ struct QUICLoopbackTests {
         let connection = NetworkConnection(
             to: .hostPort(host: "127.0.0.1", port: port),
             using: .parameters { QUIC().identity(Identities.client) }.connectTimeout(.seconds(600)))
-        let watcher = Task { () -> QXferError? in
-            for await state in connection.states {
-                if case .waiting(let error) = state { return error }
-                if state.isFinal { return nil }
-            }
-            return nil
-        }
-        let start = Task { try await connection.start() }
-        let error = try #require(await watcher.value)
-        connection.cancel()
-        start.cancel()
-        _ = await start.result
+        let error = try #require(await firstAttemptError(of: connection))
         #expect(error.code == .connectFailed)
         #expect(error.message == "cannot connect to 127.0.0.1:1 over UDP: Connection refused", "\(error.message)")
     }

@@ -202,19 +202,8 @@ struct RaceTests {
             to: .hostPort(host: "127.0.0.1", port: port), using: .parameters { Self.race() }.connectTimeout(.seconds(600)))
         let clock = ContinuousClock()
         let started = clock.now
-        let watcher = Task { () -> QXferError? in
-            for await state in connection.states {
-                if case .waiting(let error) = state { return error }
-                if state.isFinal { return nil }
-            }
-            return nil
-        }
-        let start = Task { try await connection.start() }
-        let error = try #require(await watcher.value)
+        let error = try #require(await firstAttemptError(of: connection))
         let elapsed = clock.now - started
-        connection.cancel()
-        start.cancel()
-        _ = await start.result
         #expect(error.code == .connectFailed)
         #expect(error.message.contains("nothing listens on 127.0.0.1:1, neither TCP nor UDP"), "\(error.message)")
         // Only the refusal rule (TCP refused; QUIC refused too, or silent 1 s after the start) produces this

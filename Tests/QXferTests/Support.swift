@@ -170,6 +170,24 @@ extension ConnectionState {
     var isCancelled: Bool { if case .cancelled = self { true } else { false } }
 }
 
+/// Starts `connection` and returns the error of its first failed attempt (the one its
+/// `waiting` state carries), then cancels it; nil if it reached a final state without one.
+func firstAttemptError<Stack>(of connection: NetworkConnection<Stack>) async -> QXferError? {
+    let watcher = Task { () -> QXferError? in
+        for await state in connection.states {
+            if case .waiting(let error) = state { return error }
+            if state.isFinal { return nil }
+        }
+        return nil
+    }
+    let start = Task { try await connection.start() }
+    let error = await watcher.value
+    connection.cancel()
+    start.cancel()
+    _ = await start.result
+    return error
+}
+
 /// The error `body` throws, as a QXferError (nil if it did not throw; a non-QXferError is
 /// reported as code "foreign").
 func qxferError(_ body: () async throws -> Void) async -> QXferError? {
