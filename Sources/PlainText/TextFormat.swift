@@ -18,6 +18,18 @@ public enum TextFormat {
         return sign + String(whole / scale) + "." + zeroPadded(whole % scale, width: places)
     }
 
+    /// A size in decimal units, like the rates shown beside sizes: 1 MB = 10⁶ bytes.
+    public static func bytes(_ bytes: UInt64) -> String {
+        let units = ["B", "kB", "MB", "GB", "TB", "PB"]
+        var value = Double(bytes)
+        var unit = 0
+        while value >= 1000 && unit < units.count - 1 {
+            value /= 1000
+            unit += 1
+        }
+        return unit == 0 ? "\(bytes) B" : "\(fixed(value, places: 1)) \(units[unit])"
+    }
+
     /// `value` in the fewest digits that read back the same: "3" (not "3.0"), "0.1", "1e-05".
     public static func shortest(_ value: Double) -> String {
         // Below 2^53 an integral double is exact as an integer.

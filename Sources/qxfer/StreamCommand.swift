@@ -254,7 +254,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
                 if let stack = metrics.stack { fields["stack"] = stack }
                 Console.emit("progress", fields)
             } else {
-                let line = "sending: \(TextFormat.fixed(seconds, places: 1, width: 6))s  \(formatBytes(UInt64(max(0, sent)))) sent  "
+                let line = "sending: \(TextFormat.fixed(seconds, places: 1, width: 6))s  \(TextFormat.bytes(UInt64(max(0, sent)))) sent  "
                     + "\(TextFormat.fixed(rate / 1e6, places: 2, width: 7)) Mbit/s"
                     + (rtt.map { "  RTT \(TextFormat.fixed($0, places: 1)) ms" } ?? "")
                     + (metrics.stack.map { "  \($0)" } ?? "")

@@ -73,8 +73,8 @@ final class TransferReporter: Sendable {
                 let amount = unknown > 0 && bytes == 0 ? "sending, size unknown"
                     : bytes == 0 && holes == 0 && present > 0 ? "nothing to send"
                     : "\(formatSize(bytes, filesOfUnknownSize: unknown)) to send"
-                printLine("accepted: \(amount)" + (holes > 0 ? " (plus \(formatBytes(holes)) of holes)" : "")
-                          + (resumed > 0 ? ", \(formatBytes(resumed)) already there" : "")
+                printLine("accepted: \(amount)" + (holes > 0 ? " (plus \(TextFormat.bytes(holes)) of holes)" : "")
+                          + (resumed > 0 ? ", \(TextFormat.bytes(resumed)) already there" : "")
                           + (present > 0 ? ", \(count(present, "file", "files")) already there in full" : ""))
             }
         case .started(let path, let size, let offset):
@@ -99,7 +99,7 @@ final class TransferReporter: Sendable {
             if style == .json {
                 emit("changed", ["path": path, "sent": sent])
             } else {
-                printLine("'\(path)' changed while it was being sent: the receiver has the \(formatBytes(sent)) read then; "
+                printLine("'\(path)' changed while it was being sent: the receiver has the \(TextFormat.bytes(sent)) read then; "
                     + "send it again once it no longer changes")
             }
         }
@@ -224,7 +224,7 @@ final class TransferReporter: Sendable {
             if let stack = metrics.stack { object["stack"] = stack }
             emit("progress", object)
         case .lines:
-            var line = "\(formatBytes(done)) of \(formatBytes(total)), \(formatRate(rate))"
+            var line = "\(TextFormat.bytes(done)) of \(TextFormat.bytes(total)), \(formatRate(rate))"
             if let eta { line += ", \(eta) left" }
             if let rtt { line += ", RTT \(rtt)" }
             printLine(line)
@@ -234,7 +234,7 @@ final class TransferReporter: Sendable {
             let filled = Int(fraction * Double(width))
             let bar = String(repeating: "=", count: filled) + (filled < width ? ">" + String(repeating: " ", count: width - filled - 1) : "")
             let percent = String(Int(fraction * 100))
-            var line = "[\(bar)] \(String(repeating: " ", count: max(0, 3 - percent.count)))\(percent)%  \(formatBytes(done)) / \(formatBytes(total))  \(formatRate(rate))"
+            var line = "[\(bar)] \(String(repeating: " ", count: max(0, 3 - percent.count)))\(percent)%  \(TextFormat.bytes(done)) / \(TextFormat.bytes(total))  \(formatRate(rate))"
             if let eta { line += "  ETA \(eta)" }
             if let rtt { line += "  RTT \(rtt)" }
             Console.drawBar(line)
@@ -272,10 +272,10 @@ final class TransferReporter: Sendable {
             return
         }
         let verb = role == .sender ? "sent" : "received"
-        var line = "\(verb) \(formatBytes(bytes)) in \(TextFormat.fixed(seconds, places: 2)) s (\(formatRate(rate)))"
+        var line = "\(verb) \(TextFormat.bytes(bytes)) in \(TextFormat.fixed(seconds, places: 2)) s (\(formatRate(rate)))"
         if let carrier { line += " over \(carrier)" }
-        if summary.resumedBytes > 0 { line += ", \(formatBytes(summary.resumedBytes)) resumed" }
-        if holes > 0 { line += ", plus \(formatBytes(holes)) of holes" }  // not counted in the rate
+        if summary.resumedBytes > 0 { line += ", \(TextFormat.bytes(summary.resumedBytes)) resumed" }
+        if holes > 0 { line += ", plus \(TextFormat.bytes(holes)) of holes" }  // not counted in the rate
         line += "; \(count(summary.digests.count, "file", "files")) verified with \(summary.algorithm.name)"
         if let checksum { line += " \(checksum)" }
         if !summary.failures.isEmpty { line += "; \(summary.failures.count) not transferred" }
@@ -388,21 +388,9 @@ func count(_ number: Int, _ singular: String, _ plural: String) -> String {
 
 /// An offer's size: "4.1 kB", "size unknown" (standard input alone), "4.1 kB and 2 files of unknown size".
 func formatSize(_ bytes: UInt64, filesOfUnknownSize: Int) -> String {
-    if filesOfUnknownSize == 0 { return formatBytes(bytes) }
+    if filesOfUnknownSize == 0 { return TextFormat.bytes(bytes) }
     if bytes == 0 { return "size unknown" }
-    return "\(formatBytes(bytes)) and \(count(filesOfUnknownSize, "file", "files")) of unknown size"
-}
-
-/// Sizes in decimal units, like the rates beside them: 1 MB = 10⁶ bytes, 1 MB/s = 10⁶ bytes a second.
-func formatBytes(_ bytes: UInt64) -> String {
-    let units = ["B", "kB", "MB", "GB", "TB", "PB"]
-    var value = Double(bytes)
-    var unit = 0
-    while value >= 1000 && unit < units.count - 1 {
-        value /= 1000
-        unit += 1
-    }
-    return unit == 0 ? "\(bytes) B" : "\(TextFormat.fixed(value, places: 1)) \(units[unit])"
+    return "\(TextFormat.bytes(bytes)) and \(count(filesOfUnknownSize, "file", "files")) of unknown size"
 }
 
 func formatRate(_ bytesPerSecond: Double) -> String {

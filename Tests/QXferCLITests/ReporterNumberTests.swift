@@ -41,8 +41,8 @@ struct ReporterNumberTests {
         #expect(TextFormat.fixed(.infinity, places: 1) == "inf")
         #expect(TextFormat.fixed(.nan, places: 1) == "nan")
         #expect(TextFormat.fixed(1e30, places: 1).hasPrefix("1e+30"))
-        #expect(formatBytes(1_536) == "1.5 kB")
-        #expect(formatBytes(999) == "999 B")
+        #expect(TextFormat.bytes(1_536) == "1.5 kB")
+        #expect(TextFormat.bytes(999) == "999 B")
         #expect(formatRate(56_749_000) == "56.7 MB/s")
     }
 }

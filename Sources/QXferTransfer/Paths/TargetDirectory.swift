@@ -6,6 +6,9 @@ import Musl
 #if canImport(SafeOutput)  // fuzz/run.sh compiles its source into its one module
 internal import SafeOutput
 #endif
+#if canImport(PlainText)
+internal import PlainText
+#endif
 
 /// An open file descriptor, closed when the last reference goes away (immutable, so it may be
 /// handed between threads).
@@ -298,7 +301,7 @@ public final class TargetDirectory {
     public func checkFreeSpace(for bytes: UInt64) throws(TransferError) {
         let available = try availableSpace()
         guard bytes <= available else {
-            throw TransferError(.noSpace, "\(bytes) bytes offered but only \(available) bytes free in \(path)")
+            throw TransferError(.noSpace, "\(TextFormat.bytes(bytes)) offered but only \(TextFormat.bytes(available)) free in \(path)")
         }
     }
 }

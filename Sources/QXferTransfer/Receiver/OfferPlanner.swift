@@ -1,4 +1,7 @@
 import Glibc
+#if canImport(PlainText)
+internal import PlainText
+#endif
 
 /// The receiver's decisions about an offer before it answers, apart from any connection (so
 /// fuzz/harness/FuzzSession.swift drives them with hostile values): every path checked, the
@@ -164,9 +167,10 @@ struct FileSizeCeiling {
 
     func error(for path: SafePath, size: UInt64) -> TransferError {
         guard let bytes else { return TransferError(.tooLarge, "'\(path)' is too large") }
-        let limit = isProcessLimit ? "this receiver may write files of at most \(bytes) bytes (its file size limit, ulimit -f)"
-            : "the file system here holds files of at most \(bytes) bytes" + (bytes == 0xFFFF_FFFF ? " (FAT32: 4 GiB less a byte)" : "")
-        return TransferError(.tooLarge, "'\(path)' is \(size) bytes; \(limit)")
+        let at = "at most \(TextFormat.bytes(bytes)) (\(bytes) bytes)"
+        let limit = isProcessLimit ? "this receiver may write files of \(at): its file size limit, ulimit -f"
+            : "the file system here holds files of \(at)" + (bytes == 0xFFFF_FFFF ? ": FAT32's limit, 4 GiB less a byte" : "")
+        return TransferError(.tooLarge, "'\(path)' is \(TextFormat.bytes(size)); \(limit)")
     }
 }
 
