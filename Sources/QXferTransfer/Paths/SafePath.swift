@@ -52,7 +52,8 @@ public struct SafePath: Hashable, Sendable, CustomStringConvertible {
     }
 
     static func checkComponent(_ component: String, in components: [String]) throws(TransferError) {
-        let shown = components.joined(separator: "/")
+        // Joined only for a message: a large offer checks millions of components.
+        var shown: String { components.joined(separator: "/") }
         guard !component.isEmpty else {
             throw TransferError(.unsafePath, "path '\(shown)' has an empty component (absolute path, '//' or trailing '/')")
         }
