@@ -39,23 +39,20 @@ final class UDPRefusalWatch: ChannelInboundHandler {
         _ remote: SocketAddress, on loop: any EventLoop, until done: EventLoopFuture<Done>,
         unanswered: @escaping @Sendable () -> Bool, refused: @escaping @Sendable (Int32) -> Void
     ) {
+        // The socket's channel lives on `loop`, as the handler does.
+        let watch = NIOLoopBound(UDPRefusalWatch(refused: refused), eventLoop: loop)
         let opened = DatagramBootstrap(group: loop)
             .channelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(UDPRefusalWatch(refused: refused))
-                }
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(watch.value) }
             }
             .connect(to: remote)
         opened.whenSuccess { channel in
             let sends = sendTimes.map { delay in
                 loop.scheduleTask(in: delay) {
                     guard unanswered() else { return }
-                    let write = channel.writeAndFlush(ByteBuffer())
                     // A send refused for an earlier datagram's ICMP answer fails here (and
                     // closes the channel), not in `errorCaught`.
-                    write.whenFailure { error in
-                        _ = try? channel.pipeline.syncOperations.handler(type: UDPRefusalWatch.self).report(error)
-                    }
+                    channel.writeAndFlush(ByteBuffer()).whenFailure { watch.value.report($0) }
                 }
             }
             done.whenComplete { _ in

@@ -147,26 +147,25 @@ struct OfferPlanner {
 /// file above it is skipped `too-large` before a byte moves, instead of failing with "File too
 /// large" once that many bytes have crossed the network.
 struct FileSizeCeiling {
-    private var bytes: UInt64?
+    private var bytes = UInt64.max
     private var isProcessLimit = false
 
     init(of directory: TargetDirectory) {
-        bytes = directory.largestFile()
+        if let largest = directory.largestFile() { bytes = largest }
         var limit = rlimit()
         // RLIM_INFINITY is all ones (Swift cannot import its -1).
-        if getrlimit(__rlimit_resource_t(RLIMIT_FSIZE.rawValue), &limit) == 0, limit.rlim_cur != rlim_t.max, bytes.map({ UInt64(limit.rlim_cur) < $0 }) ?? true {
+        if getrlimit(__rlimit_resource_t(RLIMIT_FSIZE.rawValue), &limit) == 0, limit.rlim_cur != rlim_t.max, UInt64(limit.rlim_cur) < bytes {
             (bytes, isProcessLimit) = (UInt64(limit.rlim_cur), true)
         }
     }
 
     /// Whether a file of `size` bytes (nil: unknown) cannot be written here whole.
     func refuses(_ size: UInt64?) -> Bool {
-        guard let size, let bytes else { return false }
-        return size > bytes
+        size.map { $0 > bytes } ?? false
     }
 
+    /// Why a file of `size` bytes at `path`, which this ceiling ``refuses(_:)``, is skipped.
     func error(for path: SafePath, size: UInt64) -> TransferError {
-        guard let bytes else { return TransferError(.tooLarge, "'\(path)' is too large") }
         let at = "at most \(TextFormat.bytes(bytes)) (\(bytes) bytes)"
         let limit = isProcessLimit ? "this receiver may write files of \(at): its file size limit, ulimit -f"
             : "the file system here holds files of \(at)" + (bytes == 0xFFFF_FFFF ? ": FAT32's limit, 4 GiB less a byte" : "")
