@@ -93,7 +93,12 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-mkdir -p "$WORK/src" "$WORK/dst" "$WORK/parts" bench/results
+mkdir -p "$WORK/src" "$WORK/dst" "$WORK/parts" "$WORK/bin" bench/results
+# Both qxfer binaries copied afresh, so that the page cache holds them alike: peak RSS counts the
+# text mapped at each fault, which differed with how each file had entered the cache
+# (docs/benchmarks.md, "Peak RSS of two binaries").
+cp "$QXFER" "$WORK/bin/qxfer"; QXFER=$WORK/bin/qxfer
+if [ -n "${QXFER_BASELINE:-}" ]; then cp "$QXFER_BASELINE" "$WORK/bin/qxfer-baseline"; QXFER_BASELINE=$WORK/bin/qxfer-baseline; fi
 head -c "$bytes" /dev/urandom >"$WORK/src/file.bin"
 split -n 4 -d "$WORK/src/file.bin" "$WORK/parts/part"
 SUM=$(xxhsum -H2 "$WORK/src/file.bin" 2>/dev/null | cut -d' ' -f1)
