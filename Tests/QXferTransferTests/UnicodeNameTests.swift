@@ -82,6 +82,19 @@ import Testing
         #expect(try earlier("f/other") == nil)
     }
 
+    @Test("The sender says which entry took a name its receiver skipped for case, and keeps the generic reason otherwise")
+    func senderNamesTheEntryThatTookTheName() throws {
+        let entries = [
+            HostileNumbersTests.file(["Big.bin"], size: 1), HostileNumbersTests.file(["big.bin"], size: 1),
+            HostileNumbersTests.file(["other"], size: 1),
+        ]
+        let skipped = EntryAnswer(disposition: .skip, code: TransferError.Code.exists.rawValue)
+        let ledger = try SenderLedger(entries: entries, algorithm: .xxh3_128, answers: [.sendAll, skipped, skipped])
+        #expect(ledger.failures.map(\.path) == ["big.bin", "other"])
+        #expect(ledger.failures[0].error.message.hasPrefix("its name and 'Big.bin' differ only in case"), "\(ledger.failures[0].error)")
+        #expect(ledger.failures[1].error.message == SenderLedger.skipped(.exists))
+    }
+
     @Test func aFileSystemThatTellsCaseApartIsSeenAsSuch() throws {
         let scratch = TempDir()
         defer { scratch.cleanup() }

@@ -449,6 +449,9 @@ for stack in quic tls; do
         grep -q "'cases/$later' are one name on the receiving file system" "$WORK/case-$stack.err" \
             || fail "case on exFAT, $stack: '$later' was not named: $(cat "$WORK/case-$stack.err")"
     done
+    # The sender says why too, naming the entry that took the name.
+    grep -qF "'cases/big.bin' not transferred: its name and 'cases/Big.bin' differ only in case, which the receiving file system does not tell apart" "$WORK/case-$stack.serr" \
+        || fail "case on exFAT, $stack: the sender's reason: $(cat "$WORK/case-$stack.serr")"
     [ -z "$(find "$STICK/case-$stack" -name '.*')" ] || fail "case on exFAT, $stack: a partial, journal or probe was left behind"
 done
 ok "onto exFAT (FUSE): of two names that differ only in case the first arrives, the later is named (exit 73); folders merge"

@@ -30,6 +30,7 @@ struct SenderLedger {
         guard answers.count == entries.count else {
             throw TransferError(.protocolViolation, "the receiver answered \(answers.count) entries of \(entries.count)")
         }
+        var caseFolded: [String: Int]?  // built at the first `exists`
         for (index, (entry, answer)) in zip(entries, answers).enumerated() {
             let isSizedFile = entry.kind == .file && !entry.flags.contains(.sizeUnknown)
             let offsetFits = answer.offset == 0 || (isSizedFile && answer.disposition == .send && answer.offset <= entry.size)
@@ -44,7 +45,17 @@ struct SenderLedger {
             switch answer.disposition {
             case .skip:
                 let code = TransferError.Code(rawValue: answer.code)
-                failures.append((Self.shown(entry), TransferError(code, Self.skipped(code))))
+                var reason = Self.skipped(code)
+                if code == .exists {
+                    let firsts = caseFolded ?? Self.firstOfEachCaseFoldedPath(entries)
+                    caseFolded = firsts
+                    // A receiver whose file system does not tell upper from lower case skips the
+                    // later of two names that differ only in case (docs/PROTOCOL.md §6).
+                    if let first = firsts[Self.caseFolded(entry)], first < index {
+                        reason = "its name and '\(Self.shown(entries[first]))' differ only in case, which the receiving file system does not tell apart; that one is received"
+                    }
+                }
+                failures.append((Self.shown(entry), TransferError(code, reason)))
             case .send, .present:
                 guard entry.kind == .file else {
                     mayFail.insert(number)
@@ -109,4 +120,15 @@ struct SenderLedger {
     }
 
     private static func shown(_ entry: OfferEntry) -> String { entry.path.joined(separator: "/") }
+
+    private static func caseFolded(_ entry: OfferEntry) -> String { entry.path.map { $0.lowercased() }.joined(separator: "/") }
+
+    /// For each path as a file system that does not tell case apart sees it, its first entry.
+    private static func firstOfEachCaseFoldedPath(_ entries: [OfferEntry]) -> [String: Int] {
+        var firsts: [String: Int] = [:]
+        for (index, entry) in entries.enumerated().reversed() {
+            firsts[caseFolded(entry)] = index  // the earliest is written last
+        }
+        return firsts
+    }
 }
