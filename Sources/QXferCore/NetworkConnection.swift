@@ -192,6 +192,8 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
         /// peer sent before it is still read from it, and after any end its close can still be
         /// waited for (``NetworkConnection/close(errorCode:reason:within:)``).
         var endedTransport: (any ByteStreamTransport)?
+        /// The attempts to connect while starting, cancelled when the connection ends.
+        var establishing: Task<any ByteStreamTransport, any Error>?
         var state: ConnectionState?
         var observers: [UUID: AsyncStream<ConnectionState>.Continuation] = [:]
 
@@ -249,10 +251,21 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
                 if let immediate { continuation.resume(with: immediate) }
             }
         case .establish:
+            // The attempts run in a task of their own, so that ``cancel()`` from any task ends
+            // them at once: run in the caller's, a connection cancelled while another task
+            // started it went on retrying until its connect timeout.
+            let establishing = Task { try await self.establish() }
+            let ended = machine.withLock { machine -> Bool in
+                guard case .starting = machine.phase else { return true }
+                machine.establishing = establishing
+                return false
+            }
+            if ended { establishing.cancel() }
             do {
-                let transport = try await establish()
+                let transport = try await withTaskCancellationHandler { try await establishing.value } onCancel: { establishing.cancel() }
                 let waiters: [CheckedContinuation<any ByteStreamTransport, any Error>]? = machine.withLock { machine in
                     guard case .starting(let waiters) = machine.phase else { return nil }
+                    machine.establishing = nil
                     machine.phase = .ready(transport)
                     _ = machine.enter(.ready)
                     return waiters
@@ -300,22 +313,25 @@ public final class NetworkConnection<Stack: NetworkProtocolStack>: Sendable {
     /// Moves to a final state, closing the transport and failing anyone waiting to start.
     private func finish(_ final: ConnectionState, error: QXferError? = nil) {
         let reason = error ?? QXferError(.cancelled, "the connection was cancelled")
-        let (transport, waiters, observers): (
+        let (transport, waiters, observers, establishing): (
             (any ByteStreamTransport)?, [CheckedContinuation<any ByteStreamTransport, any Error>],
-            [AsyncStream<ConnectionState>.Continuation]
+            [AsyncStream<ConnectionState>.Continuation], Task<any ByteStreamTransport, any Error>?
         ) = machine.withLock { machine in
             let previous = machine.phase
-            if case .finished = previous { return (nil, [], []) }
+            if case .finished = previous { return (nil, [], [], nil) }
             machine.phase = .finished(reason)
             let observers = machine.enter(final)
+            let establishing = machine.establishing
+            machine.establishing = nil
             switch previous {
             case .ready(let transport):
                 machine.endedTransport = transport
-                return (transport, [], observers)
-            case .starting(let waiters): return (nil, waiters, observers)
-            default: return (nil, [], observers)
+                return (transport, [], observers, establishing)
+            case .starting(let waiters): return (nil, waiters, observers, establishing)
+            default: return (nil, [], observers, establishing)
             }
         }
+        establishing?.cancel()
         for observer in observers { observer.finish() }
         transport?.close()
         for waiter in waiters { waiter.resume(throwing: reason) }

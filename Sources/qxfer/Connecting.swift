@@ -2,6 +2,7 @@ import FoundationEssentials
 import Glibc
 import Logging
 import QXfer
+import LinuxSystem
 
 /// Starts `connection` as a command-line user expects: a refused TCP connection (nothing
 /// listens on that port) or a network the kernel has no route to fails within `grace`, as scp
@@ -9,13 +10,24 @@ import QXfer
 /// library's `waiting` state does for failures that may pass. The grace (the library's first
 /// three attempts, 0.75 s) covers a receiver started a moment before its sender, as scripts do.
 /// A transfer's own reconnect loop still retries such failures after the receiver accepted.
-func startFailingFast<Stack>(_ connection: NetworkConnection<Stack>, grace: Duration = .milliseconds(500)) async throws {
+/// `onRefusal` hears the refusal before the connection is cancelled, so that another task using
+/// the connection, which then fails as cancelled, can say why.
+func startFailingFast<Stack>(
+    _ connection: NetworkConnection<Stack>, grace: Duration = .milliseconds(500), onRefusal: @escaping @Sendable (QXferError) -> Void = { _ in }
+) async throws {
     let definitive = [ECONNREFUSED, ENETUNREACH, EHOSTUNREACH].map { String(cString: strerror($0)) }
     let started = ContinuousClock.now
+    // The refusal, kept before the connection is cancelled: the start then fails as cancelled,
+    // and whichever task ends first, the refusal is what the caller hears.
+    let refusal = Locked<QXferError?>(nil)
     // true: started; false: the state watcher ended without finding a refusal.
     try await withThrowingTaskGroup(of: Bool.self) { group in
         group.addTask {
-            try await connection.start()
+            do {
+                try await connection.start()
+            } catch {
+                throw refusal.withLock { $0 } ?? error
+            }
             return true
         }
         group.addTask {
@@ -25,6 +37,8 @@ func startFailingFast<Stack>(_ connection: NetworkConnection<Stack>, grace: Dura
                 // A race (`--stack auto`) says "nothing listens" once every stack refused or stayed silent.
                 let refused = definitive.contains(where: error.message.hasSuffix) || error.underlying is NothingListens
                 if refused, ContinuousClock.now - started >= grace {
+                    refusal.withLock { $0 = error }
+                    onRefusal(error)
                     connection.cancel()
                     throw error
                 }

@@ -225,9 +225,9 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             if Task.isCancelled { return }
         }
         do {
-            try await startFailingFast(connection)
+            try await startFailingFast(connection) { refused in refusal.error.withLock { $0 = refused } }
         } catch {
-            refusal.error.withLock { $0 = error }
+            refusal.error.withLock { $0 = $0 ?? error }
             return
         }
         if let notice = trust.notice(endpoint, connection.peer) { Console.warn(notice) }

@@ -624,6 +624,22 @@ struct LoopbackTests {
         withExtendedLifetime(closed) {}
     }
 
+    @Test("cancel() ends another task's start at once: that task gets cancelled, not the connect timeout's connect-failed")
+    func cancelEndsAStartInProgress() async throws {
+        let closed = try ClosedPort()
+        let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: closed.port), using: .parameters {
+            TLS().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
+        }.connectTimeout(.seconds(600)))
+        let start = Task { await qxferError { try await connection.start() } }
+        // Once it is retrying, as the CLI's watcher cancels a refused connection that a stream started.
+        for await state in connection.states where state.isWaiting { break }
+        connection.cancel()
+        // Before, the start went on retrying until the connect timeout.
+        let error = try await within(.seconds(60), "the start after cancel()") { await start.value }
+        #expect(error?.code == .cancelled, "\(String(describing: error))")
+        withExtendedLifetime(closed) {}
+    }
+
     // MARK: 9. Backpressure
 
     @Test("A server that does not read stops the sender (bounded buffering); once it reads, everything arrives intact")

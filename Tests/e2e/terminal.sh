@@ -243,6 +243,15 @@ check_json "$WORK/refused.json" error || fail "a refused connection is not a JSO
 [ $status = 69 ] && grep -q '"code":"connect-failed"' "$WORK/refused.json" && grep -q 'Connection refused' "$WORK/refused.json" \
     || fail "refused: exit $status, $(cat "$WORK/refused.json")"
 le "$elapsed" 5 || fail "connection refused took $elapsed s (retried until the connect timeout?)"
+# The same for a stream: it ended at the 10 s connect timeout, saying "interrupted" (exit 130).
+started=$(now)
+set +e
+"$QXFER" stream send "127.0.0.1:$PORT" --config-dir "$WORK/cfg-stream" --duration 30 --json >"$WORK/srefused.json" 2>/dev/null </dev/null; status=$?
+set -e
+elapsed=$(awk -v a="$started" -v b="$(now)" 'BEGIN { print b - a }')
+[ $status = 69 ] && grep -q '"code":"connect-failed"' "$WORK/srefused.json" && grep -q 'nothing listens' "$WORK/srefused.json" \
+    || fail "stream send, refused: exit $status, $(cat "$WORK/srefused.json")"
+le "$elapsed" 5 || fail "stream send, refused: it took $elapsed s (retried until the connect timeout?)"
 set +e
 "$QXFER" send --json >"$WORK/usage.json" 2>/dev/null </dev/null; status=$?
 set -e
