@@ -108,6 +108,8 @@ struct PairCommand: AsyncParsableCommand {
             let connection = NetworkConnection(to: endpoint, using: .parameters {
                 Coder(PairingMessage.self, using: .json, maximumMessageSize: Pairing.maximumMessageSize) { transport }
             })
+            // A closed port or no route fails in a second, as for send, not at the connect timeout.
+            try await startFailingFast(connection)
             return try await Pairing.initiate(over: connection, code: code, name: name, address: endpoint.host, identity: identity, store: store)
         }
     }

@@ -100,7 +100,15 @@ set -e
 [ "$first_wait" = 77 ] || fail "the waiting side did not end after one wrong attempt (exit $first_wait)"
 [ "$second" != 0 ] || fail "a second attempt on the same code was accepted"
 [ "$(devices_json carol | jq length)" = 0 ] || fail "carol got paired"
-ok "a waiting qxfer pair takes one attempt and exits; the right code afterwards finds nobody"
+# With the waiting side gone, a pair to its port says so at once, as send does (it waited for
+# the 10 s connect timeout).
+set +e
+timeout 10 ip netns exec "${NS}a" "$QXFER" pair "$B:7449" --config-dir "$WORK/carol" --code 222222 --name carol >"$WORK/once.closed" 2>&1 </dev/null
+closed=$?
+set -e
+[ "$closed" = 69 ] && grep -q "nothing listens on $B:7449" "$WORK/once.closed" \
+    || fail "pair to a port where nothing listens: exit $closed: $(cat "$WORK/once.closed")"
+ok "a waiting qxfer pair takes one attempt and exits; the right code afterwards finds nobody, and says so at once"
 
 # --- 4. recv --paired-only: the paired sender in, an unpaired one out ---------------------
 echo "paired hello" >"$WORK/hello.txt"
