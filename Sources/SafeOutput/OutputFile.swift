@@ -255,11 +255,27 @@ public final class OutputFile {
 
 extension OutputFile {
     /// Checks, without opening or creating anything, that `path` can be an output: refuses a
-    /// folder, a block device, a path that cannot be examined, or (without direct writes) a
-    /// device, pipe or socket. For a command to fail at once rather than when data arrives.
+    /// folder, a block device, a path that cannot be examined, a file whose folder is missing
+    /// or not writable (the file is written beside its name first), or (without direct writes)
+    /// a device, pipe or socket. For a command to fail at once rather than when data arrives.
     public static func check(_ path: String, allowsDirectWrites: Bool = true) throws(OutputError) {
         if inheritedDescriptor(path) != nil { return }
-        try refuse(try OutputKind(path: try resolveSymlinks(path)), at: path, allowsDirectWrites: allowsDirectWrites)
+        let resolved = try resolveSymlinks(path)
+        let kind = try OutputKind(path: resolved)
+        try refuse(kind, at: path, allowsDirectWrites: allowsDirectWrites)
+        if kind == .absent || kind == .regularFile { try checkWritableFolder(of: resolved, for: path) }
+    }
+
+    private static func checkWritableFolder(of resolved: String, for path: String) throws(OutputError) {
+        let folder = folder(of: resolved)
+        var info = stat()
+        guard stat(folder, &info) == 0 else {
+            let err = errno
+            if err == ENOENT { throw OutputError("cannot write \(path): the folder \(folder) does not exist") }
+            throw OutputError("cannot write \(path): cannot examine \(folder)", errno: err)
+        }
+        guard info.st_mode & S_IFMT == S_IFDIR else { throw OutputError("cannot write \(path): \(folder) is not a folder") }
+        guard access(folder, W_OK) == 0 else { throw OutputError("cannot write \(path): cannot create files in \(folder)", errno: errno) }
     }
 
     private static func refuse(_ kind: OutputKind, at path: String, allowsDirectWrites: Bool) throws(OutputError) {

@@ -152,6 +152,17 @@ func makedev(_ major: UInt64, _ minor: UInt64) -> dev_t { dev_t((major << 8) | m
         #expect(error?.message.contains("is a folder") == true)
     }
 
+    @Test("The check before any data: a file whose folder is missing or not a folder is refused; a new file or an existing one in a folder is fine")
+    func checkLooksAtTheFolderTheFileIsWrittenIn() throws {
+        let missing = #expect(throws: OutputError.self) { try OutputFile.check(folder + "/missing/out.ivf") }
+        #expect(missing?.message == "cannot write \(folder)/missing/out.ivf: the folder \(folder)/missing does not exist")
+        try Data("x".utf8).write(to: URL(fileURLWithPath: folder + "/plain"))
+        #expect(throws: OutputError.self) { try OutputFile.check(folder + "/plain/out.ivf") }
+        try OutputFile.check(folder + "/out.ivf")
+        try OutputFile.check(folder + "/plain")
+        #expect(leftovers().isEmpty && !FileManager.default.fileExists(atPath: folder + "/out.ivf"))  // nothing created
+    }
+
     @Test(.enabled(if: getuid() == 0, "mknod needs root"))
     func configurationRefusesAnythingButAFile() throws {
         let fifo = folder + "/paired.json"
