@@ -65,3 +65,14 @@ public struct QXferError: Error, Hashable, CustomStringConvertible, Sendable {
     public static func == (lhs: QXferError, rhs: QXferError) -> Bool { lhs.code == rhs.code }
     public func hash(into hasher: inout Hasher) { hasher.combine(code) }
 }
+
+/// The `underlying` error of a `connectFailed` whose host name has no address (a typo, a host
+/// unknown to DNS): something retrying rarely mends, which a command-line tool says at once.
+public struct NameDoesNotResolve: Error, Sendable {
+    /// The name that was looked up.
+    public let host: String
+
+    public init(host: String) {
+        self.host = host
+    }
+}

@@ -287,6 +287,8 @@ struct Race: Sendable {
     private func combined(_ failures: [(name: String, error: QXferError)]) -> QXferError {
         if failures.count == 1 { return failures[0].error }
         if failures.allSatisfy({ Self.isRefusal($0.error) }) { return nothingListens(failures) }
+        // One name for every stack: the first stack's words for it (QUIC's carry the resolver's).
+        if failures.allSatisfy({ $0.error.underlying is NameDoesNotResolve }) { return failures[0].error }
         let reasons = failures.map { "\($0.name): \($0.error.message)" }.joined(separator: "; ")
         return QXferError(.connectFailed, "cannot reach \(endpoint) over any stack (\(reasons))", underlying: failures.last?.error)
     }

@@ -185,6 +185,8 @@ extension TLSByteStream {
             } else {
                 setup = try await bootstrap.connect(host: endpoint.host, port: Int(endpoint.port), channelInitializer: initializer)
             }
+        } catch let error as NIOConnectionError where error.connectionErrors.isEmpty && (error.dnsAError != nil || error.dnsAAAAError != nil) {
+            throw QXferError(.connectFailed, "cannot resolve \(endpoint.host): no address for that name", underlying: NameDoesNotResolve(host: endpoint.host))
         } catch {
             throw QXferError(.connectFailed, "cannot connect to \(endpoint): \(ChannelErrors.reason(error))", underlying: error)
         }

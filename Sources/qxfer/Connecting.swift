@@ -5,8 +5,8 @@ import QXfer
 import LinuxSystem
 
 /// Starts `connection` as a command-line user expects: a refused TCP connection (nothing
-/// listens on that port) or a network the kernel has no route to fails within `grace`, as scp
-/// and ssh say so at once, instead of being retried until the 10 s connect timeout as the
+/// listens on that port), a network the kernel has no route to or a name that does not resolve
+/// fails within `grace`, as scp and ssh say so at once, instead of being retried until the 10 s connect timeout as the
 /// library's `waiting` state does for failures that may pass. The grace (the library's first
 /// three attempts, 0.75 s) covers a receiver started a moment before its sender, as scripts do.
 /// A transfer's own reconnect loop still retries such failures after the receiver accepted.
@@ -36,6 +36,7 @@ func startFailingFast<Stack>(
                 Logger(label: "qxfer.connect").info("attempt failed, retrying: \(error.message)")
                 // A race (`--stack auto`) says "nothing listens" once every stack refused or stayed silent.
                 let refused = definitive.contains(where: error.message.hasSuffix) || error.underlying is NothingListens
+                    || error.underlying is NameDoesNotResolve
                 if refused, ContinuousClock.now - started >= grace {
                     refusal.withLock { $0 = error }
                     onRefusal(error)

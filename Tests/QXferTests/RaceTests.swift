@@ -213,6 +213,20 @@ struct RaceTests {
         #expect(error.underlying is NothingListens, "after \(elapsed)")
     }
 
+    @Test("A name that does not resolve: connect-failed marked NameDoesNotResolve on each stack, and the race says it once")
+    func nameThatDoesNotResolve() async throws {
+        let host = "no-such-host.invalid"  // RFC 6761: never resolves
+        let endpoint = Endpoint.hostPort(host: host, port: 7447)
+        let quic = try #require(await firstAttemptError(of: NetworkConnection(to: endpoint) { QUIC().identity(Identities.client) }))
+        let tls = try #require(await firstAttemptError(of: NetworkConnection(to: endpoint) { TLS().identity(Identities.client) }))
+        let race = try #require(await firstAttemptError(of: NetworkConnection(to: endpoint) { Self.race() }))
+        for error in [quic, tls, race] {
+            #expect(error.code == .connectFailed && error.underlying is NameDoesNotResolve, "\(error.message)")
+            #expect(error.message.hasPrefix("cannot resolve \(host): "), "\(error.message)")
+        }
+        #expect(race.message == quic.message)
+    }
+
     @Test("The per-host memory: a remembered TCP+TLS starts first while fresh; expired, QUIC again; a TCP+TLS win is recorded")
     func memoryIsUsedAndExpires() async throws {
         let scratch = TemporaryDirectory()

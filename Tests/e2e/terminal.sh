@@ -298,6 +298,14 @@ for stack in quic tls; do
     [ $s5 = 69 ] && grep -q "192.0.2.77:7447: Network is unreachable" "$WORK/e5" && le "$elapsed" 5 \
         || fail "no route over $stack: exit $s5 after $elapsed s: $(cat "$WORK/e5")"
 done
+# A name that does not resolve: said at once, as ssh does (it waited for the 10 s connect timeout).
+started=$(now)
+set +e
+$SEND "$WORK/src/one.bin" no-such-host.invalid >/dev/null 2>"$WORK/e7" </dev/null; s7=$?
+set -e
+elapsed=$(awk -v a="$started" -v b="$(now)" 'BEGIN { print b - a }')
+[ $s7 = 69 ] && grep -q "cannot resolve no-such-host.invalid: " "$WORK/e7" && le "$elapsed" 5 \
+    || fail "a name that does not resolve: exit $s7 after $elapsed s: $(cat "$WORK/e7")"
 # A folder that cannot be written is refused at start (root writes anywhere but on a read-only mount).
 mkdir -p "$WORK/readonly"; mount -t tmpfs -o ro tmpfs "$WORK/readonly"
 set +e
@@ -305,7 +313,7 @@ set +e
 set -e
 umount "$WORK/readonly"
 [ $s6 = 64 ] && grep -q "cannot receive into .*Read-only file system" "$WORK/e6" || fail "recv --dir READ-ONLY: exit $s6: $(cat "$WORK/e6")"
-ok "errors: a file where the host goes, a missing parent, a created --dir, a read-only --dir, no route, no receiver on the network: $(cat "$WORK/e4")"
+ok "errors: a file where the host goes, a missing parent, a created --dir, a read-only --dir, no route, a name that does not resolve, no receiver on the network: $(cat "$WORK/e4")"
 
 # send_in_pane NAME PORT DST PATH [RECV-FLAG...]: a receiver answering yes on PORT into DST in
 # the background (its pid in BG_RECV, its output in $WORK/NAME.out and .err), and in a new pane

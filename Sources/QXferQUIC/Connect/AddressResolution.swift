@@ -15,7 +15,7 @@ extension QUICConnector {
             var list: UnsafeMutablePointer<addrinfo>?
             let status = getaddrinfo(host, String(port), &hints, &list)
             guard status == 0, let list else {
-                throw QXferError(.connectFailed, "cannot resolve \(host): \(String(cString: gai_strerror(status)))")
+                throw QXferError(.connectFailed, "cannot resolve \(host): \(String(cString: gai_strerror(status)))", underlying: NameDoesNotResolve(host: host))
             }
             defer { freeaddrinfo(list) }
             var addresses: [SocketAddress] = []
