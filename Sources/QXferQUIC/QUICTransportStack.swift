@@ -120,7 +120,7 @@ struct QUICListener: BoundTransportListener {
             channel = try await open(Int(request.port))
         } catch {
             throw (error as? QXferError)
-                ?? QXferError(.bindFailed, "cannot listen on UDP port \(request.port): \(ChannelErrors.reason(error))", underlying: error)
+                ?? QXferError(.bindFailed, "cannot listen on \(request.host.map { "\($0) " } ?? "")UDP port \(request.port): \(ChannelErrors.reason(error))", underlying: error)
         }
         let port = channel.localAddress?.port ?? Int(request.port)
         let listener = QUICListener(

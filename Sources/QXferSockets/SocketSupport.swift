@@ -14,6 +14,7 @@ import NIOPosix
     /// The reason a socket operation failed, as a user reads it ("Connection refused", "timed out").
     @_spi(Stacks) public static func reason(_ error: any Error) -> String {
         if let io = error as? IOError { return String(cString: strerror(io.errnoCode)) }
+        if error is SocketAddressError.UnknownHost { return "the name does not resolve" }
         if let connect = error as? NIOConnectionError {
             if let first = connect.connectionErrors.first { return reason(first.error) }
             if connect.dnsAAAAError != nil || connect.dnsAError != nil { return "the name does not resolve" }

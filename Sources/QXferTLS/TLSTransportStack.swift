@@ -85,7 +85,7 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
                 port: UInt16(server.channel.localAddress?.port ?? Int(request.port)))
         } catch {
             throw (error as? QXferError)
-                ?? QXferError(.bindFailed, "cannot listen on port \(request.port): \(ChannelErrors.reason(error))", underlying: error)
+                ?? QXferError(.bindFailed, "cannot listen on \(request.host.map { "\($0) " } ?? "")port \(request.port): \(ChannelErrors.reason(error))", underlying: error)
         }
     }
 

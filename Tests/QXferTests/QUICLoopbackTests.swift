@@ -157,7 +157,7 @@ struct QUICLoopbackTests {
             let error = await attempt.value
             limit.cancel()
             #expect(error?.code == .bindFailed, "\(String(describing: error))")
-            #expect(error?.message.contains("cannot listen on UDP port \(port)") == true, "\(String(describing: error))")
+            #expect(error?.message.contains("cannot listen on 127.0.0.1 UDP port \(port)") == true, "\(String(describing: error))")
         }
     }
 
