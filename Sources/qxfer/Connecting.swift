@@ -6,10 +6,11 @@ import LinuxSystem
 
 /// Starts `connection` as a command-line user expects: a refused TCP connection (nothing
 /// listens on that port), a network the kernel has no route to or a name that does not resolve
-/// fails within `grace`, as scp and ssh say so at once, instead of being retried until the 10 s connect timeout as the
-/// library's `waiting` state does for failures that may pass. The grace (the library's first
-/// three attempts, 0.75 s) covers a receiver started a moment before its sender, as scripts do.
-/// A transfer's own reconnect loop still retries such failures after the receiver accepted.
+/// fails within `grace`, as scp and ssh say so at once, instead of being retried until the 10 s
+/// connect timeout as the library's `waiting` state does for failures that may pass. The grace
+/// (the library's first three attempts, 0.75 s) covers a receiver started a moment before its
+/// sender, as scripts do. A transfer's own reconnect loop still retries such failures after the
+/// receiver accepted.
 /// `onRefusal` hears the refusal before the connection is cancelled, so that another task using
 /// the connection, which then fails as cancelled, can say why.
 func startFailingFast<Stack>(

@@ -357,10 +357,13 @@ ok "names with an escape sequence and a line break: skipped, shown escaped ($(sc
 mkdir -p "$WORK/sparse"
 truncate -s 2G "$WORK/sparse/disk.img"
 head -c 4194304 /dev/urandom | dd of="$WORK/sparse/disk.img" conv=notrunc status=none
+# shows_done NAME ACCEPTED SUMMARY-REGEX: the pane shows "qxfer: accepted: ACCEPTED", a summary
+# that matches, and exit 0.
+shows_done() {
+    screen "$1" | grep -qxF "qxfer: accepted: $2" && screen "$1" | grep -qE "$3" && screen "$1" | grep -q '^EXIT=0$'
+}
 send_in_pane sparse $((PORT + 2)) "$WORK/dst-sparse" "$WORK/sparse/disk.img" --once
-screen sparse | grep -qxF "qxfer: accepted: 4.2 MB to send (plus 2.1 GB of holes)" \
-    && screen sparse | grep -qE '^sent 4\.2 MB in .*, plus 2\.1 GB of holes; 1 file verified' \
-    && screen sparse | grep -q '^EXIT=0$' \
+shows_done sparse "4.2 MB to send (plus 2.1 GB of holes)" '^sent 4\.2 MB in .*, plus 2\.1 GB of holes; 1 file verified' \
     || { screen sparse >&2; fail "a sparse file's accepted line or summary"; }
 wait "$BG_RECV" || fail "recv of the sparse file: $(cat "$WORK/sparse.err")"
 cmp -s "$WORK/sparse/disk.img" "$WORK/dst-sparse/disk.img" || fail "the sparse file differs"
@@ -373,9 +376,7 @@ head -c 300000 /dev/urandom >"$WORK/again.bin"
 send_in_pane again1 $((PORT + 3)) "$WORK/dst-again" "$WORK/again.bin" --once
 wait "$BG_RECV" || fail "recv of the first copy: $(cat "$WORK/again1.err")"
 send_in_pane again2 $((PORT + 3)) "$WORK/dst-again" "$WORK/again.bin" --once
-screen again2 | grep -qxF "qxfer: accepted: nothing to send, 1 file already there in full" \
-    && screen again2 | grep -qE '^sent 0 B in .*; 1 file verified' \
-    && screen again2 | grep -q '^EXIT=0$' \
+shows_done again2 "nothing to send, 1 file already there in full" '^sent 0 B in .*; 1 file verified' \
     || { screen again2 >&2; fail "a file already there: the accepted line or summary"; }
 wait "$BG_RECV" || fail "recv of the second copy: $(cat "$WORK/again2.err")"
 ok "a file already there: 'accepted: nothing to send, 1 file already there in full', exit 0"
