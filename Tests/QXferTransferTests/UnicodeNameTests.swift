@@ -99,7 +99,7 @@ import Testing
         let scratch = TempDir()
         defer { scratch.cleanup() }
         let directory = try TargetDirectory(path: scratch.path)
-        #expect(!directory.foldsCase())
+        #expect(!directory.fileSystemTraits().foldsCase)
         #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.path).isEmpty)  // the probe is gone
     }
 
@@ -107,7 +107,7 @@ import Testing
     func largestFileIsTheFileSystemsLimit() throws {
         let scratch = TempDir()
         defer { scratch.cleanup() }
-        let largest = try TargetDirectory(path: scratch.path).largestFile()
+        let largest = try TargetDirectory(path: scratch.path).fileSystemTraits().largestFile
         #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.path).isEmpty)  // the probe is gone
         let fd = open(scratch.path + "/probe", O_RDWR | O_CREAT, 0o600)
         defer { close(fd) }

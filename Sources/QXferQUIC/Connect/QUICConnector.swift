@@ -92,6 +92,7 @@ enum QUICConnector {
         verifier: PeerVerifier, timeout: Duration, resumption: Resumption?, peerAnswered: @escaping @Sendable () -> Void
     ) async throws -> QUICStreamTransport {
         let remoteAddress = QUICSocketAddress(remote)
+        let shown = remote.endpoint?.description ?? "\(remote)"
         var configuration = QUICStackConfiguration.make(
             quic, identity: identity, parameters: parameters, verifier: verifier, isServer: false,
             peerIsLoopback: remoteAddress?.isLoopback == true)
@@ -131,8 +132,7 @@ enum QUICConnector {
             UDPRefusalWatch.watch(
                 remote, on: channel.eventLoop, until: driver.handshake.futureResult, unanswered: { !bound.value.heardFromPeer }
             ) { code in
-                let address = remote.endpoint?.description ?? "\(remote)"
-                bound.value.refused(with: QXferError(.connectFailed, "cannot connect to \(address) over UDP: \(String(cString: strerror(code)))"))
+                bound.value.refused(with: QXferError(.connectFailed, "cannot connect to \(shown) over UDP: \(String(cString: strerror(code)))"))
             }
             // The early stream opens before the first packet leaves, while the engine still
             // holds its 0-RTT keys unused (on a LAN the answer may come before the next turn).
@@ -161,8 +161,7 @@ enum QUICConnector {
             if let failure = verifier.result.failure { throw failure }
             if Task.isCancelled { throw CancellationError() }
             if let reason = noRoute(to: remote) {
-                let address = remote.endpoint?.description ?? "\(remote)"
-                throw QXferError(.connectFailed, "cannot reach \(address): \(reason)", underlying: error)
+                throw QXferError(.connectFailed, "cannot reach \(shown): \(reason)", underlying: error)
             }
             throw (error as? QXferError) ?? QUICErrors.describe(error)
         }

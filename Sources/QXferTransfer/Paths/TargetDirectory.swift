@@ -159,45 +159,41 @@ public final class TargetDirectory {
         return Descriptor(fd)
     }
 
-    /// Whether the file system here takes names that differ only in case for one name (exFAT,
-    /// FAT, NTFS, an ext4 folder with casefold): a file is made under a reserved name of lower
-    /// case and looked up in upper case. False when the folder takes no new file.
-    public func foldsCase() -> Bool {
-        withProbeFile { _, name in
-            var info = stat()
-            return fstatat(root.fd, name.uppercased(), &info, AT_SYMLINK_NOFOLLOW) == 0
-        } ?? false
+    /// What the file system here does with the files written into this folder, asked of one
+    /// empty probe file of a reserved name (removed at once); nothing is known, and `false` and
+    /// nil are given, when the folder takes no new file.
+    public struct FileSystemTraits: Sendable {
+        /// Whether it takes names that differ only in case for one name (exFAT, FAT, NTFS, an
+        /// ext4 folder with casefold): the probe's name, looked up in upper case, is found.
+        public var foldsCase = false
+        /// The largest file it holds, in bytes (FAT32: 4 GiB − 1; ext2 with 1 KiB blocks: about
+        /// 16 GiB); nil for one that holds any size a file can have. The kernel refuses to move
+        /// a file's offset past that size (EINVAL), so the probe finds it by bisection, in at
+        /// most 63 seeks and nothing written. (A FUSE file system's own limit is its daemon's,
+        /// which the kernel does not know.)
+        public var largestFile: UInt64?
     }
 
-    /// The largest file the file system here holds, in bytes (FAT32: 4 GiB − 1; ext2 with
-    /// 1 KiB blocks: about 16 GiB); nil for one that holds any size a file can have, or when the
-    /// folder takes no new file. The kernel refuses to move a file's offset past that size
-    /// (EINVAL), so an empty probe file finds it by bisection, in at most 63 seeks and nothing
-    /// written. (A FUSE file system's own limit is its daemon's, which the kernel does not know.)
-    public func largestFile() -> UInt64? {
-        withProbeFile { fd, _ -> UInt64? in
-            func reaches(_ offset: Int64) -> Bool { lseek(fd, off_t(offset), SEEK_SET) == off_t(offset) }
-            guard !reaches(.max) else { return nil }
-            var (low, high) = (Int64(0), Int64.max)  // reaches(low) and !reaches(high)
-            while high - low > 1 {
-                let middle = low + (high - low) / 2
-                if reaches(middle) { low = middle } else { high = middle }
-            }
-            return UInt64(low)
-        } ?? nil
-    }
-
-    /// Runs `body` on a new empty file of a reserved name in this folder (its descriptor and
-    /// name), removed afterwards; nil when the folder takes no new file.
-    private func withProbeFile<Result>(_ body: (Int32, String) -> Result) -> Result? {
+    /// Probes the file system here (``FileSystemTraits``).
+    public func fileSystemTraits() -> FileSystemTraits {
         let name = ".qxfer-probe-\(getpid())-\(UInt32.random(in: 0 ... .max)).qxfer-partial"
         let fd = openat(root.fd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { return nil }
+        guard fd >= 0 else { return FileSystemTraits() }
         defer {
             close(fd)
             unlinkat(root.fd, name, 0)
         }
-        return body(fd, name)
+        var info = stat()
+        var traits = FileSystemTraits(foldsCase: fstatat(root.fd, name.uppercased(), &info, AT_SYMLINK_NOFOLLOW) == 0)
+        func reaches(_ offset: Int64) -> Bool { lseek(fd, off_t(offset), SEEK_SET) == off_t(offset) }
+        guard !reaches(.max) else { return traits }
+        var (low, high) = (Int64(0), Int64.max)  // reaches(low) and !reaches(high)
+        while high - low > 1 {
+            let middle = low + (high - low) / 2
+            if reaches(middle) { low = middle } else { high = middle }
+        }
+        traits.largestFile = UInt64(low)
+        return traits
     }
 
     /// Opens the file at `path` for reading, never through a symlink.

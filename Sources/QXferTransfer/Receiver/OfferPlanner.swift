@@ -88,8 +88,9 @@ struct OfferPlanner {
     func plan(_ offer: Offer, paths: [SafePath], store: FileStore, heldElsewhere: Set<Int> = []) throws(TransferError) -> [Plan] {
         var plans: [Plan] = []
         var needed: UInt64 = 0
-        var sameInAnyCase = store.directory.foldsCase() ? SameInAnyCase() : nil
-        let largest = FileSizeCeiling(of: store.directory)
+        let traits = store.directory.fileSystemTraits()
+        var sameInAnyCase = traits.foldsCase ? SameInAnyCase() : nil
+        let largest = FileSizeCeiling(fileSystemLimit: traits.largestFile)
         for (index, (entry, path)) in zip(offer.entries, paths).enumerated() {
             if let earlier = sameInAnyCase?.earlier(than: path, kind: entry.kind) {
                 plans.append(.skip(TransferError(.exists, "'\(path)' and '\(earlier)' are one name on the receiving file system, which does not tell upper from lower case; '\(earlier)' is received")))
@@ -150,8 +151,9 @@ struct FileSizeCeiling {
     private var bytes = UInt64.max
     private var isProcessLimit = false
 
-    init(of directory: TargetDirectory) {
-        if let largest = directory.largestFile() { bytes = largest }
+    /// `fileSystemLimit`: the receiving folder's ``TargetDirectory/FileSystemTraits/largestFile``.
+    init(fileSystemLimit: UInt64?) {
+        if let fileSystemLimit { bytes = fileSystemLimit }
         var limit = rlimit()
         // RLIM_INFINITY is all ones (Swift cannot import its -1).
         if getrlimit(__rlimit_resource_t(RLIMIT_FSIZE.rawValue), &limit) == 0, limit.rlim_cur != rlim_t.max, UInt64(limit.rlim_cur) < bytes {
