@@ -2,9 +2,12 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 
-/// A UDP middlebox for tests: forwards datagrams between one client and a server, and can
+/// A UDP middlebox for tests: forwards datagrams between clients and a server, and can
 /// change its outward port mid-flow (a NAT rebinding), drop everything (a vanished peer) or
-/// hold every datagram a while each way (a long path).
+/// hold every datagram a while each way (a long path). The server sees every client at one
+/// address; what it sends goes to each of the latest few clients, whose QUIC endpoints keep
+/// only packets of their own connections, so a client's retry from a new socket does not take
+/// the answers meant for its first attempt.
 ///
 /// Its state is behind NIO's pthread-based lock rather than `Synchronization.Mutex`: the two
 /// directions run on different event-loop threads, and ThreadSanitizer sees a pthread mutex's
@@ -17,7 +20,8 @@ final class UDPRelay: Sendable {
     private struct State {
         var server: SocketAddress
         var outside: (any Channel)?
-        var client: SocketAddress?
+        /// The clients heard from, the latest last.
+        var clients: [SocketAddress] = []
         var dropFromClient = false
         var dropFromServer = false
         var rebinds = 0
@@ -105,23 +109,28 @@ final class UDPRelay: Sendable {
 
     private func fromClient(_ envelope: AddressedEnvelope<ByteBuffer>) {
         // An empty datagram holds no packet: a QUIC client's refusal watch, from a socket of its
-        // own, which would otherwise become the one client the server's answers go to.
+        // own, which would otherwise count as a client and push out one that needs the answers.
         guard envelope.data.readableBytes > 0 else { return }
         let (outside, server, delay): ((any Channel)?, SocketAddress, TimeAmount) = state.withLockedValue { state in
-            state.client = envelope.remoteAddress
+            if state.clients.last != envelope.remoteAddress {
+                state.clients.removeAll { $0 == envelope.remoteAddress }
+                state.clients.append(envelope.remoteAddress)
+                if state.clients.count > Self.clientsKept { state.clients.removeFirst() }
+            }
             return (state.dropFromClient ? nil : state.outside, state.server, state.delay)
         }
         guard let outside else { return }
         Self.send(AddressedEnvelope(remoteAddress: server, data: envelope.data), on: outside, after: delay)
     }
 
+    /// How many of the latest clients get what the server sends.
+    private static let clientsKept = 4
+
     private func fromServer(_ envelope: AddressedEnvelope<ByteBuffer>) {
-        let target: (client: SocketAddress, delay: TimeAmount)? = state.withLockedValue { state in
-            guard !state.dropFromServer, let client = state.client else { return nil }
-            return (client, state.delay)
+        let (clients, delay) = state.withLockedValue { state in (state.dropFromServer ? [] : state.clients, state.delay) }
+        for client in clients {
+            Self.send(AddressedEnvelope(remoteAddress: client, data: envelope.data), on: inside, after: delay)
         }
-        guard let (client, delay) = target else { return }
-        Self.send(AddressedEnvelope(remoteAddress: client, data: envelope.data), on: inside, after: delay)
     }
 
     private static func send(_ envelope: AddressedEnvelope<ByteBuffer>, on channel: any Channel, after delay: TimeAmount) {
