@@ -165,21 +165,36 @@ public enum StreamReceiver {
                     }
                 }
 
-                // Until the sender's end, then until every frame is in or can no longer be on time.
-                try await waitUntil(timeout: .seconds(365 * 86400), "") {
-                    try core.withLock { state in
-                        if let error = state.controlError { throw error }
-                        if state.controlEnded && state.framesSent == nil {
-                            throw QXferError(.connectionClosed, "the sender closed the connection before the end of the stream")
+                var totals: StreamTotals
+                do {
+                    // Until the sender's end, then until every frame is in or can no longer be on time.
+                    try await waitUntil(timeout: .seconds(365 * 86400), "") {
+                        try core.withLock { state in
+                            if let error = state.outputFailure ?? state.controlError { throw error }
+                            if state.controlEnded && state.framesSent == nil {
+                                throw QXferError(.connectionClosed, "the sender closed the connection before the end of the stream")
+                            }
+                            return state.framesSent != nil
                         }
-                        return state.framesSent != nil
                     }
+                    let drainLimit = ContinuousClock.now + .nanoseconds(Int64(deadline)) + .milliseconds(250)
+                    try await waitUntil(timeout: .seconds(3600), "") {
+                        try core.withLock { state in
+                            if let error = state.outputFailure { throw error }
+                            return state.allResolved || ContinuousClock.now >= drainLimit
+                        }
+                    }
+                    totals = try core.withLock { try $0.finish() }
+                } catch {
+                    if let failure = core.withLock({ $0.outputFailure }) {
+                        // The sender hears why and closes (it would otherwise report a connection
+                        // closed mid-stream); until then its frames are read and dropped, since a
+                        // TCP connection closed with unread data ends in a reset that can lose this.
+                        try? await connection.send(ControlMessage.stop(reason: "\(failure)").encoded())
+                        try? await waitUntil(timeout: .seconds(3), "") { core.withLock { $0.controlEnded } }
+                    }
+                    throw error
                 }
-                let drainLimit = ContinuousClock.now + .nanoseconds(Int64(deadline)) + .milliseconds(250)
-                try await waitUntil(timeout: .seconds(3600), "") {
-                    core.withLock { $0.allResolved } || ContinuousClock.now >= drainLimit
-                }
-                var totals = try core.withLock { try $0.finish() }
                 totals.stack = hasExtras ? "quic" : "tls"
                 totals.note = Carriage.note(mode: hello.mode, hasQUICExtras: hasExtras)
                 try await connection.send(ControlMessage.report(Data(totals.json().utf8)).encoded())
@@ -212,6 +227,10 @@ struct ReceiverCore {
     var controlEnded = false
     var controlError: (any Error)?
     var readySent = false
+    /// Why the output failed, once a write did: nothing more is written, and the stream ends
+    /// with it (the sender told by a stop message). Frames are still read meanwhile, so the
+    /// connection closes cleanly rather than with unread data.
+    var outputFailure: (any Error)?
 
     init(hello: StreamHello, carriage: Carriage) {
         self.hello = hello
@@ -237,7 +256,7 @@ struct ReceiverCore {
         let onTime = senderNow <= frame.expiry
         stats.record(latency: latency, bytes: frame.payload.count, onTime: onTime, arrival: now, index: frame.index)
         if onTime || !dropsLateFrames { playout.add(frame) }
-        try write(playout.release(now: senderNow))
+        write(playout.release(now: senderNow))
     }
 
     mutating func datagram(_ datagram: Data, now: UInt64) throws -> [Data] {
@@ -260,7 +279,7 @@ struct ReceiverCore {
             try handle(events, now: now)
             requests = tickRequests
         }
-        try write(playout.release(now: senderTime(now)))
+        write(playout.release(now: senderTime(now)))
         return requests
     }
 
@@ -273,13 +292,17 @@ struct ReceiverCore {
         }
     }
 
-    private mutating func write(_ items: [PlayoutBuffer.Item]) throws {
-        guard sink != nil else { return }
-        for item in items {
-            switch item {
-            case .frame(let frame): try sink!.write(frame)
-            case .gap(let index): try sink!.skip(index)
+    private mutating func write(_ items: [PlayoutBuffer.Item]) {
+        guard sink != nil, outputFailure == nil else { return }
+        do {
+            for item in items {
+                switch item {
+                case .frame(let frame): try sink!.write(frame)
+                case .gap(let index): try sink!.skip(index)
+                }
             }
+        } catch {
+            outputFailure = error
         }
     }
 
@@ -292,8 +315,14 @@ struct ReceiverCore {
     /// Writes what is left, closes the sink and computes the totals.
     mutating func finish() throws -> StreamTotals {
         let sent = framesSent ?? 0
-        try write(playout.release(now: senderTime(WallClock.now()), through: UInt64(sent)))
-        try sink?.close()
+        write(playout.release(now: senderTime(WallClock.now()), through: UInt64(sent)))
+        if let outputFailure { throw outputFailure }
+        do {
+            try sink?.close()
+        } catch {
+            outputFailure = error
+            throw error
+        }
         sink = nil
         var totals = stats.totals(framesSent: sent, clock: clock)
         totals.mode = hello.mode.rawValue

@@ -1,5 +1,6 @@
 import FoundationEssentials
 import Glibc
+import PlainText
 import QXfer
 internal import LinuxSystem
 
@@ -146,6 +147,9 @@ public enum StreamSender {
                         case .report(let json):
                             shared.withLock { $0.report = json }
                             return
+                        case .stop(let reason):
+                            shared.withLock { $0.stopReason = reason }
+                            return
                         default: throw StreamError(.malformed, "the receiver sent an unexpected message")
                         }
                     }
@@ -167,7 +171,7 @@ public enum StreamSender {
 
                 try await waitUntil(timeout: .seconds(20), "the receiver did not get ready within 20 s") {
                     try shared.withLock { state in
-                        if state.controlEnded { throw QXferError(.connectionClosed, "the receiver closed the connection before the stream started") }
+                        if state.controlEnded { throw state.endedEarly("the receiver closed the connection before the stream started") }
                         return state.ready
                     }
                 }
@@ -206,8 +210,8 @@ public enum StreamSender {
                             deadline: options.deadline, payload: next.payload, timestamp: next.timestamp ?? UInt64(framesSent))
                         framesSent += 1
                         // A receiver that went away shows first on the control stream.
-                        if shared.withLock({ $0.controlEnded }) {
-                            throw QXferError(.connectionClosed, "the receiver closed the connection in the middle of the stream")
+                        if let ended = shared.withLock({ $0.controlEnded ? $0.endedEarly("the receiver closed the connection in the middle of the stream") : nil }) {
+                            throw ended
                         }
                         switch carriage {
                         case .ordered(let dropsExpired):
@@ -255,7 +259,7 @@ public enum StreamSender {
                 try await waitUntil(timeout: options.deadline + .seconds(15), "the receiver sent no totals within 15 s of the end") {
                     try shared.withLock { state in
                         if state.report == nil && state.controlEnded {
-                            throw QXferError(.connectionClosed, "the receiver closed the connection without sending its totals")
+                            throw state.endedEarly("the receiver closed the connection without sending its totals")
                         }
                         return state.report != nil
                     }
@@ -425,8 +429,17 @@ struct SenderShared: Sendable {
     var ready = false
     var controlEnded = false
     var report: Data?
+    /// The receiver's reason, once it stopped the stream (its output failed).
+    var stopReason: String?
     var droppedAtSender = 0
     var streamsReset = 0
+
+    /// Why the stream ends once the control stream has ended before its time: the receiver's
+    /// stop, or else `otherwise`.
+    func endedEarly(_ otherwise: String) -> any Error {
+        guard let stopReason else { return QXferError(.connectionClosed, otherwise) }
+        return StreamError(.output, "the receiver stopped the stream: \(TerminalText.escaped(stopReason))")
+    }
 }
 
 /// Polls `condition` every 2 ms until it holds; throws a timeout after `timeout`.

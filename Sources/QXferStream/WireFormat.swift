@@ -66,6 +66,11 @@ public enum ControlMessage: Sendable, Hashable {
     case end(framesSent: UInt64)
     /// Receiver → sender: the final totals, as the JSON line the receiver printed.
     case report(Data)
+    /// Receiver → sender: its output failed (`reason`, one line); it takes no more frames.
+    case stop(reason: String)
+
+    /// The longest `stop` reason, in bytes of UTF-8.
+    public static let maximumReasonSize = 1024
 
     /// The largest message body accepted; a larger length fails the stream before allocating.
     public static let maximumBodySize = 64 << 20
@@ -79,6 +84,7 @@ public enum ControlMessage: Sendable, Hashable {
         case .frame: 5
         case .end: 6
         case .report: 7
+        case .stop: 8
         }
     }
 
@@ -116,6 +122,11 @@ public enum ControlMessage: Sendable, Hashable {
             body.write(framesSent)
         case .report(let json):
             body.write(json)
+        case .stop(let reason):
+            // Cut at a character boundary: the decoder refuses a longer one.
+            var text = reason
+            while text.utf8.count > Self.maximumReasonSize { text.removeLast() }
+            body.write(Data(text.utf8))
         }
         var message = ByteWriter(capacity: 5 + body.data.count)
         message.write(type)
@@ -168,6 +179,10 @@ public enum ControlMessage: Sendable, Hashable {
             return message
         case 6: message = .end(framesSent: try reader.read(UInt64.self, "end"))
         case 7: return .report(Data(reader.readRest()))
+        case 8:
+            let reason = reader.readRest()
+            guard reason.count <= maximumReasonSize else { throw StreamError(.malformed, "a \(reason.count)-byte stop reason is too long") }
+            return .stop(reason: String(decoding: reason, as: UTF8.self))
         default: throw StreamError(.malformed, "unknown stream message type \(type)")
         }
         guard reader.remaining == 0 else { throw StreamError(.malformed, "\(reader.remaining) stray bytes after a type-\(type) message") }

@@ -60,12 +60,15 @@ public final class OutputFile {
         }
     }
 
+    /// The path as messages name it: `-` is "standard output".
+    private var shownPath: String { path == "-" ? "standard output" : path }
+
     /// Writes all of `bytes` after what was written before.
     public func write(_ bytes: UnsafeRawBufferPointer) throws(OutputError) {
         switch OutputFile.writeAll(bytes, to: descriptor) {
         case 0: return
-        case EPIPE: throw OutputError("the reader of \(path) closed it")
-        case let err: throw OutputError("cannot write to \(path)", errno: err)
+        case EPIPE: throw OutputError("the reader of \(shownPath) closed it")
+        case let err: throw OutputError("cannot write to \(shownPath)", errno: err)
         }
     }
 

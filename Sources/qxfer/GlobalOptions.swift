@@ -25,6 +25,17 @@ struct GlobalOptions: ParsableArguments {
         configDirectory.map { ConfigDirectory(path: $0) } ?? .standard
     }
 
+    /// This host's identity, created in the configuration folder on first use. Where it cannot
+    /// be created (a read-only home, a service user whose home does not exist) the message says
+    /// how to choose another folder.
+    func identity() throws -> HostIdentity {
+        do {
+            return try HostIdentity.loadOrCreate(in: config)
+        } catch let error as QXferError where !HostIdentity.exists(in: config) {
+            throw QXferError(error.code, "\(error.message); choose a folder you can write with --config-dir DIR (or XDG_CONFIG_HOME)")
+        }
+    }
+
     /// Quiet by default: warnings only; -v info, -vv debug, -vvv trace.
     func bootstrapLogging() {
         let level: Logger.Level = switch verbose {

@@ -25,7 +25,7 @@ struct IdentityCommand: AsyncParsableCommand, JSONOutput {
         global.bootstrapLogging()
         let directory = global.config
         let existed = HostIdentity.exists(in: directory)
-        let identity = try HostIdentity.loadOrCreate(in: directory)
+        let identity = try global.identity()
         if json {
             Console.emit("identity", ["fingerprint": identity.fingerprint.description, "directory": directory.path, "created": !existed])
         } else {

@@ -86,7 +86,7 @@ struct PairCommand: AsyncParsableCommand {
             throw ValidationError("'\(destination)' is not a host[:port]")
         }
         let code = try self.code.flatMap(PairingCode.init(parsing:)) ?? askForCode(shownOn: endpoint.host)
-        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let identity = try global.identity()
         let store = PairedDevices(in: global.config, identity: identity)
         _ = try store.devices()  // a damaged list stops us before the other side stores anything
         let device = try await stack.run(
@@ -129,7 +129,7 @@ struct PairCommand: AsyncParsableCommand {
 
     private func wait() async throws {
         let code = code.flatMap(PairingCode.init(parsing:)) ?? PairingCode.random()
-        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let identity = try global.identity()
         let store = PairedDevices(in: global.config, identity: identity)
         _ = try store.devices()
         let (results, finished) = AsyncStream.makeStream(of: Result<PairedDevices.Device, any Error>.self)
@@ -243,7 +243,7 @@ struct DevicesCommand: AsyncParsableCommand {
     var json = false
 
     func run() async throws {
-        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let identity = try global.identity()
         let devices = try PairedDevices(in: global.config, identity: identity).devices()
         if json {
             let encoder = JSONEncoder()
@@ -277,7 +277,7 @@ struct UnpairCommand: AsyncParsableCommand {
     var device: String
 
     func run() async throws {
-        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let identity = try global.identity()
         let store = PairedDevices(in: global.config, identity: identity)
         let removed = try store.remove(device)
         guard !removed.isEmpty else {

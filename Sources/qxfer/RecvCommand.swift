@@ -69,7 +69,8 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             discussion: """
                 The data goes out as it arrives; reports go to standard error. The digest is checked at the end, but \
                 a pipe cannot be un-written: on a mismatch the command fails (exit 65) and says to discard what \
-                came out. Offers of folders or several files are declined. Nothing is resumed.
+                came out. If the pipe's reader goes away, the transfer stops at once and its sender is told (exit 74 \
+                on both sides). Offers of folders or several files are declined. Nothing is resumed.
                 """))
     var toStandardOutput = false
 
@@ -126,12 +127,6 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             }
             return
         }
-        if access(dir, F_OK) != 0 {
-            guard mkdir(dir, 0o755) == 0 || errno == EEXIST else {
-                throw ValidationError("cannot create '\(dir)': \(String(cString: strerror(errno)))")
-            }
-            Console.warn("created the folder '\(dir)'")
-        }
         // Ctrl-C cancels the listeners, so the advertisement ends with a goodbye.
         try await cancellingOnInterrupt { try await receive(into: dir, shown: dir, relay: nil) }
     }
@@ -140,7 +135,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     /// transfer whose file goes to standard output.
     private func receive(into folder: String, shown: String, relay: StandardOutputRelay?) async throws {
         let once = once || relay != nil
-        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let identity = try global.identity()
         let pairedDevices = PairedDevices(in: global.config, identity: identity)
         let paired = try pairedDevices.devices()  // a damaged list is an error here, not an open door
         let allowed = allow.compactMap { Fingerprint(parsing: $0) }
@@ -178,6 +173,13 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
                 return .listener
             }
             _ = try await quic.port
+            // Made once both listen: a receiver that cannot start leaves no new empty folder.
+            if access(folder, F_OK) != 0 {
+                guard mkdir(folder, 0o755) == 0 || errno == EEXIST else {
+                    throw ValidationError("cannot create '\(folder)': \(String(cString: strerror(errno)))")
+                }
+                reporter.warn("created the folder '\(folder)'")
+            }
             let advertisedName = name ?? ReceiverDiscovery.defaultName
             reporter.listening(name: advertisedName, port: boundPort, addresses: host.map { [$0] } ?? localAddresses(), fingerprint: identity.fingerprint, folder: shown)
             if !noAdvertise {
@@ -238,6 +240,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
                 return true
             }
         }
+        if let relay { receiver.localFailure = { await relay.copyFailure() } }
         let sender = connection.peer?.fingerprint
         let stack = connection.stackName  // read while connected: the summary comes after the close
         if let sender { try? pairedDevices.markSeen(sender) }  // "last seen" is a courtesy, not worth a failure

@@ -174,7 +174,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
                 StandardStream.error.writeVerbatim("qxfer: found receiver '\(TerminalText.escaped(found.name))' at \(endpoint)\n")
             }
         }
-        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let identity = try global.identity()
         let receiverTrust = try ReceiverTrust(
             fingerprint: fingerprint, endpoint: endpoint, discoveredName: discoveredName, identity: identity, config: global.config)
         let reporter = TransferReporter(json: json, role: .sender)

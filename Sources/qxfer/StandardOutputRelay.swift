@@ -2,6 +2,7 @@ import FoundationEssentials
 import Glibc
 import LinuxSystem
 import QXferTransfer
+import SafeOutput
 import Synchronization
 
 /// `recv --stdout`: the one file of a transfer goes to standard output as it arrives.
@@ -11,7 +12,9 @@ import Synchronization
 /// punches the copied range out of the file, so the folder never holds much more than what
 /// standard output has not taken yet. The digest is checked at the end, as for any file, but
 /// what went down the pipe cannot be taken back: a mismatch fails the command with a message
-/// saying so. Nothing is resumed (each run gets a new folder).
+/// saying so. Nothing is resumed (each run gets a new folder). A write to standard output that
+/// fails (its reader went away) stops the transfer at once, telling the sender
+/// (``copyFailure()``): nothing more would reach anyone.
 final class StandardOutputRelay: Sendable {
     /// The private folder the receiver writes into; removed by ``remove()``.
     let directory: String
@@ -20,6 +23,10 @@ final class StandardOutputRelay: Sendable {
         var name: String?
         var finalSize: UInt64?
         var abandoned = false
+        /// Why copying stopped, once it failed; and the tasks waiting to hear it.
+        var copyFailure: TransferError?
+        var waiters: [Int: CheckedContinuation<TransferError?, Never>] = [:]
+        var nextWaiter = 0
     }
     private let state = Mutex(State())
 
@@ -53,7 +60,14 @@ final class StandardOutputRelay: Sendable {
     /// verified byte is out. If `receive` fails, the copy stops and its error is thrown, with a
     /// word about what already went out.
     func relaying<T: Sendable>(_ receive: () async throws -> T) async throws -> T {
-        let copier = Task.detached { [self] in try await onThread { try self.copy() } }
+        let copier = Task.detached { [self] in
+            do {
+                try await onThread { try self.copy() }
+            } catch {
+                failed(error as? TransferError ?? TransferError(.io, "\(error)"))
+                throw error
+            }
+        }
         do {
             let value = try await receive()
             try await copier.value
@@ -68,6 +82,38 @@ final class StandardOutputRelay: Sendable {
         }
     }
 
+    /// Waits until copying to standard output fails and returns why (the receiver's
+    /// `localFailure`: the transfer stops and its sender is told); nil once the waiting task is
+    /// cancelled, as it is when the transfer ends first.
+    func copyFailure() async -> TransferError? {
+        let id = state.withLock { state in
+            defer { state.nextWaiter += 1 }
+            return state.nextWaiter
+        }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { waiter in
+                let now = state.withLock { state -> TransferError?? in
+                    if let failure = state.copyFailure { return .some(failure) }
+                    if Task.isCancelled { return .some(nil) }
+                    state.waiters[id] = waiter
+                    return nil
+                }
+                if let now { waiter.resume(returning: now) }
+            }
+        } onCancel: {
+            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume(returning: nil)
+        }
+    }
+
+    private func failed(_ failure: TransferError) {
+        let waiters = state.withLock { state in
+            defer { state.waiters = [:] }
+            state.copyFailure = failure
+            return state.waiters.values
+        }
+        for waiter in waiters { waiter.resume(returning: failure) }
+    }
+
     /// Removes the temporary folder and what is in it.
     func remove() {
         try? FileManager.default.removeItem(atPath: directory)
@@ -75,15 +121,17 @@ final class StandardOutputRelay: Sendable {
 
     /// The copy loop, on its own thread: blocking reads and writes, paced by the pipe's reader.
     private func copy() throws {
+        let output: OutputFile
+        do { output = try OutputFile(path: "-") } catch { throw TransferError(.io, error.message) }
         var file: Int32 = -1
         defer { if file >= 0 { close(file) } }
         var offset: UInt64 = 0
         var punched: UInt64 = 0
         var buffer = [UInt8](repeating: 0, count: 1 << 20)
         while true {
-            let now = state.withLock { $0 }
-            if now.abandoned { return }
-            if file < 0, let name = now.name {
+            let (abandoned, name, finalSize) = state.withLock { ($0.abandoned, $0.name, $0.finalSize) }
+            if abandoned { return }
+            if file < 0, let name {
                 // The partial, or the final name if it was renamed before we looked.
                 file = open(directory + "/" + FileStore.tempNames(for: name).partial, O_RDONLY)
                 if file < 0 { file = open(directory + "/" + name, O_RDONLY) }
@@ -91,7 +139,11 @@ final class StandardOutputRelay: Sendable {
             if file >= 0 {
                 let count = buffer.withUnsafeMutableBytes { pread(file, $0.baseAddress, $0.count, off_t(offset)) }
                 if count > 0 {
-                    try writeAll(buffer, count: count)
+                    var failure: OutputError?
+                    buffer.withUnsafeBytes { raw in
+                        do throws(OutputError) { try output.write(UnsafeRawBufferPointer(rebasing: raw[..<count])) } catch { failure = error }
+                    }
+                    if let failure { throw TransferError(.io, "\(failure.message); the transfer stopped") }
                     offset += UInt64(count)
                     // Give the copied whole mebibytes back to the file system (the rest stays).
                     let done = offset & ~((1 << 20) - 1)
@@ -99,20 +151,8 @@ final class StandardOutputRelay: Sendable {
                     continue
                 }
             }
-            if let size = now.finalSize, offset >= size { return }
+            if let finalSize, offset >= finalSize { return }
             usleep(10_000)
-        }
-    }
-
-    private func writeAll(_ buffer: [UInt8], count: Int) throws {
-        var written = 0
-        while written < count {
-            let n = buffer.withUnsafeBytes { write(STDOUT_FILENO, $0.baseAddress! + written, count - written) }
-            if n < 0 {
-                if errno == EINTR { continue }
-                throw TransferError(.io, "cannot write to standard output: \(String(cString: strerror(errno)))")
-            }
-            written += n
         }
     }
 

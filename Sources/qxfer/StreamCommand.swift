@@ -119,7 +119,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
 
     private func send() async throws {
         let endpoint = StreamEndpoint.parse(destination, defaultPort: defaultStreamPort)!
-        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let identity = try global.identity()
         let receiverTrust = try ReceiverTrust(
             fingerprint: fingerprint, endpoint: endpoint, discoveredName: nil, identity: identity, config: global.config)
         let summary = try await stack.run(
@@ -288,7 +288,9 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
         discussion: """
             A file gets its name when the stream ends (written beside it until then); a \
             terminal, a device such as /dev/null, a named pipe (read live, e.g. by ffplay) or \
-            a socket is written directly and never replaced; a folder is refused.
+            a socket is written directly and never replaced; a folder is refused. A write \
+            that fails (the pipe's reader closed it, the disk is full) stops the stream at \
+            once, the sender told why (exit 74).
             """,
         valueName: "file"))
     var output: String?
@@ -306,7 +308,7 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
     }
 
     private func receive() async throws {
-        let identity = try HostIdentity.loadOrCreate(in: global.config)
+        let identity = try global.identity()
         // Refused at once (a folder, a block device), not when the first frame arrives.
         if let output {
             do { try OutputFile.check(output) } catch { throw StreamError(.output, error.message) }

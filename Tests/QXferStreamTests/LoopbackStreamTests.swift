@@ -202,6 +202,81 @@ import Testing
         }
     }
 
+    /// A sink whose writes fail from the `failingFrom`th frame on, as a pipe does once its
+    /// reader has gone.
+    struct FailingSink: FrameSink {
+        let failingFrom: Int
+        var written = 0
+        mutating func write(_ frame: Frame) throws {
+            written += 1
+            if written >= failingFrom { throw StreamError(.output, "the reader of the test's output closed it") }
+        }
+        mutating func skip(_ index: UInt64) throws {}
+        mutating func close() throws {}
+    }
+
+    @Test(
+        "An output that fails mid-stream ends the stream on both sides at once, the sender told why",
+        arguments: [(Stack.quic, StreamMode.realtime), (.quic, .streamPerFrame), (.quic, .reliable), (.tls, .reliable), (.tls, .realtime)])
+    func failedOutputStopsTheStream(stack: Stack, mode: StreamMode) async throws {
+        // 900 frames are 30 s at 30 frames a second: a sender that is not told plays them all and
+        // succeeds, which fails the expectations below.
+        var options = Self.synthetic(frames: 900, mode: mode)
+        options.deadline = .milliseconds(500)
+        let receiverError = Locked<String?>(nil)
+        var receiverOptions = StreamReceiverOptions()
+        receiverOptions.makeSink = { _ in FailingSink(failingFrom: 10) }
+        let senderError = switch stack {
+        case .quic:
+            try await Self.stopped(
+                listener: .parameters { QUIC().identity(Self.server) }.performanceMode(.realtime),
+                client: .parameters { QUIC().identity(Self.client).peerFingerprint(Self.server.fingerprint) }.performanceMode(.realtime),
+                receiverOptions: receiverOptions, options: options, receiverError: receiverError)
+        case .tls:
+            try await Self.stopped(
+                listener: .parameters { TLS().identity(Self.server) }.performanceMode(.realtime),
+                client: .parameters { TLS().identity(Self.client).peerFingerprint(Self.server.fingerprint) }.performanceMode(.realtime),
+                receiverOptions: receiverOptions, options: options, receiverError: receiverError)
+        }
+        #expect(receiverError.withLock { $0 } == "the reader of the test's output closed it", "\(stack) \(mode)")
+        #expect(senderError == "output: the receiver stopped the stream: the reader of the test's output closed it", "\(stack) \(mode)")
+    }
+
+    /// Runs a stream the receiver stops; returns the sender's error as "code: message" (nil if
+    /// it succeeded), and puts the receiver's in `receiverError`.
+    static func stopped<S: ByteStreamProtocol>(
+        listener parameters: NetworkParameters<S>, client: NetworkParameters<S>, receiverOptions: StreamReceiverOptions,
+        options: StreamSenderOptions, receiverError: Locked<String?>
+    ) async throws -> String? {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1", using: parameters)
+        return try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                try await listener.run { connection in
+                    do {
+                        _ = try await StreamReceiver.run(on: connection, options: receiverOptions)
+                    } catch {
+                        receiverError.withLock { $0 = "\(error)" }
+                    }
+                }
+            }
+            let port = try await listener.port
+            let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port), using: client)
+            let source = SyntheticSource(frameRate: FrameRate(numerator: 30), bitsPerSecond: 2_000_000)
+            var senderError: String?
+            do {
+                _ = try await StreamSender.run(over: connection, source: source, options: options)
+            } catch let error as StreamError {
+                senderError = "\(error.code): \(error.message)"
+            } catch {
+                senderError = "\(error)"
+            }
+            connection.cancel()
+            for _ in 0..<500 where receiverError.withLock({ $0 == nil }) { try await Task.sleep(for: .milliseconds(10)) }
+            group.cancelAll()
+            return senderError
+        }
+    }
+
     static func synthetic(frames: Int, mode: StreamMode, repair: RepairScheme = .default) -> StreamSenderOptions {
         var options = StreamSenderOptions()
         options.mode = mode

@@ -466,6 +466,41 @@ struct SessionTests {
         #expect(!exists(scratch.sub("dst/.big.bin.qxfer-partial")) && !exists(scratch.sub("dst/.big.bin.qxfer-journal")))
     }
 
+    /// A result's TransferError as "code: message"; nil for a success or another error.
+    static func failure<T>(_ result: Result<T, any Error>) -> String? {
+        guard case .failure(let error as TransferError) = result else { return nil }
+        return "\(error.code): \(error.message)"
+    }
+
+    @Test("A failure of the receiver's own ends an accepted transfer at once, the sender stopped with its reason", arguments: StackKind.allCases)
+    func localFailureEndsTheTransfer(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        let size = 48 << 20
+        try Data(pattern(size, seed: 5)).write(to: URL(fileURLWithPath: scratch.sub("big.bin")))
+        let tree = try SourceTree.scan([scratch.sub("big.bin")])
+        let reason = "the reader of standard output closed it; the transfer stopped"
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
+            var receiver = TransferReceiver(directory: scratch.sub("dst"))
+            let progress = receiver.progress
+            receiver.localFailure = {
+                // Once 4 MiB have come: under way, far from the end.
+                while progress.transferredBytes < 4 << 20 {
+                    guard (try? await Task.sleep(for: .milliseconds(2))) != nil else { return nil }
+                }
+                return TransferError(.io, reason)
+            }
+            return try await peer.runReceiver(receiver)
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        // TransferError's == compares codes only: the messages are compared here.
+        #expect(Self.failure(server) == "io: " + reason)
+        #expect(Self.failure(client) == "io: the receiver: " + reason)
+        #expect(!exists(scratch.sub("dst/big.bin")))
+    }
+
     @Test("A resume prefix that differs from the sender's file restarts from byte 0", arguments: StackKind.allCases)
     func mismatchedPrefixRestarts(_ kind: StackKind) async throws {
         let scratch = TempDir()

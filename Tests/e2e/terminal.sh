@@ -274,11 +274,28 @@ set +e
 set -e
 [ $s1 = 64 ] && grep -q "'b.bin' is a local file, not a host" "$WORK/e1" || fail "send FILE FILE: exit $s1: $(cat "$WORK/e1")"
 [ $s2 = 64 ] && grep -q "neither does its parent" "$WORK/e2" || fail "recv --dir missing/sub: exit $s2: $(cat "$WORK/e2")"
+# A configuration folder that cannot be made (a file where a folder must go: as root, a read-only
+# home would not stop the test) names the way out.
+set +e
+"$QXFER" send --config-dir "$WORK/b.bin/cfg" "$WORK/src/one.bin" "127.0.0.1:$PORT" >/dev/null 2>"$WORK/e2" </dev/null; s2=$?
+set -e
+[ $s2 = 78 ] && grep -q "cannot create the configuration folder $WORK/b.bin/cfg: Not a directory; choose a folder you can write with --config-dir" "$WORK/e2" \
+    || fail "send with a configuration folder that cannot be made: exit $s2: $(cat "$WORK/e2")"
 "$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --port 0 --dir "$WORK/created" >"$WORK/c.out" 2>"$WORK/c.err" </dev/null &
 RECV_PID=$!; PIDS+=("$RECV_PID")
 for _ in $(seq 100); do grep -q '^fingerprint' "$WORK/c.out" 2>/dev/null && break; sleep 0.1; done
 kill -INT "$RECV_PID"; set +e; wait "$RECV_PID"; s3=$?; set -e
 [ -d "$WORK/created" ] && grep -q "created the folder" "$WORK/c.err" && [ $s3 = 130 ] || fail "recv --dir NEW: exit $s3, $(cat "$WORK/c.err")"
+# A receiver that cannot listen (its port taken by another) leaves no new empty folder behind.
+"$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --host 127.0.0.1 --port "$PORT" >"$WORK/c.out" 2>"$WORK/c.err" </dev/null &
+RECV_PID=$!; PIDS+=("$RECV_PID")
+for _ in $(seq 100); do grep -q '^fingerprint' "$WORK/c.out" 2>/dev/null && break; sleep 0.1; done
+set +e
+"$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --host 127.0.0.1 --port "$PORT" --dir "$WORK/not-made" >/dev/null 2>"$WORK/e3" </dev/null; s3=$?
+set -e
+kill -INT "$RECV_PID"; wait "$RECV_PID" || true
+[ $s3 = 69 ] && grep -q "cannot listen on 127.0.0.1 port $PORT" "$WORK/e3" && [ ! -e "$WORK/not-made" ] \
+    || fail "recv --dir NEW on a port in use: exit $s3, folder $(ls -d "$WORK/not-made" 2>&1): $(cat "$WORK/e3")"
 # Discovery with nobody answering: a namespace with one link and no receiver.
 ip netns add "$NS"
 ip -n "$NS" link add "${NS}x" type veth peer name "${NS}y"
@@ -313,7 +330,7 @@ set +e
 set -e
 umount "$WORK/readonly"
 [ $s6 = 64 ] && grep -q "cannot receive into .*Read-only file system" "$WORK/e6" || fail "recv --dir READ-ONLY: exit $s6: $(cat "$WORK/e6")"
-ok "errors: a file where the host goes, a missing parent, a created --dir, a read-only --dir, no route, a name that does not resolve, no receiver on the network: $(cat "$WORK/e4")"
+ok "errors: a file where the host goes, a missing parent, a configuration folder that cannot be made, a created --dir (none on a port in use), a read-only --dir, no route, a name that does not resolve, no receiver on the network: $(cat "$WORK/e4")"
 
 # send_in_pane NAME PORT DST PATH [RECV-FLAG...]: a receiver answering yes on PORT into DST in
 # the background (its pid in BG_RECV, its output in $WORK/NAME.out and .err), and in a new pane
@@ -438,6 +455,31 @@ set +e; wait "$RECV_PID"; s7=$?; set -e
 # (What went out before the digest arrived, all or nothing of it, depends on timing.)
 [ $s7 = 65 ] && grep -q "standard output did not verify: discard it" "$WORK/so.err" && [ "$(stat -c %s "$WORK/bad.out")" -le 100000 ] \
     || fail "a digest mismatch with --stdout: exit $s7, $(stat -c %s "$WORK/bad.out") bytes out: $(cat "$WORK/so.err")"
+# The pipe's reader leaves after a kilobyte while the sender's input is still open: the receiver
+# stops the transfer and tells the sender, which fails with its reason instead of sending the
+# rest into a temporary file nobody reads and saying "verified".
+stdout_recv "head -c 1000 >/dev/null"
+set +e
+(head -c 3000000 /dev/urandom; sleep 3; head -c 1000 /dev/urandom) | $SEND - --name slow.bin "127.0.0.1:$PORT" >/dev/null 2>"$WORK/so.send"; s8=$?
+wait "$RECV_PID"; s9=$?
+set -e
+[ $s8 = 74 ] && [ $s9 = 74 ] && grep -q "the receiver: the reader of standard output closed it; the transfer stopped" "$WORK/so.send" \
+    && grep -q "the reader of standard output closed it" "$WORK/so.err" && ! grep -q '^received ' "$WORK/so.err" \
+    || fail "recv --stdout whose reader left: send $s8, recv $s9: $(cat "$WORK/so.send" "$WORK/so.err")"
+# The same for a stream: stream recv stops and stream send ends with its reason, before its 30 s.
+for mode in realtime reliable; do
+    : >"$WORK/sso.err"
+    bash -o pipefail -c "\"$QXFER\" stream recv --config-dir \"$WORK/cfg-recv\" --port $SPORT --output - 2>\"$WORK/sso.err\" | head -c 1000 >/dev/null" </dev/null &
+    RECV_PID=$!; PIDS+=("$RECV_PID")
+    for _ in $(seq 100); do grep -q 'fingerprint' "$WORK/sso.err" 2>/dev/null && break; sleep 0.1; done
+    set +e
+    "$QXFER" stream send "127.0.0.1:$SPORT" --config-dir "$WORK/cfg-stream" --mode $mode --duration 30 >/dev/null 2>"$WORK/sso.send" </dev/null; s10=$?
+    wait "$RECV_PID"; s11=$?
+    set -e
+    [ $s10 = 74 ] && [ $s11 = 74 ] && grep -q "the receiver stopped the stream: the reader of standard output closed it" "$WORK/sso.send" \
+        && grep -q "the reader of standard output closed it" "$WORK/sso.err" \
+        || fail "stream recv --output - whose reader left ($mode): stream send $s10, stream recv $s11: $(cat "$WORK/sso.send" "$WORK/sso.err")"
+done
 [ -z "$(ls /tmp | grep '^qxfer-stdout-' || true)" ] || fail "recv --stdout left its temporary folder"
-ok "recv --stdout: a file, and send - | recv --stdout | tar x, arrive identical; a folder is declined; a digest mismatch exits 65 saying to discard what came out"
+ok "recv --stdout: a file, and send - | recv --stdout | tar x, arrive identical; a folder is declined; a digest mismatch exits 65 saying to discard what came out; a reader that leaves stops send and stream send with the reason"
 echo "terminal: all passed"

@@ -41,6 +41,12 @@ public struct TransferReceiver: Sendable {
     public var progress: TransferProgress
     /// Decides whether to accept an offer (asks the user, or applies a policy).
     public var confirm: @Sendable (IncomingOffer) async -> Bool
+    /// Waits for a failure of the receiver's own that ends an accepted transfer although its
+    /// file writes go well (`recv --stdout` once its reader went away), and returns it; nil
+    /// for none (the default, at once). Waited for from the acceptance on, and cancelled when
+    /// the transfer ends first. The sender is told with an Error (docs/PROTOCOL.md §3.5) and
+    /// the partials are kept, as after a failed write.
+    public var localFailure: @Sendable () async -> TransferError? = { nil }
     /// The targets being received right now, shared by every copy of this receiver (one per
     /// connection), so a sender that reconnects can take over from its stalled connection.
     let registry = ReceptionRegistry()
@@ -130,6 +136,10 @@ public struct TransferReceiver: Sendable {
                 guard let silence = await watchdog.waitForSilence() else { return }
                 await funnel.interrupt(with: TransferError(
                     .cancelled, "the sender sent nothing for \(silence.components.seconds) s with files unfinished; their partials are kept for resuming"))
+            }
+            group.addTask { [localFailure] in
+                guard let failure = await localFailure() else { return }
+                await funnel.interrupt(with: failure)
             }
             group.addTask {
                 for await _ in registration.superseded {
