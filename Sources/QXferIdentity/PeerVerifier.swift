@@ -65,7 +65,17 @@
     @_spi(Stacks) public func recordAfterHandshake(peer fingerprint: Fingerprint?) throws {
         guard let fingerprint else { return }
         let result = self.result
-        if let (file, key) = result.pendingFirstUse { try file.add(key, fingerprint) }
+        if let (file, key) = result.pendingFirstUse {
+            do {
+                try file.add(key, fingerprint)
+            } catch {
+                let reason = (error as? QXferError)?.message ?? "\(error)"
+                throw QXferError(
+                    .identity,
+                    "cannot record the first contact with \(key) (fingerprint \(fingerprint)): \(reason); a first contact is "
+                        + "trusted only once recorded: make \(file.path) writable, or pass --fingerprint \(fingerprint)")
+            }
+        }
         // Looked up again: a concurrent connection (the other stack of a race) may have written it.
         if let (file, key) = result.pendingPin, (try? file.lookup(key)) == .some(nil) {
             try? file.add(key, fingerprint)

@@ -272,7 +272,8 @@ final class TransferReporter: Sendable {
             return
         }
         let verb = role == .sender ? "sent" : "received"
-        var line = "\(verb) \(TextFormat.bytes(bytes)) in \(TextFormat.fixed(seconds, places: 2)) s (\(formatRate(rate)))"
+        var line = "\(verb) \(TextFormat.bytes(bytes)) in \(TextFormat.fixed(seconds, places: 2)) s"
+        if bytes > 0 { line += " (\(formatRate(rate)))" }  // nothing moved (files already there): no rate to speak of
         if let carrier { line += " over \(carrier)" }
         if summary.resumedBytes > 0 { line += ", \(TextFormat.bytes(summary.resumedBytes)) resumed" }
         if holes > 0 { line += ", plus \(TextFormat.bytes(holes)) of holes" }  // not counted in the rate

@@ -236,6 +236,16 @@ struct LoopbackTests {
             let malformed = await qxferError { try await Self.roundTrip(connect(port, .knownHosts(damaged))) }
             #expect(malformed?.code == .identity)
             #expect(try String(contentsOfFile: damaged.path, encoding: .utf8) == damagedText)
+
+            // A first contact that cannot be recorded (its folder's place taken by a file; a
+            // read-only folder would do, but root writes those) is refused, saying how to go on.
+            #expect(FileManager.default.createFile(atPath: directory.file("plain"), contents: Data()))
+            let unwritable = KnownHosts(path: directory.file("plain") + "/known_hosts")
+            let unrecorded = await qxferError { try await Self.roundTrip(connect(port, .knownHosts(unwritable))) }
+            #expect(unrecorded?.code == .identity)
+            #expect(unrecorded?.message == "cannot record the first contact with 127.0.0.1:\(port) (fingerprint \(original.fingerprint)): "
+                + "cannot create the configuration folder \(directory.file("plain")): it is not a folder; a first contact is trusted "
+                + "only once recorded: make \(unwritable.path) writable, or pass --fingerprint \(original.fingerprint)")
             return port
         }
 
