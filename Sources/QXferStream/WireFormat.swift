@@ -182,7 +182,8 @@ public enum ControlMessage: Sendable, Hashable {
         case 8:
             let reason = reader.readRest()
             guard reason.count <= maximumReasonSize else { throw StreamError(.malformed, "a \(reason.count)-byte stop reason is too long") }
-            return .stop(reason: String(decoding: reason, as: UTF8.self))
+            guard let text = String(validating: reason, as: UTF8.self) else { throw StreamError(.malformed, "a stop reason that is not UTF-8") }
+            return .stop(reason: text)
         default: throw StreamError(.malformed, "unknown stream message type \(type)")
         }
         guard reader.remaining == 0 else { throw StreamError(.malformed, "\(reader.remaining) stray bytes after a type-\(type) message") }

@@ -15,6 +15,7 @@ import Testing
         .frame(Frame(index: 0, isKeyframe: false, captureTime: 0, deadline: .zero, payload: Data())),
         .end(framesSent: 300),
         .report(Data("{\"final\":true}".utf8)),
+        .stop(reason: "the reader of standard output closed it ✓"),
     ]
 
     @Test func messagesSurviveAnyChunking() throws {
@@ -39,6 +40,19 @@ import Testing
             var decoder = MessageDecoder()
             decoder.append(bad)
             #expect(throws: StreamError.self) { try decoder.next() }
+        }
+    }
+
+    @Test("A stop reason: cut to 1024 bytes at a character boundary when sent; longer, or not UTF-8, refused when read")
+    func stopReasonsAreBounded() throws {
+        let long = String(repeating: "é", count: 600)  // 1200 bytes
+        var decoder = MessageDecoder()
+        decoder.append(ControlMessage.stop(reason: long).encoded())
+        #expect(try decoder.next() == .stop(reason: String(repeating: "é", count: 512)))
+        for body in [Data(repeating: 0x61, count: 1025), Data([0x61, 0xFF])] {
+            var hostile = MessageDecoder()
+            hostile.append(Data([8, 0, 0, UInt8(body.count >> 8), UInt8(body.count & 0xFF)]) + body)
+            #expect(throws: StreamError.self) { try hostile.next() }
         }
     }
 
