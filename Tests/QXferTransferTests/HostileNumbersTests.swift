@@ -291,8 +291,10 @@ struct HostileNumbersTests {
         defer { scratch.cleanup() }
         let receiver = TransferReceiver(directory: dst, idleTimeout: .milliseconds(300))
         let (server, replies) = try await Self.accepted(kind, [Self.file(["slow"], size: 1000)], dst: dst, receiver: receiver) { peer, _ in
-            let data = try await peer.openDataStream()
-            try await data.send(.fileData(FileData(entry: 0, offset: 0, bytes: pattern(10))))
+            // On a loaded machine the receiver's 300 ms may pass before this runs, and its Error
+            // close the connection first: the outcome tested, so not a failure of the test.
+            guard let data = try? await peer.openDataStream() else { return nil }
+            try? await data.send(.fileData(FileData(entry: 0, offset: 0, bytes: pattern(10))))
             return data  // and nothing more
         }
         #expect(throws: TransferError(.cancelled, "")) { try server.get() }
