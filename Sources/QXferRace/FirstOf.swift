@@ -114,16 +114,6 @@ public enum FirstOfBuilder {
     public static func buildBlock(_ stacks: any SecureTransport...) -> [any SecureTransport] { stacks }
 }
 
-/// Why a connection whose first stack led alone with early data failed: the peer did not
-/// answer within ``FirstOf/earlyAnswerDeadline``. The `underlying` error of that
-/// ``QXferError``; the next connection to the endpoint races.
-public struct EarlyDataUnanswered: Error, Sendable {
-    /// The peer that stayed silent.
-    public let endpoint: Endpoint
-    /// The stack that led, by name.
-    public let stack: String
-}
-
 /// Why a race ended with "nothing listens": every stack that answered refused, the others were
 /// silent. The `underlying` error of that ``QXferError``.
 public struct NothingListens: Error, Sendable {

@@ -158,7 +158,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
 
         try await withThrowingTaskGroup(of: Child.self) { group in
             group.addTask {
-                try await tls.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, finished) }
+                try await tls.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, once: once, finished) }
                 return .listener
             }
             // QUIC takes the same number on UDP (the one TCP got, when asked for any port).
@@ -169,7 +169,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
                 TLV { QUIC().identity(identity).clientAuthentication(authentication).earlyDataRegister(EarlyDataRegister(in: global.config)) }
             }.performanceMode(.bulk))
             group.addTask {
-                try await quic.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, finished) }
+                try await quic.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, once: once, finished) }
                 return .listener
             }
             _ = try await quic.port
@@ -210,7 +210,8 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     /// One connection: one transfer, its report, its result.
     private func handle<Stack: TLVStack>(
         _ connection: NetworkConnection<Stack>, _ receiver: TransferReceiver, _ prompt: OfferPrompt, _ relay: StandardOutputRelay?,
-        _ reporter: TransferReporter, _ pairedDevices: PairedDevices, _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
+        _ reporter: TransferReporter, _ pairedDevices: PairedDevices, once: Bool,
+        _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
     ) async throws {
         // Each connection gets its own counters and clock, so concurrent transfers do not mix.
         var receiver = receiver
@@ -266,7 +267,8 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             // nothing. Neither may end --once or read as a failed transfer.
             reporter.info("connection from \(sender?.description ?? "a sender without a certificate") closed before an offer: \(TransferReporter.message(of: error))")
         } catch {
-            if !withdrawn.isSet { reporter.failed(error, peer: sender) }  // the withdrawal said it already
+            // The withdrawal said it already; under --once the command's own error says it.
+            if !withdrawn.isSet && !(once && reporter.style != .json) { reporter.failed(error, peer: sender) }
             finished.yield(.failure(error))
         }
     }

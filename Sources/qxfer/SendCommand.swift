@@ -242,9 +242,13 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             } catch where !Task.isCancelled && Self.isNetworkFailure(error) {
                 if !accepted.isSet, !racedAfterEarly, let unanswered = (error as? QXferError)?.underlying as? EarlyDataUnanswered {
                     racedAfterEarly = true
-                    // `--stack auto` let QUIC lead alone with early data and nothing answered
-                    // (UDP blocked since the last send, say): the next connection races.
-                    reporter.info("\(unanswered.stack) with early data got no answer from \(endpoint); racing QUIC and TCP+TLS")
+                    // QUIC sent early and its address stayed silent or refused (UDP blocked
+                    // since the last send, a dual-stack name whose other family works): the next
+                    // connection sends nothing early, races the name's addresses and, under
+                    // `--stack auto`, the stacks.
+                    let message = (error as? QXferError)?.message ?? "\(error)"
+                    let next = stack == .auto ? "racing QUIC and TCP+TLS" : "connecting again without early data"
+                    reporter.info("\(unanswered.stack) with early data could not reach \(endpoint) (\(message)); \(next)")
                     moving = TransferClock()  // what that attempt wrote early was never accepted: not counted
                     continue
                 }

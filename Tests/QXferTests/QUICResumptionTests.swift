@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import NIOCore
 import QXfer
 import QUICEngine
 @_spi(Stacks) @testable import QXferCore
@@ -128,6 +129,35 @@ struct QUICResumptionTests {
         }
     }
 
+    @Test("A ticket keeps the address it came over, and the next connection tries that address first")
+    func ticketsRememberTheirAddress() throws {
+        let directory = TemporaryDirectory()
+        let store = SessionTicketStore(in: ConfigDirectory(path: directory.path))
+        let ticket = QUICSessionTicket(tlsSession: [1, 2, 3], transportParameters: [4])
+        let fingerprint = Identities.server.fingerprint
+        for (host, fingerprint, address) in [("a", fingerprint, "::1"), ("b", nil, "192.0.2.7"), ("c", fingerprint, nil), ("d", nil, nil)] {
+            store.save(ticket, for: .hostPort(host: host, port: 7447), fingerprint: fingerprint, address: address)
+        }
+        // Each entry written is read back as it was, older four- and five-field lines included.
+        let read = Dictionary(uniqueKeysWithValues: store.load().map { ($0.host, $0) })
+        #expect(read["a:7447"]?.fingerprint == fingerprint && read["a:7447"]?.address == "::1")
+        #expect(read["b:7447"]?.fingerprint == nil && read["b:7447"]?.address == "192.0.2.7")
+        #expect(read["c:7447"]?.fingerprint == fingerprint && read["c:7447"]?.address == nil)
+        #expect(read["d:7447"]?.fingerprint == nil && read["d:7447"]?.address == nil)
+        // An address that is not printable is not kept (the file would be refused whole).
+        store.save(ticket, for: .hostPort(host: "e", port: 7447), address: "bad address")
+        #expect(store.entry(for: .hostPort(host: "e", port: 7447))?.address == nil)
+        #expect(store.load().count == 5)
+
+        let v6 = try SocketAddress(ipAddress: "::1", port: 7447), v4 = try SocketAddress(ipAddress: "127.0.0.1", port: 7447)
+        let other = try SocketAddress(ipAddress: "192.0.2.7", port: 7447)
+        #expect(QUICConnector.leading([v6, v4, other], with: "127.0.0.1") == [v4, v6, other])
+        #expect(QUICConnector.leading([v6, v4, other], with: "192.0.2.7") == [other, v6, v4])
+        #expect(QUICConnector.leading([v6, v4], with: "::1") == [v6, v4])
+        #expect(QUICConnector.leading([v6, v4], with: "198.51.100.1") == [v6, v4], "a name that no longer resolves to it keeps its order")
+        #expect(QUICConnector.leading([v6, v4], with: nil) == [v6, v4])
+    }
+
     @Test("Hostile ticket files are ignored whole")
     func hostileFiles() throws {
         let directory = TemporaryDirectory()
@@ -137,16 +167,22 @@ struct QUICResumptionTests {
         store.save(ticket, for: endpoint)
         #expect(store.ticket(for: endpoint) == ticket)
         let good = try String(contentsOfFile: store.path, encoding: .utf8)
+        let line = String(good.dropLast()), fingerprint = Identities.server.fingerprint.description
         let huge = String(repeating: "A", count: 2 * QUICSessionTicket.maximumPartLength)
-        for text in [
+        let texts: [String] = [
             good + "garbage\n",                                     // one bad line spoils the file
             good + "other:1 99999999999 !!! AAAA\n",                // not base64
             "example:7447 99999999999 \(huge) AAAA\n",              // a part over the bound
             "example:7447 -5 AQID BA==\n",                          // a negative expiry
             "example:7447 99999999999  BA==\n",                     // an empty session
-            good.dropLast() + " 12ab\n",                            // a fingerprint that is none
+            line + " 12ab\n",                                       // a fingerprint that is none
+            line + " via=\n",                                       // an empty address
+            line + " via=::1 via=::2\n",                            // two addresses
+            line + " via=::1 " + fingerprint + "\n",                // the fingerprint after the address
+            line + " " + fingerprint + " via=::1 x\n",              // seven fields
             String(repeating: good, count: 400),                    // larger than any file qxfer writes
-        ] {
+        ]
+        for text in texts {
             try text.write(toFile: store.path, atomically: false, encoding: .utf8)
             #expect(store.ticket(for: endpoint) == nil, "accepted: \(text.prefix(60))")
         }

@@ -279,6 +279,7 @@ struct RaceTests {
             #expect(first.stackName == "QUIC")
             first.cancel()
             #expect(await eventually { store.entry(for: endpoint)?.fingerprint == Identities.server.fingerprint })
+            #expect(store.entry(for: endpoint)?.address == "127.0.0.1")
             // With it: QUIC leads alone and its first bytes are early data, taken by the receiver.
             let second = try await Self.connectAndEcho(to: port, leading(answerWithin: Self.unhurried))
             #expect(second.stackName == "QUIC")

@@ -12,6 +12,10 @@
 #     the entry is gone.
 #  3. TCP dropped: QUIC. Both open: QUIC. A receiver seen before: QUIC alone with early data;
 #     UDP dropped since: the early attempt unanswered, then the race, TCP+TLS within 3 s.
+# 3e. a name with an IPv6 address whose UDP is dropped and an IPv4 one that works
+#     (/etc/netns/NS/hosts): over --stack quic the ticket keeps the IPv4 address it came over,
+#     and the next send's early data goes there first; a ticket whose address went silent costs
+#     a second, then a full handshake over the address race, not a failure.
 #  4. nothing listening (TCP refused, UDP port unreachable): "nothing listens on host:port,
 #     neither TCP nor UDP", exit 69, within about a second.
 #  5. both dropped: a clear error naming both stacks within the 10 s connect timeout, exit 69.
@@ -37,6 +41,7 @@ cleanup() {
     ip netns exec "$B" nft delete table inet qxrace 2>/dev/null || true
     ip netns del "$A" 2>/dev/null || true
     ip netns del "$B" 2>/dev/null || true
+    rm -rf "/etc/netns/$A"
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -52,7 +57,11 @@ ip netns add "$A"; ip netns add "$B"
 ip link add "${NS}va" type veth peer name "${NS}vb"
 ip link set "${NS}va" netns "$A"; ip link set "${NS}vb" netns "$B"
 ip -n "$A" addr add 10.98.10.1/24 dev "${NS}va"; ip -n "$B" addr add "$ADDR/24" dev "${NS}vb"
+ip -n "$A" addr add fd98:10::1/64 dev "${NS}va" nodad; ip -n "$B" addr add fd98:10::2/64 dev "${NS}vb" nodad
 for n in a b; do ip -n "${NS}$n" link set lo up; ip -n "${NS}$n" link set "${NS}v$n" up; done
+# A name for the receiver with both families, seen by processes in A (ip netns exec's /etc/netns).
+mkdir -p "/etc/netns/$A"
+printf '127.0.0.1 localhost\n::1 localhost\nfd98:10::2 receiver.qxrace\n%s receiver.qxrace\n' "$ADDR" >"/etc/netns/$A/hosts"
 
 # drop PROTOCOLS...: the receiver's namespace silently drops those packets to both ports (no ICMP,
 # no RST: as a firewall does); `drop` alone opens both again.
@@ -170,7 +179,7 @@ ok "known receiver: QUIC alone, early data taken, in $SECONDS_TAKEN s"
 drop udp
 SEND_FLAGS=-v send known-udp-dropped "$WORK/small.bin"
 [ "$RC" = 0 ] && [ "$STACK" = "TCP+TLS" ] || fail "known receiver, UDP dropped: exit $RC over '$STACK': $(cat "$WORK/known-udp-dropped.err")"
-grep -q "QUIC with early data got no answer" "$WORK/known-udp-dropped.err" || fail "known receiver, UDP dropped: $(cat "$WORK/known-udp-dropped.err")"
+grep -q "QUIC with early data could not reach" "$WORK/known-udp-dropped.err" || fail "known receiver, UDP dropped: $(cat "$WORK/known-udp-dropped.err")"
 cmp -s "$WORK/small.bin" "$WORK/in/small.bin" || fail "known receiver, UDP dropped: the received file differs"
 [ "$(grep -c '"event":"offered"' "$WORK/known-udp-dropped.out")" = 1 ] || fail "known receiver, UDP dropped: the offer was not reported once: $(cat "$WORK/known-udp-dropped.out")"
 below "$SECONDS_TAKEN" 3 || fail "known receiver, UDP dropped: took $SECONDS_TAKEN s"
@@ -214,6 +223,42 @@ grep -q "was closed under the listener; listening again" "$WORK/recv.err" || fai
 first_warnings=$(grep -c "was closed under the listener" "$WORK/recv.err" || true)
 [ "$first_warnings" = 1 ] || fail "the receiver repeated its warning for every socket the block closed: $first_warnings times"
 ok "the receiver's UDP sends refused for a while: TCP+TLS then, and QUIC again after ($(grep -c "listening again" "$WORK/recv.err") warnings)"
+
+# 3e. A dual-stack name whose IPv6 UDP is dropped.
+ip netns exec "$B" nft add table inet qxrace
+ip netns exec "$B" nft add chain inet qxrace input '{ type filter hook input priority 0; policy accept; }'
+ip netns exec "$B" nft add rule inet qxrace input meta nfproto ipv6 udp dport "$PORT" drop
+# name-send NAME: --stack quic -v to receiver.qxrace; sets RC and SECONDS_TAKEN.
+name_send() {
+    local started
+    started=$(now)
+    RC=0
+    ip netns exec "$A" "$QXFER" send --config-dir "$SEND_CFG" "$WORK/small.bin" "receiver.qxrace:$PORT" --fingerprint "$RECV_FP" --stack quic -v \
+        >"$WORK/$1.out" 2>"$WORK/$1.err" </dev/null || RC=$?
+    SECONDS_TAKEN=$(since "$started")
+}
+ticket_address() { awk -v key="receiver.qxrace:$PORT" '$1 == key { for (i = 5; i <= NF; i++) if ($i ~ /^via=/) print substr($i, 5) }' "$SEND_CFG/session-tickets"; }
+name_send name-first
+[ "$RC" = 0 ] || fail "dual-stack name, first send: exit $RC: $(cat "$WORK/name-first.err")"
+[ "$(ticket_address)" = "$ADDR" ] || fail "dual-stack name: the ticket did not keep the address it came over: '$(ticket_address)'"
+name_send name-known
+[ "$RC" = 0 ] || fail "dual-stack name, known receiver: exit $RC: $(cat "$WORK/name-known.err")"
+grep -m1 "QUIC handshake with receiver.qxrace" "$WORK/name-known.err" | grep -qF "$ADDR" && grep -q "the receiver took the early data" "$WORK/name-known.err" \
+    || fail "dual-stack name, known receiver: early data did not go to the ticket's address first: $(grep qxfer.quic "$WORK/name-known.err")"
+cmp -s "$WORK/small.bin" "$WORK/in/small.bin" || fail "dual-stack name, known receiver: the received file differs"
+ok "dual-stack name, IPv6 UDP dropped: early data to the ticket's IPv4 address, taken, in $SECONDS_TAKEN s"
+# The ticket's address silent since (as if it had come over IPv6).
+sed -i "s/via=$ADDR\$/via=fd98:10::2/" "$SEND_CFG/session-tickets"
+[ "$(ticket_address)" = fd98:10::2 ] || fail "dual-stack name: could not point the ticket at IPv6: $(cat "$SEND_CFG/session-tickets")"
+head -c 3000 /dev/urandom >"$WORK/small.bin"
+name_send name-silent
+[ "$RC" = 0 ] || fail "dual-stack name, the ticket's address silent: exit $RC: $(cat "$WORK/name-silent.err")"
+grep -q "QUIC with early data could not reach receiver.qxrace:$PORT (no answer from .* within 1.0 seconds to early data); connecting again without early data" "$WORK/name-silent.err" \
+    || fail "dual-stack name, the ticket's address silent: $(cat "$WORK/name-silent.err")"
+cmp -s "$WORK/small.bin" "$WORK/in/small.bin" || fail "dual-stack name, the ticket's address silent: the received file differs"
+below "$SECONDS_TAKEN" 4 || fail "dual-stack name, the ticket's address silent: took $SECONDS_TAKEN s"
+ok "dual-stack name, the ticket's address silent: early data unanswered for 1 s, then the address race, in $SECONDS_TAKEN s"
+drop
 
 # 4. Nothing listening.
 recv_stop

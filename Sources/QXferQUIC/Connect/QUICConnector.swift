@@ -17,7 +17,7 @@ enum QUICConnector {
         peerAnswered: @escaping @Sendable () -> Void = {}
     ) async throws -> QUICStreamTransport {
         let identity = try quic.identity ?? HostIdentity.loadOrCreate()
-        let addresses = try await resolve(endpoint)
+        let resolved = try await resolve(endpoint)
         // Several addresses and the path probe may each hear the peer: the caller hears it once.
         let heard = Locked(false)
         let peerAnswered: @Sendable () -> Void = {
@@ -27,10 +27,13 @@ enum QUICConnector {
             let stored = store.entry(for: endpoint)
             // Saved beside the event loop: a file write there held up the receiver's answer that came with the ticket.
             return Resumption(
-                ticket: stored?.ticket, fingerprint: stored?.fingerprint,
-                keep: { ticket, fingerprint in store.saveSoon(ticket, for: endpoint, fingerprint: fingerprint) },
+                ticket: stored?.ticket, fingerprint: stored?.fingerprint, address: stored?.address,
+                keep: { ticket, fingerprint, address in store.saveSoon(ticket, for: endpoint, fingerprint: fingerprint, address: address) },
                 forget: { store.save(nil, for: endpoint) })
         }
+        // Early data goes to the first address alone (its connection is handed over before the
+        // handshake): the one the ticket came over, while the name still resolves to it.
+        let addresses = Self.leading(resolved, with: resumption?.address)
 
         let winner: (QUICStreamTransport, PeerVerifier) = try await withThrowingTaskGroup(of: (QUICStreamTransport, PeerVerifier)?.self) { group in
             var lastError: (any Error)?
@@ -45,8 +48,8 @@ enum QUICConnector {
                 group.addTask {
                     let verifier = clientVerifier(for: endpoint, quic: quic, parameters: parameters)
                     let transport = try await attempt(
-                        address, quic: quic, identity: identity, parameters: parameters, verifier: verifier, timeout: timeout,
-                        resumption: resumption, peerAnswered: peerAnswered)
+                        address, of: endpoint, quic: quic, identity: identity, parameters: parameters, verifier: verifier, timeout: timeout,
+                        resumption: resumption, othersToTry: addresses.count > 1, peerAnswered: peerAnswered)
                     return (transport, verifier)
                 }
                 group.addTask {  // the stagger timer: nil result means "start the next one"
@@ -87,9 +90,20 @@ enum QUICConnector {
         return transport
     }
 
+    /// How long an early connection to one of several addresses waits for its first answer.
+    static let earlyAnswerDeadline = Duration.seconds(1)
+
+    /// `addresses` with the one whose numeric form is `remembered` moved to the front.
+    static func leading(_ addresses: [SocketAddress], with remembered: String?) -> [SocketAddress] {
+        guard let remembered, let index = addresses.firstIndex(where: { $0.ipAddress == remembered }), index > 0 else { return addresses }
+        var ordered = addresses
+        ordered.insert(ordered.remove(at: index), at: 0)
+        return ordered
+    }
+
     private static func attempt<Stack>(
-        _ remote: SocketAddress, quic: QUIC, identity: HostIdentity, parameters: NetworkParameters<Stack>,
-        verifier: PeerVerifier, timeout: Duration, resumption: Resumption?, peerAnswered: @escaping @Sendable () -> Void
+        _ remote: SocketAddress, of endpoint: Endpoint, quic: QUIC, identity: HostIdentity, parameters: NetworkParameters<Stack>,
+        verifier: PeerVerifier, timeout: Duration, resumption: Resumption?, othersToTry: Bool, peerAnswered: @escaping @Sendable () -> Void
     ) async throws -> QUICStreamTransport {
         let remoteAddress = QUICSocketAddress(remote)
         let shown = remote.endpoint?.description ?? "\(remote)"
@@ -99,7 +113,7 @@ enum QUICConnector {
         let started = ContinuousClock.now
         if let resumption {
             configuration.resumption = resumption.ticket
-            configuration.sessionTicketReceiver = { ticket in resumption.keep(ticket, verifier.result.fingerprint) }
+            configuration.sessionTicketReceiver = { ticket in resumption.keep(ticket, verifier.result.fingerprint, remote.ipAddress) }
         }
         if parameters.performanceMode == .bulk, quic.probesPathMTU, remoteAddress?.isLoopback == false,
            let size = await PathMTUProbe.largestDatagram(to: remote, within: timeout / 4, answered: peerAnswered) {
@@ -137,6 +151,18 @@ enum QUICConnector {
             // The early stream opens before the first packet leaves, while the engine still
             // holds its 0-RTT keys unused (on a LAN the answer may come before the next turn).
             let firstStream = early != nil ? try earlyStream(of: driver) : nil
+            if firstStream != nil {
+                driver.earlyTo = endpoint
+                // Early data goes to this address alone, where the race would have tried the
+                // next after 250 ms: an address silent this long fails the connection, and the
+                // program connects again, racing them (EarlyDataUnanswered).
+                if othersToTry {
+                    let silence = channel.eventLoop.scheduleTask(in: .nanoseconds(Int64(earlyAnswerDeadline.quicNanoseconds))) {
+                        bound.value.refused(with: QXferError(.connectFailed, "no answer from \(shown) within \(earlyAnswerDeadline) to early data"))
+                    }
+                    driver.handshake.futureResult.whenComplete { _ in silence.cancel() }
+                }
+            }
             driver.process()
             return (bound, driver.handshake.futureResult, firstStream)
         }

@@ -9,10 +9,10 @@ import QXferIdentity
 /// receiver is one the client trusts by pin, `known_hosts` or pairing.
 ///
 /// Kept in `session-tickets` in the configuration folder beside `known_hosts`, one line per
-/// host: `host:port expiry session parameters [fingerprint]` (expiry in seconds since 1970,
-/// session and parameters base64, the fingerprint of the receiver that issued the ticket as
-/// verified then), written atomically with mode 0600: a ticket lets its holder resume as this
-/// client.
+/// host: `host:port expiry session parameters [fingerprint] [via=address]` (expiry in seconds
+/// since 1970, session and parameters base64, the fingerprint of the receiver that issued the
+/// ticket as verified then, the numeric address the ticket came over), written atomically with
+/// mode 0600: a ticket lets its holder resume as this client.
 /// Entries expire after six hours, as GnuTLS's servers stop accepting them. A file that cannot
 /// be read or parsed is ignored whole (the next connection makes a full handshake), never
 /// trusted in part. A ticket is no trust anchor: the receiver's certificate sealed in it is
@@ -39,6 +39,9 @@ public struct SessionTicketStore: Sendable, Hashable {
         let ticket: QUICSessionTicket
         /// The certificate fingerprint of the receiver that issued it, as verified then.
         var fingerprint: Fingerprint? = nil
+        /// The numeric address the ticket came over: the next connection tries it first, as its
+        /// early data goes to one address only.
+        var address: String? = nil
     }
 
     /// The unexpired ticket for `endpoint`, if any.
@@ -57,7 +60,10 @@ public struct SessionTicketStore: Sendable, Hashable {
     /// with it, the next connection may send its first bytes as early data
     /// (docs/SECURITY.md, "What early data may carry").
     /// A failure to write is ignored: a ticket saves a round trip, nothing depends on it.
-    public func save(_ ticket: QUICSessionTicket?, for endpoint: Endpoint, fingerprint: Fingerprint? = nil, now: Date = Date()) {
+    /// `address` is the numeric address the ticket came over, tried first next time.
+    public func save(
+        _ ticket: QUICSessionTicket?, for endpoint: Endpoint, fingerprint: Fingerprint? = nil, address: String? = nil, now: Date = Date()
+    ) {
         let key = Self.key(endpoint)
         let seconds = Int64(now.timeIntervalSince1970)
         MemoryFile.update(path, maximumSize: Self.maximumFileSize) { text in
@@ -66,26 +72,27 @@ public struct SessionTicketStore: Sendable, Hashable {
             if let ticket, Self.fits(ticket) {
                 let lifetime = max(lifetime.components.seconds, 1)
                 let expiry = seconds.addingReportingOverflow(lifetime).overflow ? .max : seconds + lifetime
-                entries.append(Entry(host: key, expiry: expiry, ticket: ticket, fingerprint: fingerprint))
+                let address = address.flatMap { Self.isPrintable(Substring($0)) ? $0 : nil }
+                entries.append(Entry(host: key, expiry: expiry, ticket: ticket, fingerprint: fingerprint, address: address))
             }
             guard entries != before else { return nil }
             entries.sort { $0.expiry > $1.expiry }
             return entries.prefix(Self.capacity).map {
                 "\($0.host) \($0.expiry) \(Data($0.ticket.tlsSession).base64EncodedString()) \(Data($0.ticket.transportParameters).base64EncodedString())"
-                    + ($0.fingerprint.map { " \($0)" } ?? "") + "\n"
+                    + ($0.fingerprint.map { " \($0)" } ?? "") + ($0.address.map { " via=\($0)" } ?? "") + "\n"
             }.joined()
         }
     }
 
     /// Saves `ticket` off the caller's thread (an event loop must not wait for a file write),
     /// remembered until written, so that ``finishPendingSaves()`` can wait for it.
-    func saveSoon(_ ticket: QUICSessionTicket, for endpoint: Endpoint, fingerprint: Fingerprint?) {
+    func saveSoon(_ ticket: QUICSessionTicket, for endpoint: Endpoint, fingerprint: Fingerprint?, address: String?) {
         Self.pending.withLock { pending in
             let id = pending.next
             pending.next += 1
             // Removes itself once written; it cannot before this lock is released.
             pending.tasks[id] = Task.detached {
-                save(ticket, for: endpoint, fingerprint: fingerprint)
+                save(ticket, for: endpoint, fingerprint: fingerprint, address: address)
                 _ = Self.pending.withLock { $0.tasks.removeValue(forKey: id) }
             }
         }
@@ -110,19 +117,27 @@ public struct SessionTicketStore: Sendable, Hashable {
         var entries: [Entry] = []
         for line in text.split(separator: "\n", omittingEmptySubsequences: true) {
             let fields = line.split(separator: " ", omittingEmptySubsequences: false)
-            guard fields.count == 4 || fields.count == 5, entries.count < Self.capacity, let expiry = Int64(fields[1]), expiry > 0,
+            guard (4...6).contains(fields.count), entries.count < Self.capacity, let expiry = Int64(fields[1]), expiry > 0,
                   Self.isPrintable(fields[0]),
                   let session = Data(base64Encoded: String(fields[2])), let parameters = Data(base64Encoded: String(fields[3])) else {
                 return []
             }
             let ticket = QUICSessionTicket(tlsSession: Array(session), transportParameters: Array(parameters))
             guard Self.fits(ticket), !ticket.tlsSession.isEmpty else { return [] }
+            // Then the fingerprint, the address, or both in that order.
             var fingerprint: Fingerprint?
-            if fields.count == 5 {
-                guard let parsed = Fingerprint(parsing: fields[4]) else { return [] }
-                fingerprint = parsed
+            var address: String?
+            for (index, field) in fields.dropFirst(4).enumerated() {
+                if field.hasPrefix("via="), address == nil {
+                    let value = field.dropFirst(4)
+                    guard Self.isPrintable(value) else { return [] }
+                    address = String(value)
+                } else {
+                    guard index == 0, let parsed = Fingerprint(parsing: field) else { return [] }
+                    fingerprint = parsed
+                }
             }
-            entries.append(Entry(host: String(fields[0]), expiry: expiry, ticket: ticket, fingerprint: fingerprint))
+            entries.append(Entry(host: String(fields[0]), expiry: expiry, ticket: ticket, fingerprint: fingerprint, address: address))
         }
         return entries
     }
@@ -145,8 +160,11 @@ struct Resumption: Sendable {
     let ticket: QUICSessionTicket?
     /// The receiver's fingerprint when `ticket` was issued, if the store knew it.
     let fingerprint: Fingerprint?
-    /// Keeps a new ticket with the fingerprint of the receiver that issued it.
-    let keep: @Sendable (QUICSessionTicket, Fingerprint?) -> Void
+    /// The numeric address `ticket` came over, if the store knew it.
+    let address: String?
+    /// Keeps a new ticket with the fingerprint of the receiver that issued it and the numeric
+    /// address it came over.
+    let keep: @Sendable (QUICSessionTicket, Fingerprint?, String?) -> Void
     let forget: @Sendable () -> Void
 
     /// A client engine offering `configuration`'s ticket; one the engine refuses as damaged is

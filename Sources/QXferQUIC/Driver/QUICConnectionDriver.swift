@@ -26,6 +26,9 @@ final class QUICConnectionDriver: QUICEndpointConnection {
     var peerAnswered: (@Sendable () -> Void)?
     /// Whether the engine has accepted any datagram from the peer.
     private(set) var heardFromPeer = false
+    /// Set on a client whose first stream was handed over before its handshake (0-RTT): a
+    /// failure to connect then says so (``EarlyDataUnanswered``).
+    var earlyTo: Endpoint?
 
     private(set) var handshake: EventLoopPromise<String>
     /// On a server, completed when the client opens its first bidirectional stream.
@@ -426,6 +429,11 @@ final class QUICConnectionDriver: QUICEndpointConnection {
 
     private func closed(with error: QXferError) {
         guard closeError == nil else { return }
+        var error = error
+        if let earlyTo, !engine.isHandshakeComplete, error.code == .connectFailed {
+            // Nothing sent early was accepted: the program may connect again at once (without it).
+            error = QXferError(.connectFailed, error.message, underlying: EarlyDataUnanswered(endpoint: earlyTo, stack: "QUIC"))
+        }
         closeError = error
         handshake.fail(error)
         primary.fail(error)
