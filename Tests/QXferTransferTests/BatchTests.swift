@@ -82,6 +82,11 @@ struct BatchTests {
         #expect(sent.isComplete && received.isComplete)
         #expect(sent.succeeded == tree.entries.count && received.succeeded == tree.entries.count)
         #expect(sent.digests.count == expected.count)
+        // Both sides name each file by its path with the digest of its content, as xxhsum -H2 prints it.
+        let digests = Dictionary(uniqueKeysWithValues: expected.map { ($0.key, hexString(DigestAlgorithm.xxh3_128.digest(of: $0.value))) })
+        for summary in [sent, received] {
+            #expect(Dictionary(summary.digests.map { ($0.path, $0.digest) }) { first, _ in first } == digests)
+        }
         for (path, content) in expected {
             #expect(readFile(scratch.sub("dst/" + path)) == content, "\(path)")
         }

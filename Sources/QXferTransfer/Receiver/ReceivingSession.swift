@@ -19,7 +19,7 @@ struct ReceivingSession {
     /// Verified files waiting for the committer (``takeCommitGroup()``), and the files it is
     /// committing now, with what their Verified reports.
     private var readyToCommit: [(entry: UInt32, writer: FileWriter)] = []
-    private var committing: [UInt32: (size: UInt64, digest: String)] = [:]
+    private var committing: [UInt32: (size: UInt64, digest: [UInt8])] = [:]
     /// Whether the offer set the `batches` flag: Batch messages, several entries per data
     /// stream one after another, verdicts in batches (docs/PROTOCOL.md §3.6).
     let usesBatches: Bool
@@ -49,7 +49,9 @@ struct ReceivingSession {
         self.store = store
         self.progress = progress
         self.usesBatches = offer.flags.contains(.batches)
-        self.summary = TransferSummary(succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: offer.algorithm, digests: [])
+        self.summary = TransferSummary(
+            succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: offer.algorithm,
+            digests: VerifiedDigests(algorithm: offer.algorithm) { [paths] in paths[Int($0)].description })
     }
 
     /// The first data stream the network ended (the sender reset it, or the connection was
@@ -294,13 +296,13 @@ struct ReceivingSession {
                 try writer.verify(size: done.size, digest: done.digest)
                 // Verified when the committer has made it durable under its final name.
                 readyToCommit.append((done.entry, writer))
-                committing[done.entry] = (done.size, hexString(done.digest))
+                committing[done.entry] = (done.size, done.digest)
                 return []
             } catch let error as TransferError where [.digestMismatch, .exists, .busy, .io].contains(error.code) {
                 outcome = .failure(error)
             }
         }
-        return [verdict(done.entry, size: done.size, digest: hexString(done.digest), outcome)]
+        return [verdict(done.entry, size: done.size, digest: done.digest, outcome)]
     }
 
     /// A file the sender gave up: what was written of it is kept as after a lost connection
@@ -319,7 +321,7 @@ struct ReceivingSession {
         case .unwritable:
             break
         }
-        return [verdict(failure.entry, size: 0, digest: "", .failure(TransferError(failure.code, "the sender: \(failure.message)")))]
+        return [verdict(failure.entry, size: 0, digest: [], .failure(TransferError(failure.code, "the sender: \(failure.message)")))]
     }
 
     /// Records what the committer did with a group; returns their verdicts.
@@ -334,13 +336,13 @@ struct ReceivingSession {
         return replies
     }
 
-    private mutating func verdict(_ entry: UInt32, size: UInt64, digest: String, _ outcome: Result<Void, TransferError>) -> Message {
+    private mutating func verdict(_ entry: UInt32, size: UInt64, digest: [UInt8], _ outcome: Result<Void, TransferError>) -> Message {
         let shown = paths[Int(entry)].description
         switch outcome {
         case .success:
             summary.succeeded += 1
-            summary.digests.append((shown, digest))
-            progress.report(.verified(path: shown, size: size, digest: digest))
+            summary.digests.append(entry, digest: digest)
+            progress.report(.verified(path: shown, size: size, digest: hexString(digest)))
             return .verified(entry: entry)
         case .failure(let error):
             fail(entry, error)

@@ -113,7 +113,10 @@ public struct TransferSender: Sendable {
         acceptance.finish()
 
         // The verdicts come back on the control stream while data still flows.
-        var summary = TransferSummary(succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: algorithm, digests: [])
+        let entries = offer.entries
+        var summary = TransferSummary(
+            succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: algorithm,
+            digests: VerifiedDigests(algorithm: algorithm) { entries[Int($0)].path.joined(separator: "/") })
         while true {
             guard let message = try await connection.receiveMessage() else {
                 // The receiver vanished (crashed, killed): a network failure, which a new
@@ -169,12 +172,14 @@ public struct TransferSender: Sendable {
         switch verdict {
         case .verified(let entry):
             let (path, size) = try ledger.verified(entry)
-            let digest = shared.digests.withLock { $0[entry] } ?? ""
-            summary.digests.append((path, digest))
-            progress.report(.verified(path: path, size: size, digest: digest))
+            // Kept from here on in the summary alone.
+            let digest = shared.digests.withLock { $0.removeValue(forKey: entry) } ?? []
+            summary.digests.append(entry, digest: digest)
+            progress.report(.verified(path: path, size: size, digest: hexString(digest)))
         case .failed(let failure):
             // A file this sender gave up was reported when it did.
             let own = shared.givenUp.withLock { $0.removeValue(forKey: failure.entry) }
+            shared.digests.withLock { _ = $0.removeValue(forKey: failure.entry) }
             let (path, error) = try ledger.failed(failure, own: own)
             if own == nil { progress.report(.failed(path: path, error: error)) }
         default:
@@ -338,7 +343,7 @@ public struct TransferSender: Sendable {
 
     /// Appends one small file to `batch`: whole (or, when `present`, only its digest), FileData
     /// then FileDone. (Untyped `throws`: typed, Swift 6.3.1's AllocBoxToStack pass crashes on it.)
-    private func append(_ job: FileJob, to batch: inout BatchBody, digests: Locked<[UInt32: String]>, reached: inout FileProgress) throws {
+    private func append(_ job: FileJob, to batch: inout BatchBody, digests: Locked<[UInt32: [UInt8]]>, reached: inout FileProgress) throws {
         let path = job.entry.path.joined(separator: "/")
         let file = try job.open()
         let hasher = algorithm.makeHasher()
@@ -358,14 +363,14 @@ public struct TransferSender: Sendable {
             noteIfChanged(file, job, path: path, sent: size)
         }
         let digest = hasher.digest()
-        digests.withLock { $0[job.index] = hexString(digest) }
+        digests.withLock { $0[job.index] = digest }
         batch.append(.fileDone(FileDone(entry: job.index, size: size, algorithm: algorithm, digest: digest)))
     }
 
     /// Sends one file's FileData from the agreed offset and its FileDone, recording the digest
     /// first (the receiver's Verified can come back before this function returns).
     private func send<Stack: TLVStack>(
-        _ job: FileJob, on stream: NetworkConnection<Stack>, digests: Locked<[UInt32: String]>, reached: inout FileProgress
+        _ job: FileJob, on stream: NetworkConnection<Stack>, digests: Locked<[UInt32: [UInt8]]>, reached: inout FileProgress
     ) async throws {
         let path = job.entry.path.joined(separator: "/")
         let file = try job.open()
@@ -421,7 +426,7 @@ public struct TransferSender: Sendable {
             noteIfChanged(file, job, path: path, sent: offset)
         }
         let digest = hasher.digest()
-        digests.withLock { $0[job.index] = hexString(digest) }
+        digests.withLock { $0[job.index] = digest }
         try await stream.send(.fileDone(FileDone(entry: job.index, size: size ?? offset, algorithm: algorithm, digest: digest)))
     }
 }
@@ -449,7 +454,7 @@ extension TransferSender {
 private struct SendingState: Sendable {
     /// Each file's digest by entry, recorded before its FileDone leaves (its Verified may come
     /// back at once).
-    let digests = Locked<[UInt32: String]>([:])
+    let digests = Locked<[UInt32: [UInt8]]>([:])
     /// The first file of ours that failed, recorded before the receiver is told.
     let localFailure = Locked<TransferError?>(nil)
     /// Files of ours given up (they could not be read to their end), and why, until the
