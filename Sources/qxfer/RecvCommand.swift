@@ -70,7 +70,8 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
                 The data goes out as it arrives; reports go to standard error. The digest is checked at the end, but \
                 a pipe cannot be un-written: on a mismatch the command fails (exit 65) and says to discard what \
                 came out. If the pipe's reader goes away, the transfer stops at once and its sender is told (exit 74 \
-                on both sides). Offers of folders or several files are declined. Nothing is resumed.
+                on both sides); the sender succeeds only once the pipe has taken every byte. Offers of folders or \
+                several files are declined. Nothing is resumed.
                 """))
     var toStandardOutput = false
 
@@ -241,7 +242,10 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
                 return true
             }
         }
-        if let relay { receiver.localFailure = { await relay.copyFailure() } }
+        if let relay {
+            receiver.localFailure = { await relay.copyFailure() }
+            receiver.beforeComplete = { await relay.delivered() }
+        }
         let sender = connection.peer?.fingerprint
         let stack = connection.stackName  // read while connected: the summary comes after the close
         if let sender { try? pairedDevices.markSeen(sender) }  // "last seen" is a courtesy, not worth a failure

@@ -14,7 +14,9 @@ import Synchronization
 /// what went down the pipe cannot be taken back: a mismatch fails the command with a message
 /// saying so. Nothing is resumed (each run gets a new folder). A write to standard output that
 /// fails (its reader went away) stops the transfer at once, telling the sender
-/// (``copyFailure()``): nothing more would reach anyone.
+/// (``copyFailure()``): nothing more would reach anyone. The sender hears Complete only once
+/// the whole file is written to standard output (``delivered()``), so its success means the
+/// pipe took every byte.
 final class StandardOutputRelay: Sendable {
     /// The private folder the receiver writes into; removed by ``remove()``.
     let directory: String
@@ -23,9 +25,11 @@ final class StandardOutputRelay: Sendable {
         var name: String?
         var finalSize: UInt64?
         var abandoned = false
-        /// Why copying stopped, once it failed; and the tasks waiting to hear it.
+        /// Why copying stopped, once it failed; whether it wrote every verified byte; and the
+        /// tasks waiting to hear it (those waiting for the end hear a success too).
         var copyFailure: TransferError?
-        var waiters: [Int: CheckedContinuation<TransferError?, Never>] = [:]
+        var copied = false
+        var waiters: [Int: (waiter: CheckedContinuation<TransferError?, Never>, forEnd: Bool)] = [:]
         var nextWaiter = 0
     }
     private let state = Mutex(State())
@@ -47,11 +51,13 @@ final class StandardOutputRelay: Sendable {
         return nil
     }
 
-    /// Follows the transfer's events: which file to copy, and its final size once verified.
+    /// Follows the transfer's events: which file to copy, its final size once verified, and
+    /// whether it failed (copying then stops: nothing more of it is delivered).
     func note(_ event: TransferEvent) {
         switch event {
         case .started(let path, _, _): state.withLock { $0.name = path }
         case .verified(_, let size, _): state.withLock { $0.finalSize = size }
+        case .failed: state.withLock { $0.abandoned = true }
         default: break
         }
     }
@@ -63,6 +69,7 @@ final class StandardOutputRelay: Sendable {
         let copier = Task.detached { [self] in
             do {
                 try await onThread { try self.copy() }
+                copied()
             } catch {
                 failed(error as? TransferError ?? TransferError(.io, "\(error)"))
                 throw error
@@ -86,6 +93,16 @@ final class StandardOutputRelay: Sendable {
     /// `localFailure`: the transfer stops and its sender is told); nil once the waiting task is
     /// cancelled, as it is when the transfer ends first.
     func copyFailure() async -> TransferError? {
+        await wait(forEnd: false)
+    }
+
+    /// Waits until the file is written to standard output in full (nil) or copying failed (why):
+    /// the receiver's `beforeComplete`, so the sender's success means the pipe took it all.
+    func delivered() async -> TransferError? {
+        await wait(forEnd: true)
+    }
+
+    private func wait(forEnd: Bool) async -> TransferError? {
         let id = state.withLock { state in
             defer { state.nextWaiter += 1 }
             return state.nextWaiter
@@ -94,14 +111,14 @@ final class StandardOutputRelay: Sendable {
             await withCheckedContinuation { waiter in
                 let now = state.withLock { state -> TransferError?? in
                     if let failure = state.copyFailure { return .some(failure) }
-                    if Task.isCancelled { return .some(nil) }
-                    state.waiters[id] = waiter
+                    if (forEnd && state.copied) || Task.isCancelled { return .some(nil) }
+                    state.waiters[id] = (waiter, forEnd)
                     return nil
                 }
                 if let now { waiter.resume(returning: now) }
             }
         } onCancel: {
-            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume(returning: nil)
+            state.withLock { $0.waiters.removeValue(forKey: id) }?.waiter.resume(returning: nil)
         }
     }
 
@@ -111,7 +128,17 @@ final class StandardOutputRelay: Sendable {
             state.copyFailure = failure
             return state.waiters.values
         }
-        for waiter in waiters { waiter.resume(returning: failure) }
+        for (waiter, _) in waiters { waiter.resume(returning: failure) }
+    }
+
+    private func copied() {
+        let waiters = state.withLock { state in
+            state.copied = true
+            let ending = state.waiters.filter(\.value.forEnd)
+            for id in ending.keys { state.waiters.removeValue(forKey: id) }
+            return ending.values
+        }
+        for (waiter, _) in waiters { waiter.resume(returning: nil) }
     }
 
     /// Removes the temporary folder and what is in it.

@@ -503,6 +503,40 @@ struct SessionTests {
         #expect(!exists(scratch.sub("dst/big.bin")))
     }
 
+    @Test("The sender hears Complete only once the receiver's beforeComplete is done; its failure ends the transfer with the reason", arguments: StackKind.allCases)
+    func beforeCompleteHoldsComplete(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        try Data(repeating: 0x33, count: 300_000).write(to: URL(fileURLWithPath: scratch.sub("f.bin")))
+        let tree = try SourceTree.scan([scratch.sub("f.bin")])
+        let reason = "the reader of standard output closed it; the transfer stopped"
+        for fails in [false, true] {
+            let senderDone = Locked(false), senderDoneDuringWait = Locked<Bool?>(nil)
+            let (server, client) = try await withConnectedPair(kind, receive: { peer in
+                var receiver = TransferReceiver(directory: scratch.sub("dst"), overwrite: true)
+                receiver.beforeComplete = {
+                    // Whatever the timing, a sender that finished by now did so without Complete.
+                    try? await Task.sleep(for: .milliseconds(300))
+                    senderDoneDuringWait.withLock { $0 = senderDone.withLock { $0 } }
+                    return fails ? TransferError(.io, reason) : nil
+                }
+                return try await peer.runReceiver(receiver)
+            }, send: { peer in
+                defer { senderDone.withLock { $0 = true } }
+                return try await peer.runSender(TransferSender(tree: tree))
+            })
+            #expect(senderDoneDuringWait.withLock { $0 } == false, "the sender finished while the receiver held Complete back")
+            if fails {
+                #expect(Self.failure(server) == "io: " + reason)
+                #expect(Self.failure(client) == "io: the receiver: " + reason)
+            } else {
+                #expect(try client.get().isComplete && server.get().isComplete)
+            }
+            #expect(exists(scratch.sub("dst/f.bin")), "verified and durable before the wait")
+        }
+    }
+
     @Test("A resume prefix that differs from the sender's file restarts from byte 0", arguments: StackKind.allCases)
     func mismatchedPrefixRestarts(_ kind: StackKind) async throws {
         let scratch = TempDir()

@@ -466,6 +466,17 @@ set -e
 [ $s8 = 74 ] && [ $s9 = 74 ] && grep -q "the receiver: the reader of standard output closed it; the transfer stopped" "$WORK/so.send" \
     && [ "$(grep -c "the reader of standard output closed it" "$WORK/so.err")" = 1 ] && ! grep -q '^received ' "$WORK/so.err" \
     || fail "recv --stdout whose reader left (its reason said once): send $s8, recv $s9: $(cat "$WORK/so.send" "$WORK/so.err")"
+# A reader that leaves after the whole file has arrived, while the pipe still holds it back:
+# the sender hears Complete only once the pipe took every byte, so it fails with the reason
+# instead of exiting 0 for a file nobody got.
+head -c 3000000 /dev/urandom >"$WORK/late.bin"
+stdout_recv "(sleep 2; head -c 1000 >/dev/null)"
+set +e
+$SEND "$WORK/late.bin" "127.0.0.1:$PORT" >/dev/null 2>"$WORK/so.send" </dev/null; s12=$?
+wait "$RECV_PID"; s13=$?
+set -e
+[ $s12 = 74 ] && [ $s13 = 74 ] && grep -q "the receiver: the reader of standard output closed it; the transfer stopped" "$WORK/so.send" \
+    || fail "recv --stdout whose reader left after the file arrived: send $s12, recv $s13: $(cat "$WORK/so.send" "$WORK/so.err")"
 # The same for a stream: stream recv stops and stream send ends with its reason, before its 30 s.
 for mode in realtime reliable; do
     : >"$WORK/sso.err"
@@ -481,5 +492,5 @@ for mode in realtime reliable; do
         || fail "stream recv --output - whose reader left ($mode): stream send $s10, stream recv $s11: $(cat "$WORK/sso.send" "$WORK/sso.err")"
 done
 [ -z "$(ls /tmp | grep '^qxfer-stdout-' || true)" ] || fail "recv --stdout left its temporary folder"
-ok "recv --stdout: a file, and send - | recv --stdout | tar x, arrive identical; a folder is declined; a digest mismatch exits 65 saying to discard what came out; a reader that leaves stops send and stream send with the reason"
+ok "recv --stdout: a file, and send - | recv --stdout | tar x, arrive identical; a folder is declined; a digest mismatch exits 65 saying to discard what came out; a reader that leaves (also after the file arrived) stops send and stream send with the reason"
 echo "terminal: all passed"

@@ -47,6 +47,12 @@ public struct TransferReceiver: Sendable {
     /// the transfer ends first. The sender is told with an Error (docs/PROTOCOL.md §3.5) and
     /// the partials are kept, as after a failed write.
     public var localFailure: @Sendable () async -> TransferError? = { nil }
+    /// Waits, once every file is answered and durable and before Complete goes, for what must
+    /// also be done before the sender may count the transfer a success (`recv --stdout`: the
+    /// file written to the pipe in full). Returns nil to go on, or the failure that ends the
+    /// transfer instead: the sender gets an Error with it, as for ``localFailure``. Nothing
+    /// bounds the wait: the sender waits as long (its connection kept alive).
+    public var beforeComplete: @Sendable () async -> TransferError? = { nil }
     /// The targets being received right now, shared by every copy of this receiver (one per
     /// connection), so a sender that reconnects can take over from its stalled connection.
     let registry = ReceptionRegistry()
@@ -209,6 +215,7 @@ public struct TransferReceiver: Sendable {
                 }
                 watchdog.stop()
                 release(&heldBack)
+                if let failure = await beforeComplete() { throw failure }
                 for reply in try session.finishTree() {
                     try await connection.send(reply)
                 }
