@@ -135,7 +135,6 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     /// Serves senders, receiving into `folder` (named `shown` in the banner); with a `relay`, one
     /// transfer whose file goes to standard output.
     private func receive(into folder: String, shown: String, relay: StandardOutputRelay?) async throws {
-        let once = once || relay != nil
         let identity = try global.identity()
         let pairedDevices = PairedDevices(in: global.config, identity: identity)
         let paired = try pairedDevices.devices()  // a damaged list is an error here, not an open door
@@ -159,7 +158,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
 
         try await withThrowingTaskGroup(of: Child.self) { group in
             group.addTask {
-                try await tls.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, once: once, finished) }
+                try await tls.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, finished) }
                 return .listener
             }
             // QUIC takes the same number on UDP (the one TCP got, when asked for any port).
@@ -170,7 +169,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
                 TLV { QUIC().identity(identity).clientAuthentication(authentication).earlyDataRegister(EarlyDataRegister(in: global.config)) }
             }.performanceMode(.bulk))
             group.addTask {
-                try await quic.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, once: once, finished) }
+                try await quic.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, finished) }
                 return .listener
             }
             _ = try await quic.port
@@ -191,7 +190,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
                     return .advertiser
                 }
             }
-            guard once else {
+            guard servesOneTransfer else {
                 // Serve until a listener stops (it throws why); advertising may end on its own.
                 while let child = try await group.next(), child != .listener {}
                 return
@@ -205,14 +204,17 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
         }
     }
 
+    /// Whether this receiver ends with its first transfer (--once, --stdout), whose result is
+    /// the command's.
+    private var servesOneTransfer: Bool { once || toStandardOutput }
+
     /// The tasks a receiver runs side by side.
     private enum Child { case listener, advertiser }
 
     /// One connection: one transfer, its report, its result.
     private func handle<Stack: TLVStack>(
         _ connection: NetworkConnection<Stack>, _ receiver: TransferReceiver, _ prompt: OfferPrompt, _ relay: StandardOutputRelay?,
-        _ reporter: TransferReporter, _ pairedDevices: PairedDevices, once: Bool,
-        _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
+        _ reporter: TransferReporter, _ pairedDevices: PairedDevices, _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
     ) async throws {
         // Each connection gets its own counters and clock, so concurrent transfers do not mix.
         var receiver = receiver
@@ -272,7 +274,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             reporter.info("connection from \(sender?.description ?? "a sender without a certificate") closed before an offer: \(TransferReporter.message(of: error))")
         } catch {
             // The withdrawal said it already; under --once the command's own error says it.
-            if !withdrawn.isSet && !(once && reporter.style != .json) { reporter.failed(error, peer: sender) }
+            if !withdrawn.isSet && !(servesOneTransfer && reporter.style != .json) { reporter.failed(error, peer: sender) }
             finished.yield(.failure(error))
         }
     }
