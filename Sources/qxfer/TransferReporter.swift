@@ -268,6 +268,7 @@ final class TransferReporter: Sendable {
             ]
             if let checksum { object["digest"] = checksum }
             if let carrier { object["stack"] = carrier }
+            if summary.senderLeftBeforeComplete { object["sender_left_early"] = true }
             emit("summary", object)
             return
         }
@@ -282,6 +283,9 @@ final class TransferReporter: Sendable {
         if !summary.failures.isEmpty { line += "; \(summary.failures.count) not transferred" }
         if reconnects > 0 { line += "; reconnected \(count(reconnects, "time", "times"))" }
         writeOut(line)
+        if summary.senderLeftBeforeComplete {
+            warn("the sender went away before it heard that everything arrived: it will say its transfer is unfinished; nothing is missing here")
+        }
     }
 
     // MARK: Output

@@ -537,6 +537,45 @@ struct SessionTests {
         }
     }
 
+    @Test("A sender gone while beforeComplete holds Complete back leaves the receiver's transfer complete", arguments: StackKind.allCases)
+    func senderGoneBeforeComplete(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        try Data(repeating: 0x44, count: 300_000).write(to: URL(fileURLWithPath: scratch.sub("f.bin")))
+        let tree = try SourceTree.scan([scratch.sub("f.bin")])
+        let holding = Locked(false), senderGone = Locked(false)
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
+            var receiver = TransferReceiver(directory: scratch.sub("dst"))
+            receiver.beforeComplete = {
+                holding.withLock { $0 = true }
+                for _ in 0..<500 where !senderGone.withLock({ $0 }) { try? await Task.sleep(for: .milliseconds(10)) }
+                // The sender's close reaches this side.
+                try? await Task.sleep(for: .milliseconds(300))
+                return nil
+            }
+            return try await peer.runReceiver(receiver)
+        }, send: { peer in
+            // Interrupted (Ctrl-C) while the receiver holds Complete back.
+            defer { senderGone.withLock { $0 = true } }
+            return try await withThrowingTaskGroup(of: TransferSummary?.self) { group in
+                group.addTask { try await peer.runSender(TransferSender(tree: tree)) }
+                group.addTask {
+                    while !holding.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(10)) }
+                    return nil
+                }
+                defer { group.cancelAll() }
+                return try await group.next()!
+            }
+        })
+        #expect(try client.get() == nil, "the sender finished before the receiver's Complete")
+        let summary = try server.get()
+        #expect(summary.isComplete && summary.succeeded == 1)
+        // Over TCP the kernel may take the Complete after the sender has gone.
+        if kind == .quic { #expect(summary.senderLeftBeforeComplete) }
+        #expect(exists(scratch.sub("dst/f.bin")))
+    }
+
     @Test("A resume prefix that differs from the sender's file restarts from byte 0", arguments: StackKind.allCases)
     func mismatchedPrefixRestarts(_ kind: StackKind) async throws {
         let scratch = TempDir()

@@ -216,8 +216,18 @@ public struct TransferReceiver: Sendable {
                 watchdog.stop()
                 release(&heldBack)
                 if let failure = await beforeComplete() { throw failure }
-                for reply in try session.finishTree() {
-                    try await connection.send(reply)
+                let replies = try session.finishTree()
+                do {
+                    for reply in replies { try await connection.send(reply) }
+                } catch is QXferError {
+                    // Every file is verified and durable and the tree is done: a sender gone
+                    // before it heard Complete (interrupted while beforeComplete held it back)
+                    // takes nothing from this side, as over TCP, whose kernel takes the last
+                    // send without a word. Its next send finds every file present.
+                    var summary = session.summary
+                    summary.senderLeftBeforeComplete = true
+                    await close(funnel, &inbound, group: &group, connection: connection, session: &session, registration: registration, grace: .zero)
+                    return summary
                 }
                 let senderClosed = await waitForSenderToClose(&inbound, connection: connection)
                 // A sender that closed had Complete: nothing more needs delivering to it.

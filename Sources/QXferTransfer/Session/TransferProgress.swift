@@ -125,6 +125,9 @@ public struct TransferSummary: Sendable {
     public var algorithm: DigestAlgorithm
     /// The digest of each verified file, by path, in the order they were verified.
     public var digests: VerifiedDigests
+    /// A receiver's: the sender went away once every entry was done here, before it heard
+    /// Complete. Nothing is missing on this side; the sender reports its transfer unfinished.
+    public var senderLeftBeforeComplete = false
 
     /// Whether every entry arrived.
     public var isComplete: Bool { failures.isEmpty }
