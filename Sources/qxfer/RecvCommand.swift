@@ -236,9 +236,9 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             if let reason = relay?.refusal(for: offer) {
                 reporter.offer(offer)
                 reporter.warn("declined: \(reason)")
-                return false
+                throw TransferError(.refused, reason)
             }
-            return await prompt.ask(offer) {
+            return try await prompt.ask(offer) {
                 guard await connection.peerHasEnded else { return false }
                 withdrawn.set()
                 return true
@@ -323,12 +323,16 @@ actor OfferPrompt {
 
     /// Shows `offer` and, unless every offer is accepted, asks on the terminal. The progress bar
     /// is held back while the question is open; keys typed before it are discarded; it is
-    /// withdrawn (declined) as soon as `withdrawn` says the sender has gone.
-    func ask(_ offer: IncomingOffer, withdrawn: @Sendable () async -> Bool) async -> Bool {
+    /// withdrawn (declined) as soon as `withdrawn` says the sender has gone. With no terminal
+    /// and no --yes it throws the refusal, whose reason the sender is shown.
+    func ask(_ offer: IncomingOffer, withdrawn: @Sendable () async -> Bool) async throws -> Bool {
         guard !acceptAll, isatty(STDIN_FILENO) == 1 else {
             reporter.offer(offer)
-            if !acceptAll { reporter.warn("declined: no terminal to ask on; run 'qxfer recv --yes' to accept without asking") }
-            return acceptAll
+            if !acceptAll {
+                reporter.warn("declined: no terminal to ask on; run 'qxfer recv --yes' to accept without asking")
+                throw TransferError(.refused, "it has no terminal to ask on and runs without --yes")
+            }
+            return true
         }
         while asking { await withCheckedContinuation { waiting.append($0) } }
         asking = true

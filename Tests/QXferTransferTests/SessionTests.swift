@@ -537,6 +537,25 @@ struct SessionTests {
         }
     }
 
+    @Test("A confirm hook that throws declines the offer with its reason, which the sender is told", arguments: StackKind.allCases)
+    func declineWithReason(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        try Data(repeating: 0x45, count: 1000).write(to: URL(fileURLWithPath: scratch.sub("f.bin")))
+        let tree = try SourceTree.scan([scratch.sub("f.bin")])
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst"), confirm: { _ in
+                throw TransferError(.refused, "nobody is here to say yes")
+            }))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        #expect(Self.failure(client) == "refused: the receiver declined: nobody is here to say yes")
+        #expect(Self.failure(server) == "refused: nobody is here to say yes")
+        #expect(!exists(scratch.sub("dst/f.bin")))
+    }
+
     @Test("A sender gone while beforeComplete holds Complete back leaves the receiver's transfer complete", arguments: StackKind.allCases)
     func senderGoneBeforeComplete(_ kind: StackKind) async throws {
         let scratch = TempDir()

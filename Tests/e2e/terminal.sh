@@ -418,10 +418,12 @@ wait "$RECV_PID" || fail "recv --stdout | tar x: $(cat "$WORK/so.err")"
 diff -r "$WORK/src" "$WORK/untarred/src" >/dev/null || fail "recv --stdout | tar x: the tree differs"
 stdout_recv "cat >/dev/null"
 set +e
-$SEND "$WORK/src" "127.0.0.1:$PORT" >/dev/null 2>&1 </dev/null; s5=$?
+$SEND "$WORK/src" "127.0.0.1:$PORT" >/dev/null 2>"$WORK/so.serr" </dev/null; s5=$?
 wait "$RECV_PID"; s6=$?
 set -e
 [ $s5 = 77 ] && [ $s6 = 77 ] && grep -q -- "--stdout takes one file" "$WORK/so.err" || fail "a folder offered to recv --stdout: send $s5, recv $s6: $(cat "$WORK/so.err")"
+# The sender is told why, not only that it was declined.
+grep -q -- "the receiver declined: --stdout takes one file" "$WORK/so.serr" || fail "a folder offered to recv --stdout: the sender said $(cat "$WORK/so.serr")"
 # A sender whose digest does not match what it sent (qxfer/1 over TLS, docs/PROTOCOL.md §3): the
 # data went out already; recv says to discard it and exits 65.
 stdout_recv "cat >\"$WORK/bad.out\""

@@ -327,7 +327,7 @@ ok "--allow refuses an unlisted sender on both stacks ($(tail -1 "$WORK/allow.se
 recv_start ask "" --dir "$dst" --once --port 0 --host 127.0.0.1
 send_run ask "" "$WORK/small.txt" "127.0.0.1:$RECV_PORT" --fingerprint "$recv_fp"
 [ "$SEND_RC" = 77 ] || fail "a declined offer: exit $SEND_RC, expected 77"
-grep -q "declined" "$WORK/ask.serr" || fail "the sender was not told: $(cat "$WORK/ask.serr")"
+grep -q "the receiver declined: it has no terminal to ask on and runs without --yes" "$WORK/ask.serr" || fail "the sender was not told why: $(cat "$WORK/ask.serr")"
 wait_recv
 ok "an offer nobody can confirm is declined (exit 77: $(tail -1 "$WORK/ask.serr"))"
 

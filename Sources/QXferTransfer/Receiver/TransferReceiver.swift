@@ -39,8 +39,10 @@ public struct TransferReceiver: Sendable {
     public var idleTimeout: Duration
     /// Counters and events for a progress display.
     public var progress: TransferProgress
-    /// Decides whether to accept an offer (asks the user, or applies a policy).
-    public var confirm: @Sendable (IncomingOffer) async -> Bool
+    /// Decides whether to accept an offer (asks the user, or applies a policy): true accepts,
+    /// false declines, and a thrown ``TransferError`` declines with its code and message, which
+    /// the sender is shown ("the receiver declined: …").
+    public var confirm: @Sendable (IncomingOffer) async throws -> Bool
     /// Waits for a failure of the receiver's own that ends an accepted transfer although its
     /// file writes go well (`recv --stdout` once its reader went away), and returns it; nil
     /// for none (the default, at once). Waited for from the acceptance on, and cancelled when
@@ -60,7 +62,7 @@ public struct TransferReceiver: Sendable {
     public init(
         directory: String, overwrite: Bool = false, maximumEntries: Int = ProtocolLimits.maximumEntries,
         offerTimeout: Duration = .seconds(30), idleTimeout: Duration = .seconds(60), progress: TransferProgress = TransferProgress(),
-        confirm: @escaping @Sendable (IncomingOffer) async -> Bool = { _ in true }
+        confirm: @escaping @Sendable (IncomingOffer) async throws -> Bool = { _ in true }
     ) {
         self.directory = directory
         self.overwrite = overwrite
@@ -109,7 +111,9 @@ public struct TransferReceiver: Sendable {
         } catch {
             try await decline(error, on: connection)
         }
-        guard await confirm(incoming) else {
+        let accepted: Bool
+        do { accepted = try await confirm(incoming) } catch { try await decline(error, on: connection) }
+        guard accepted else {
             try await decline(TransferError(.refused, "the offer was declined"), on: connection)
         }
 
