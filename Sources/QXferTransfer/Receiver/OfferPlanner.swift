@@ -87,6 +87,7 @@ struct OfferPlanner {
     /// counted (one that transfer has finished is compared as any existing file is).
     func plan(_ offer: Offer, paths: [SafePath], store: FileStore, heldElsewhere: Set<Int> = []) throws(TransferError) -> [Plan] {
         var plans: [Plan] = []
+        plans.reserveCapacity(offer.entries.count)
         var needed: UInt64 = 0
         let traits = store.directory.fileSystemTraits()
         var sameInAnyCase = traits.foldsCase ? SameInAnyCase() : nil

@@ -27,23 +27,25 @@ struct TargetClaimTable {
         case supersede([Holder])
     }
 
-    /// By target, byte for byte (two names Unicode takes for one are two files).
-    private var owners: [ExactString: (holder: Holder, sender: Fingerprint?)] = [:]
+    /// By target, byte for byte (two names Unicode takes for one are two files). The sender
+    /// is kept per holder, not per target: a target costs a name and a number.
+    private var owners: [ExactString: Holder] = [:]
     private var held: [Holder: [String]] = [:]
+    private var senders: [Holder: Fingerprint] = [:]
     /// Transfers told to stop: they never hold anything again.
     private var superseded: Set<Holder> = []
 
     /// The holder of `target`, if any.
-    func holder(of target: String) -> Holder? { owners[ExactString(target)]?.holder }
+    func holder(of target: String) -> Holder? { owners[ExactString(target)] }
 
     /// `holder` (a transfer from `sender`) asks for `targets`.
     mutating func claim(_ targets: [String], for holder: Holder, sender: Fingerprint?) -> Decision {
         guard !superseded.contains(holder) else { return .granted(contested: targets) }
         var toSupersede: [Holder] = []
         for target in targets {
-            guard let owner = owners[ExactString(target)], owner.holder != holder else { continue }
-            if let sender, owner.sender == sender, !toSupersede.contains(owner.holder) {
-                toSupersede.append(owner.holder)
+            guard let owner = owners[ExactString(target)], owner != holder else { continue }
+            if let sender, senders[owner] == sender, !toSupersede.contains(owner) {
+                toSupersede.append(owner)
             }
         }
         if !toSupersede.isEmpty {
@@ -51,12 +53,15 @@ struct TargetClaimTable {
             return .supersede(toSupersede.sorted())
         }
         var contested: [String] = []
+        // Grown once, not doubled while a large offer's targets go in (both tables alive then).
+        owners.reserveCapacity(owners.count + targets.count)
+        if let sender { senders[holder] = sender }
         for target in targets {
             if let owner = owners[ExactString(target)] {
-                if owner.holder != holder { contested.append(target) }
+                if owner != holder { contested.append(target) }
                 continue
             }
-            owners[ExactString(target)] = (holder, sender)
+            owners[ExactString(target)] = holder
             held[holder, default: []].append(target)
         }
         return .granted(contested: contested)
@@ -64,9 +69,10 @@ struct TargetClaimTable {
 
     /// `holder` ended (or stopped writing): its targets are free.
     mutating func release(_ holder: Holder) {
-        for target in held.removeValue(forKey: holder) ?? [] where owners[ExactString(target)]?.holder == holder {
+        for target in held.removeValue(forKey: holder) ?? [] where owners[ExactString(target)] == holder {
             owners[ExactString(target)] = nil
         }
+        senders[holder] = nil
     }
 
     /// Whether `holder` still holds a target.

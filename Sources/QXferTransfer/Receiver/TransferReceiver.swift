@@ -133,6 +133,7 @@ public struct TransferReceiver: Sendable {
             bytes: session.bytesToReceive, resumed: session.resumedBytes,
             present: plans.count(where: { if case .present = $0 { true } else { false } }),
             skipped: plans.count(where: { if case .skip = $0 { true } else { false } }), holes: 0))
+        plans = []  // the session holds what is left to do; a large offer's plans were ~100 bytes an entry
 
         let usesStreams = try await connection.hasIndependentStreams
         let funnel = InboundFunnel()

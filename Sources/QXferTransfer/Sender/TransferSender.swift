@@ -57,23 +57,25 @@ public struct TransferSender: Sendable {
 
         let shared = SendingState()
         let usesStreams = try await connection.hasIndependentStreams
-        let earlyJobs = offer.entries.indices.filter { offer.entries[$0].flags.contains(.early) }.map {
+        // Only the units hold the early jobs (a tree of small files to a known receiver can be
+        // all early files).
+        let earlyUnits = Self.units(of: offer.entries.indices.filter { offer.entries[$0].flags.contains(.early) }.map {
             FileJob(index: UInt32($0), entry: offer.entries[$0], source: tree.sources[$0], answer: .sendAll)
-        }
+        })
         // The rest of the files, once Accept has said what the receiver wants of them.
         let (accepted, acceptance) = AsyncStream.makeStream(of: [SendUnit].self)
         return try await withThrowingTaskGroup(of: Void.self) { group in
             // Early files leave now, in the round trip Accept takes; the others follow them on
             // the same lanes (on TCP+TLS, one after the other on the connection).
             group.addTask {
-                try await send(Self.units(of: earlyJobs), over: connection, usesStreams: usesStreams, shared: shared)
+                try await send(earlyUnits, over: connection, usesStreams: usesStreams, shared: shared)
                 for await units in accepted {
                     try await send(units, over: connection, usesStreams: usesStreams, shared: shared)
                 }
             }
             var summary: TransferSummary
             do {
-                summary = try await receiveVerdicts(offer: offer, connection: connection, acceptance: acceptance, earlyJobs: earlyJobs, shared: shared)
+                summary = try await receiveVerdicts(offer: offer, connection: connection, acceptance: acceptance, shared: shared)
                 try await group.waitForAll()
             } catch {
                 // The connection closed under the wait because a file of ours failed: that is the cause.
@@ -94,23 +96,27 @@ public struct TransferSender: Sendable {
     /// Reads Accept, hands the sending task what the receiver wants, then takes the verdicts
     /// until Complete: the summary, less the byte counts (the sending task may still be ending).
     private func receiveVerdicts<Stack: TLVStack>(
-        offer: Offer, connection: NetworkConnection<Stack>, acceptance: AsyncStream<[SendUnit]>.Continuation, earlyJobs: [FileJob],
-        shared: SendingState
+        offer: Offer, connection: NetworkConnection<Stack>, acceptance: AsyncStream<[SendUnit]>.Continuation, shared: SendingState
     ) async throws -> TransferSummary {
         let answers = try await receiveAnswers(to: offer, from: connection)
         var ledger = try SenderLedger(entries: offer.entries, algorithm: algorithm, answers: answers)
-        let jobs = ledger.jobs.map { FileJob(index: $0.index, entry: offer.entries[Int($0.index)], source: tree.sources[Int($0.index)], answer: $0.answer) }
-        let present = jobs.count(where: { $0.answer.disposition == .present })
         // Early files the receiver did not want travelled all the same.
-        let earlyUnwanted = earlyJobs.filter { answers[Int($0.index)].disposition != .send }.reduce(UInt64(0)) { $0 + $1.entry.size }  // ≤ 4 MiB
-        let holesByEntry = holeBytes(of: jobs)
-        shared.holesAtAcceptance.withLock { $0 = holesByEntry }
-        let holes = holesByEntry.values.reduce(UInt64(0)) { $0.saturatingAdd($1) }
-        progress.report(.accepted(bytes: ledger.bytesToSend.saturatingAdd(earlyUnwanted).saturatingSubtract(holes), resumed: ledger.resumedBytes,
-                                  present: present, skipped: ledger.failures.count, holes: holes))
-        for failure in ledger.failures { progress.report(.failed(path: failure.path, error: failure.error)) }
-        acceptance.yield(Self.units(of: jobs.filter { !$0.entry.flags.contains(.early) }))
-        acceptance.finish()
+        let earlyUnwanted = zip(offer.entries, answers).reduce(UInt64(0)) { sum, pair in
+            pair.0.flags.contains(.early) && pair.1.disposition != .send ? sum + pair.0.size : sum  // ≤ 4 MiB in all
+        }
+        do {
+            // Scoped: once in units, the jobs are the sending task's alone.
+            let jobs = ledger.jobs.map { FileJob(index: $0.index, entry: offer.entries[Int($0.index)], source: tree.sources[Int($0.index)], answer: $0.answer) }
+            let present = jobs.count(where: { $0.answer.disposition == .present })
+            let holesByEntry = holeBytes(of: jobs)
+            shared.holesAtAcceptance.withLock { $0 = holesByEntry }
+            let holes = holesByEntry.values.reduce(UInt64(0)) { $0.saturatingAdd($1) }
+            progress.report(.accepted(bytes: ledger.bytesToSend.saturatingAdd(earlyUnwanted).saturatingSubtract(holes), resumed: ledger.resumedBytes,
+                                      present: present, skipped: ledger.failures.count, holes: holes))
+            for failure in ledger.failures { progress.report(.failed(path: failure.path, error: failure.error)) }
+            acceptance.yield(Self.units(of: jobs.filter { !$0.entry.flags.contains(.early) }))
+            acceptance.finish()
+        }
 
         // The verdicts come back on the control stream while data still flows.
         let entries = offer.entries
