@@ -18,6 +18,12 @@ extension QXferError {
         QXferError(.handshakeFailed, "the peer does not support TLS 1.3")
     }
 
+    /// What came back is not TLS at all: another program listens on that port (a web
+    /// server, sshd), or a proxy answered.
+    @_spi(Stacks) public static var peerSpeaksNoTLS: QXferError {
+        QXferError(.protocolMismatch, "the peer does not speak TLS: another program listens on that port (not a qxfer receiver)")
+    }
+
     /// No application protocol in common: the peer speaks none of `offered` (ALPN).
     @_spi(Stacks) public static func noCommonApplicationProtocol(offered: [String]) -> QXferError {
         QXferError(.protocolMismatch, "the peer does not speak \(offered.joined(separator: " or "))")

@@ -416,6 +416,10 @@ enum TLSErrors {
         if text.contains("UNSUPPORTED_PROTOCOL") || text.contains("PROTOCOL_VERSION") {
             return .peerLacksTLS13
         }
+        // The first bytes back were not a TLS record (BoringSSL reads their version field).
+        if text.contains("WRONG_VERSION_NUMBER") {
+            return .peerSpeaksNoTLS
+        }
         if text.contains("NO_APPLICATION_PROTOCOL") {
             return .noCommonApplicationProtocol(offered: offered)
         }

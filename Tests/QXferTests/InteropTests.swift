@@ -261,6 +261,36 @@ struct InteropTests {
         #expect(try String(contentsOfFile: file.path, encoding: .utf8) == "127.0.0.1:\(server.port) \(server.fingerprint)\n")
     }
 
+    @Test("A server that does not speak TLS (sshd's banner, a web server's reply) is refused with protocol-mismatch, saying so",
+          arguments: ["SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n", "HTTP/1.0 400 Bad request\r\n\r\n"])
+    func serverWithoutTLS(_ reply: String) async throws {
+        let python = try #require(Subprocess.which("python3"))
+        let directory = TemporaryDirectory()
+        let path = directory.file("out")
+        let script = """
+            import socket, sys
+            s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()[1], flush=True)
+            while True:
+                c, _ = s.accept(); c.sendall(sys.argv[1].encode()); c.recv(4096); c.close()
+            """
+        let process = try ChildProcess(python, ["-c", script, reply], stdout: path, stderr: directory.file("err"))
+        defer { process.kill() }
+        var port: UInt16?
+        _ = await eventually(timeout: .seconds(10)) {
+            port = ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").split(separator: "\n").first.flatMap { UInt16($0) }
+            return port != nil
+        }
+        let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: try #require(port, "the server's port"))) {
+            TLS().identity(Identities.client).peerFingerprint(Identities.client.fingerprint)
+        }
+        defer { connection.cancel() }
+        let error = try await within(.seconds(10), "connecting to a server without TLS") {
+            await qxferError { try await connection.start() }
+        }
+        #expect(error?.code == .protocolMismatch, "\(String(describing: error))")
+        #expect(error?.message.contains("does not speak TLS") == true, "\(error?.message ?? "")")
+    }
+
     @Test("A server without ALPN is refused with protocol-mismatch; a TLS 1.2-only server with handshake-failed",
           .enabled(if: openssl != nil, "openssl is not installed"))
     func refusedServers() async throws {
