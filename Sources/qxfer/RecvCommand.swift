@@ -232,16 +232,23 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
         }
         // The question about this offer is withdrawn if this sender goes away before the answer.
         let withdrawn = OnceFlag()
+        // A refusal with its reason for the sender, which this side showed as "declined: …".
+        let declined = OnceFlag()
         receiver.confirm = { offer in
-            if let reason = relay?.refusal(for: offer) {
-                reporter.offer(offer)
-                reporter.warn("declined: \(reason)")
-                throw TransferError(.refused, reason)
-            }
-            return try await prompt.ask(offer) {
-                guard await connection.peerHasEnded else { return false }
-                withdrawn.set()
-                return true
+            do {
+                if let reason = relay?.refusal(for: offer) {
+                    reporter.offer(offer)
+                    reporter.warn("declined: \(reason)")
+                    throw TransferError(.refused, reason)
+                }
+                return try await prompt.ask(offer) {
+                    guard await connection.peerHasEnded else { return false }
+                    withdrawn.set()
+                    return true
+                }
+            } catch {
+                declined.set()
+                throw error
             }
         }
         if let relay {
@@ -273,6 +280,8 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             // nothing. Neither may end --once or read as a failed transfer.
             reporter.info("connection from \(sender?.description ?? "a sender without a certificate") closed before an offer: \(TransferReporter.message(of: error))")
         } catch {
+            // The reason was shown with the offer, and is worded for the sender.
+            let error = declined.isSet ? TransferError(.refused, "the offer was declined") : error
             // The withdrawal said it already; under --once the command's own error says it.
             if !withdrawn.isSet && !(servesOneTransfer && reporter.style != .json) { reporter.failed(error, peer: sender) }
             finished.yield(.failure(error))

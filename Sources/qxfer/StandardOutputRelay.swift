@@ -46,7 +46,7 @@ final class StandardOutputRelay: Sendable {
     /// Why `offer` cannot go to standard output (nil: it can): one file, no folders.
     func refusal(for offer: IncomingOffer) -> String? {
         guard offer.entries.count == 1, offer.fileCount == 1 else {
-            return "--stdout takes one file; this offer has \(offer.entries.count) entries (\(offer.fileCount) files)"
+            return "--stdout takes one file; this offer has \(count(offer.entries.count, "entry", "entries")) (\(count(offer.fileCount, "file", "files")))"
         }
         return nil
     }

@@ -329,6 +329,10 @@ send_run ask "" "$WORK/small.txt" "127.0.0.1:$RECV_PORT" --fingerprint "$recv_fp
 [ "$SEND_RC" = 77 ] || fail "a declined offer: exit $SEND_RC, expected 77"
 grep -q "the receiver declined: it has no terminal to ask on and runs without --yes" "$WORK/ask.serr" || fail "the sender was not told why: $(cat "$WORK/ask.serr")"
 wait_recv
+[ "$RECV_RC" = 77 ] || fail "a declined offer: recv exit $RECV_RC, expected 77"
+# The receiver says why once, in its own words; its last line is not the sender's wording.
+grep -q "declined: no terminal to ask on; run 'qxfer recv --yes'" "$WORK/ask.err" && [ "$(tail -1 "$WORK/ask.err")" = "qxfer: the offer was declined" ] \
+    || fail "a declined offer: the receiver said $(cat "$WORK/ask.err")"
 ok "an offer nobody can confirm is declined (exit 77: $(tail -1 "$WORK/ask.serr"))"
 
 # --- 6. A user who may not read everything in a folder: the rest arrives, then exit 74 -----
