@@ -39,25 +39,43 @@ struct ReceivingSession {
         /// data is checked and dropped, and its FileDone answered Failed; the others go on.
         case unwritable(TransferError)
     }
-    /// ``PendingFile``s by entry number, in an array as long as the offer: a dictionary of
+    /// ``PendingFile``s by entry number: a slot for each entry that can be pending (a file, or
+    /// an entry flagged early), found through a table of 4 bytes an entry. A dictionary of
     /// them, grown while planning, took 240 bytes an entry at its peak (24 MB for 100 000
-    /// files). Entry numbers from the network outside the offer read as nil.
+    /// files); an offer of folders gets no slots. Entry numbers from the network outside the
+    /// offer, or of entries that cannot be pending, read as nil.
     private struct PendingFiles {
+        /// For each entry, its slot plus one; 0 for none.
+        private var slotOf: [UInt32]
         private var slots: [PendingFile?]
         private(set) var count = 0
 
-        init(entries: Int) { slots = Array(repeating: nil, count: entries) }
+        init(_ entries: [OfferEntry]) {
+            var next: UInt32 = 0
+            slotOf = entries.map { entry in
+                guard entry.kind == .file || entry.flags.contains(.early) else { return 0 }
+                next += 1  // at most the offer's entry limit
+                return next
+            }
+            slots = Array(repeating: nil, count: Int(next))
+        }
 
         var isEmpty: Bool { count == 0 }
         var values: some Sequence<PendingFile> { slots.lazy.compactMap { $0 } }
 
+        private func slot(_ entry: UInt32) -> Int? {
+            guard Int(entry) < slotOf.count, slotOf[Int(entry)] > 0 else { return nil }
+            return Int(slotOf[Int(entry)] - 1)
+        }
+
         subscript(entry: UInt32) -> PendingFile? {
-            get { Int(entry) < slots.count ? slots[Int(entry)] : nil }
+            get { slot(entry).flatMap { slots[$0] } }
             set {
-                // Only entries of the offer are ever set (the planner's, or ones read as pending).
-                guard Int(entry) < slots.count else { return }
-                count += (newValue == nil ? 0 : 1) - (slots[Int(entry)] == nil ? 0 : 1)
-                slots[Int(entry)] = newValue
+                // Only files and early entries of the offer are ever set (the plans' files, or
+                // entries read as pending).
+                guard let slot = slot(entry) else { return }
+                count += (newValue == nil ? 0 : 1) - (slots[slot] == nil ? 0 : 1)
+                slots[slot] = newValue
             }
         }
 
@@ -67,8 +85,7 @@ struct ReceivingSession {
         }
 
         mutating func removeAll() {
-            slots = []
-            count = 0
+            (slotOf, slots, count) = ([], [], 0)
         }
     }
     /// Early files whose data is dropped (answered `present` or `skip`), and the offset their
@@ -81,7 +98,7 @@ struct ReceivingSession {
         self.store = store
         self.progress = progress
         self.usesBatches = offer.flags.contains(.batches)
-        self.pending = PendingFiles(entries: offer.entries.count)
+        self.pending = PendingFiles(offer.entries)
         self.summary = TransferSummary(
             succeeded: 0, failures: [], transferredBytes: 0, resumedBytes: 0, algorithm: offer.algorithm,
             digests: VerifiedDigests(algorithm: offer.algorithm) { [paths] in paths[Int($0)].description })
