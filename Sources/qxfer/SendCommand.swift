@@ -46,7 +46,8 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             times; symlinks inside a folder are sent as links (never followed), those pointing \
             out of it are skipped, as are sockets, FIFOs and devices. A file or folder whose \
             name qxfer/1 cannot carry (control characters, a reserved suffix, not UTF-8, deeper \
-            than 64 levels) is skipped too, and then the command exits 77 once the rest has \
+            than 64 levels, a path over 4095 bytes or beyond what the system opens from the \
+            folder named) is skipped too, and then the command exits 77 once the rest has \
             arrived; one inside a folder that you may not read (or list) is skipped and the \
             command exits 74 once the rest has arrived. '-' sends standard input as a file named by --name; a pipe or \
             device named as a path is an error (pipe it into '-'), as is a path you may not read. \

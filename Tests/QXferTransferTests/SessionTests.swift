@@ -348,6 +348,53 @@ struct SessionTests {
         #expect(tree.skipped == ["'\(deep)': nested deeper than 64 levels, which qxfer/1 cannot carry; not sent"], "\(tree.skipped)")
     }
 
+    /// Makes folders `names` one inside the other under `base` (through directory descriptors:
+    /// their full path may be longer than PATH_MAX), with an empty file `file` at the bottom.
+    static func makeChain(_ base: String, _ names: [String], file: String) throws {
+        var folder = open(base, O_RDONLY | O_DIRECTORY)
+        try #require(folder >= 0)
+        for name in names {
+            try #require(mkdirat(folder, name, 0o755) == 0, "mkdirat: \(String(cString: strerror(errno)))")
+            let next = openat(folder, name, O_RDONLY | O_DIRECTORY)
+            close(folder)
+            folder = next
+            try #require(folder >= 0)
+        }
+        let created = openat(folder, file, O_WRONLY | O_CREAT, 0o644)
+        try #require(created >= 0)
+        close(created)
+        close(folder)
+    }
+
+    @Test("A path longer than qxfer/1's 4095 bytes, or than this system opens from the folder named, stays behind named and counted; the rest is offered")
+    func tooLongPathIsSkipped() throws {
+        let scratch = TempDir()
+        defer { _ = run("/bin/rm", ["-rf", scratch.path]) }  // GNU rm walks paths beyond PATH_MAX
+        try #require(scratch.path.utf8.count < 200)
+        try FileManager.default.createDirectory(atPath: scratch.sub("top"), withIntermediateDirectories: true)
+        _ = FileManager.default.createFile(atPath: scratch.sub("top/near.txt"), contents: Data("near\n".utf8))
+        // "top/" and 18 folders of 200 bytes and one of 218: 3 840 bytes; the next, of 255, makes
+        // 4 096. The folder above it is still within PATH_MAX from here.
+        let folders = Array(repeating: String(repeating: "d", count: 200), count: 18) + [String(repeating: "e", count: 218)]
+        try Self.makeChain(scratch.sub("top"), folders + [String(repeating: "f", count: 255)], file: "far.txt")
+        let tree = try SourceTree.scan([scratch.sub("top")])
+        #expect(tree.entries.map { $0.path.joined(separator: "/").utf8.count }.max() == 3840)
+        #expect(tree.entries.contains { $0.path == ["top", "near.txt"] })
+        #expect(tree.unsentForTheirNames == 1)
+        #expect(tree.skipped.count == 1 && tree.skipped[0].hasSuffix("': a path of 4096 bytes, longer than the 4095 qxfer/1 carries; not sent"), "\(tree.skipped)")
+        #expect(tree.skipped[0].utf8.count < 300, "the path in the message is shortened")
+
+        // Named by a long path, a folder whose relative paths fit but whose full ones do not.
+        let named = scratch.sub((["top"] + folders).joined(separator: "/"))
+        try FileManager.default.createDirectory(atPath: named + "/tree", withIntermediateDirectories: true)
+        _ = FileManager.default.createFile(atPath: named + "/tree/ok.txt", contents: Data("ok\n".utf8))
+        try Self.makeChain(named + "/tree", [String(repeating: "g", count: 255)], file: "beyond.txt")
+        let beyond = try SourceTree.scan([named + "/tree"])
+        #expect(beyond.entries.map(\.path) == [["tree"], ["tree", "ok.txt"]])
+        #expect(beyond.unsentForTheirNames == 1)
+        #expect(beyond.skipped.count == 1 && beyond.skipped[0].contains("the full path is longer than this system opens (PATH_MAX)"), "\(beyond.skipped)")
+    }
+
     @Test("Kernel files, whose size says nothing of their content, arrive read to their end beside a sparse file", arguments: StackKind.allCases)
     func kernelFilesArriveWhole(_ kind: StackKind) async throws {
         let scratch = TempDir()

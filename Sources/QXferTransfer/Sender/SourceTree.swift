@@ -25,7 +25,8 @@ public struct SourceTree: Sendable {
     /// Things found but not sent, one line each (sockets, devices, links leaving the tree…).
     public private(set) var skipped: [String] = []
     /// How many of the skipped items are files or folders left out because qxfer/1 cannot carry
-    /// their names (or paths: deeper than 64 levels, counted once with what they hold): data the
+    /// their names (or paths: deeper than 64 levels or longer than 4095 bytes, counted once
+    /// with what they hold; or beyond what the system opens from the folder named): data the
     /// user asked to send that does not arrive, so the send is incomplete.
     /// (Sockets, devices and links leaving the tree hold no data qxfer carries.)
     public private(set) var unsentForTheirNames = 0
@@ -93,6 +94,13 @@ public struct SourceTree: Sendable {
         return tree
     }
 
+    /// A path for a message, at most about 200 bytes: the start and the end of a longer one.
+    static func shortened(_ path: String) -> String {
+        let bytes = Array(path.utf8)
+        guard bytes.count > 200 else { return path }
+        return String(decoding: bytes.prefix(96), as: UTF8.self) + "…" + String(decoding: bytes.suffix(96), as: UTF8.self)
+    }
+
     private mutating func append(_ entry: OfferEntry, _ source: Source) {
         entries.append(entry)
         sources.append(source)
@@ -144,10 +152,19 @@ public struct SourceTree: Sendable {
                 skipped.append("'\(path)': \(undecodable) names that are not valid UTF-8; not sent")
                 unsentForTheirNames += undecodable
             }
+            // The relative path of each child, as the offer carries it: a `/` after each folder.
+            let folderLength = components.reduce(0) { $0 + $1.utf8.count + 1 }
             for name in children {
                 let childPath = path + "/" + name
                 guard (try? SafePath(validating: [name])) != nil else {
                     skipped.append("'\(childPath)': the name is not allowed in qxfer/1 (control characters or a reserved suffix); not sent")
+                    unsentForTheirNames += 1
+                    continue
+                }
+                // Left behind with what it holds, named, as for a tree nested too deep.
+                let length = folderLength + name.utf8.count
+                guard length <= ProtocolLimits.maximumPathLength else {
+                    skipped.append("'\(Self.shortened(childPath))': a path of \(length) bytes, longer than the \(ProtocolLimits.maximumPathLength) qxfer/1 carries; not sent")
                     unsentForTheirNames += 1
                     continue
                 }
@@ -156,6 +173,13 @@ public struct SourceTree: Sendable {
                     let error = errno
                     // Gone since the listing: nothing of it can be sent, nothing is lost.
                     if error == ENOENT { skipped.append("'\(childPath)': removed while the folder was read; not sent"); continue }
+                    // Its relative path fits qxfer/1, but the folder named on the command line
+                    // adds more than this system opens at once (PATH_MAX).
+                    if error == ENAMETOOLONG {
+                        skipped.append("'\(Self.shortened(childPath))': the full path is longer than this system opens (PATH_MAX); send it from a folder nearer to it; not sent")
+                        unsentForTheirNames += 1
+                        continue
+                    }
                     throw TransferError.posix("cannot read", "'\(childPath)'", errno: error)
                 }
                 let kind = childInfo.st_mode & S_IFMT
