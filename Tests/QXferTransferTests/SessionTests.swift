@@ -550,13 +550,18 @@ struct SessionTests {
         #expect(!exists(scratch.sub("dst/big.bin")))
     }
 
+    /// A scratch folder with an empty `dst` and `f.bin` of `count` bytes, and the tree to send it.
+    static func oneFile(repeating byte: UInt8, count: Int) throws -> (TempDir, SourceTree) {
+        let scratch = TempDir()
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        try Data(repeating: byte, count: count).write(to: URL(fileURLWithPath: scratch.sub("f.bin")))
+        return (scratch, try SourceTree.scan([scratch.sub("f.bin")]))
+    }
+
     @Test("The sender hears Complete only once the receiver's beforeComplete is done; its failure ends the transfer with the reason", arguments: StackKind.allCases)
     func beforeCompleteHoldsComplete(_ kind: StackKind) async throws {
-        let scratch = TempDir()
+        let (scratch, tree) = try Self.oneFile(repeating: 0x33, count: 300_000)
         defer { scratch.cleanup() }
-        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
-        try Data(repeating: 0x33, count: 300_000).write(to: URL(fileURLWithPath: scratch.sub("f.bin")))
-        let tree = try SourceTree.scan([scratch.sub("f.bin")])
         let reason = "the reader of standard output closed it; the transfer stopped"
         for fails in [false, true] {
             let senderDone = Locked(false), senderDoneDuringWait = Locked<Bool?>(nil)
@@ -586,11 +591,8 @@ struct SessionTests {
 
     @Test("A confirm hook that throws declines the offer with its reason, which the sender is told", arguments: StackKind.allCases)
     func declineWithReason(_ kind: StackKind) async throws {
-        let scratch = TempDir()
+        let (scratch, tree) = try Self.oneFile(repeating: 0x45, count: 1000)
         defer { scratch.cleanup() }
-        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
-        try Data(repeating: 0x45, count: 1000).write(to: URL(fileURLWithPath: scratch.sub("f.bin")))
-        let tree = try SourceTree.scan([scratch.sub("f.bin")])
         let (server, client) = try await withConnectedPair(kind, receive: { peer in
             try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst"), confirm: { _ in
                 throw TransferError(.refused, "nobody is here to say yes")
@@ -605,11 +607,8 @@ struct SessionTests {
 
     @Test("A sender gone while beforeComplete holds Complete back leaves the receiver's transfer complete", arguments: StackKind.allCases)
     func senderGoneBeforeComplete(_ kind: StackKind) async throws {
-        let scratch = TempDir()
+        let (scratch, tree) = try Self.oneFile(repeating: 0x44, count: 300_000)
         defer { scratch.cleanup() }
-        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
-        try Data(repeating: 0x44, count: 300_000).write(to: URL(fileURLWithPath: scratch.sub("f.bin")))
-        let tree = try SourceTree.scan([scratch.sub("f.bin")])
         let holding = Locked(false), senderGone = Locked(false)
         let (server, client) = try await withConnectedPair(kind, receive: { peer in
             var receiver = TransferReceiver(directory: scratch.sub("dst"))
