@@ -94,11 +94,11 @@ public struct SourceTree: Sendable {
         return tree
     }
 
-    /// A path for a message, at most about 200 bytes: the start and the end of a longer one.
+    /// A path for a message, at most about 200 characters: the start and the end of a longer one.
     static func shortened(_ path: String) -> String {
-        let bytes = Array(path.utf8)
-        guard bytes.count > 200 else { return path }
-        return String(decoding: bytes.prefix(96), as: UTF8.self) + "…" + String(decoding: bytes.suffix(96), as: UTF8.self)
+        let scalars = path.unicodeScalars
+        guard scalars.count > 200 else { return path }
+        return String(String.UnicodeScalarView(scalars.prefix(96))) + "…" + String(String.UnicodeScalarView(scalars.suffix(96)))
     }
 
     private mutating func append(_ entry: OfferEntry, _ source: Source) {
