@@ -410,31 +410,13 @@ actor InboundBuffer {
     /// The storage the queued chunks hold in memory (for tests: a slice pins its whole storage).
     var storageHeld: Int { chunks.reduce(0) { $0 + $1.storageCapacity } }
 
-    /// Bytes a compact buffer of the connection's own holds, for slices it copies.
-    static let compactBufferSize = 64 << 10
     /// Whether the last chunk is a compact buffer of this connection's own, with room to append.
     private var lastChunkIsOwn = false
 
-    /// Queues `chunk`, as it is if it fills most of its storage, else copied into a compact
-    /// buffer: a slice pins its whole storage while it waits, and a message assembled from
-    /// small slices of big read buffers (TLS records off a WAN path, each slice pinning
-    /// NIOSSL's read buffer) held many times its size in memory.
+    /// Queues `chunk`, small slices of big read buffers copied into compact buffers (a message
+    /// assembled from TLS records off a WAN path would otherwise pin many times its size).
     private func keep(_ chunk: ByteBuffer) {
-        guard chunk.storageCapacity > 2 * chunk.readableBytes, chunk.readableBytes <= Self.compactBufferSize else {
-            chunks.append(chunk)
-            lastChunkIsOwn = false
-            return
-        }
-        var chunk = chunk
-        if lastChunkIsOwn, let last = chunks.indices.last, chunks[last].writableBytes >= chunk.readableBytes {
-            chunks[last].writeBuffer(&chunk)
-            return
-        }
-        var own = ByteBuffer()
-        own.reserveCapacity(Self.compactBufferSize)
-        own.writeBuffer(&chunk)
-        chunks.append(own)
-        lastChunkIsOwn = true
+        chunks.appendCompactly(chunk, lastIsOwn: &lastChunkIsOwn)
     }
 
     private func take(_ count: Int) -> ByteBuffer {

@@ -12,7 +12,10 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     typealias OutboundOut = ByteBuffer
 
     private let highWatermark: Int
+    /// Small slices copied into buffers of the bridge's own (see `appendCompactly`), which also
+    /// gives NIOSSL its read buffer back at once instead of making it allocate another.
     private var queue = CircularBuffer<ByteBuffer>()
+    private var lastIsOwn = false
     private var queuedBytes = 0
     private var readHeldBack = false
     private var end: Result<Void, any Error>?
@@ -53,7 +56,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
             return
         }
         queuedBytes += buffer.readableBytes
-        queue.append(buffer)
+        queue.appendCompactly(buffer, lastIsOwn: &lastIsOwn)
         deliver()
     }
 
@@ -119,6 +122,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
         precondition(waiter == nil, "redirecting a bridge that has a reader")
         for buffer in queue { sink(buffer) }
         queue.removeAll()
+        lastIsOwn = false
         queuedBytes = 0
         if end != nil {
             sink(nil)
@@ -134,6 +138,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     private func drain() -> [ByteBuffer] {
         let buffers = Array(queue)
         queue.removeAll(keepingCapacity: true)
+        lastIsOwn = false
         queuedBytes = 0
         if readHeldBack, let context {
             readHeldBack = false

@@ -16,12 +16,17 @@ import QXfer
 /// joined by a loop that moves bytes until both are quiet.
 @Suite("TLS handshake in memory")
 struct InMemoryTLSTests {
-    func handshake(
-        clientTLS: TLS, serverTLS: TLS, trust: PeerTrust, hostKey: String = "test.invalid:4433"
-    ) throws -> (
-        clientResult: Result<String, any Error>?, serverResult: Result<String, any Error>?, clientVerifier: PeerVerifier,
-        serverVerifier: PeerVerifier, clientExporter: TLSExporter?, serverExporter: TLSExporter?
-    ) {
+    /// Both ends after the handshake (or its failure), the channels still open.
+    struct Handshaken {
+        let clientResult: Result<String, any Error>?, serverResult: Result<String, any Error>?
+        let clientVerifier: PeerVerifier, serverVerifier: PeerVerifier
+        let clientExporter: TLSExporter?, serverExporter: TLSExporter?
+        let client: EmbeddedChannel, server: EmbeddedChannel
+        /// What the server's application would read from.
+        let serverBridge: NIOLoopBound<InboundBridge>
+    }
+
+    func handshake(clientTLS: TLS, serverTLS: TLS, trust: PeerTrust, hostKey: String = "test.invalid:4433") throws -> Handshaken {
         let client = EmbeddedChannel()
         let server = EmbeddedChannel()
         // No finish(): closing starts TLS close_notify, which waits for a peer nobody drives.
@@ -63,14 +68,40 @@ struct InMemoryTLSTests {
             }
             if !moved { break }
         }
-        return (
-            clientResult.withLock { $0 }, serverResult.withLock { $0 }, clientVerifier, serverVerifier,
-            clientSetup.randomObserver?.value.takeExporter(), serverSetup.randomObserver?.value.takeExporter()
-        )
+        return Handshaken(
+            clientResult: clientResult.withLock { $0 }, serverResult: serverResult.withLock { $0 },
+            clientVerifier: clientVerifier, serverVerifier: serverVerifier,
+            clientExporter: clientSetup.randomObserver?.value.takeExporter(),
+            serverExporter: serverSetup.randomObserver?.value.takeExporter(),
+            client: client, server: server, serverBridge: serverSetup.bridge)
     }
 
     var serverTLS: TLS { TLS().identity(Identities.server) }
     var clientTLS: TLS { TLS().identity(Identities.client) }
+
+    @Test("Records that arrive a few at a time wait compactly, not each pinning NIOSSL's grown read buffer")
+    func recordsWaitCompactly() throws {
+        let pair = try handshake(clientTLS: clientTLS, serverTLS: serverTLS, trust: .pinned(Identities.server.fingerprint))
+        #expect(try pair.serverResult?.get() == "qxfer/1")
+        let source = (0..<(2 << 20)).map { UInt8(truncatingIfNeeded: ($0 &* 2_654_435_761) >> 13) }
+        let piece = 16 << 10
+        for offset in stride(from: 0, to: source.count, by: piece) {
+            pair.client.writeAndFlush(ByteBuffer(bytes: source[offset..<min(offset + piece, source.count)]), promise: nil)
+        }
+        var records: [ByteBuffer] = []
+        while let bytes = try pair.client.readOutbound(as: ByteBuffer.self) { records.append(bytes) }
+        // A quarter in one read grows NIOSSL's plaintext buffer; then one record per read, as
+        // off a long path, each handed on as a slice of a buffer that large.
+        var first = ByteBuffer()
+        for var record in records.prefix(records.count / 4) { first.writeBuffer(&record) }
+        try pair.server.writeInbound(first)
+        for record in records.dropFirst(records.count / 4) { try pair.server.writeInbound(record) }
+
+        let buffers = try #require(try pair.serverBridge.value.next(on: pair.server.eventLoop).wait())
+        let held = buffers.reduce(0) { $0 + $1.storageCapacity }
+        #expect(held < 2 * source.count, "\(source.count) bytes waiting held \(held) bytes of storage")
+        #expect(buffers.flatMap { $0.readableBytesView } == source)
+    }
 
     @Test("A pinned server completes the handshake, negotiates qxfer/1 and sees the client's fingerprint")
     func pinnedHandshake() throws {
