@@ -307,12 +307,7 @@ import Testing
     func diskFullGivesResumablePartial() throws {
         let temp = TempDir()
         defer { temp.cleanup() }
-        let mountPoint = temp.sub("small")
-        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
-        guard run("/bin/mount", ["-t", "tmpfs", "-o", "size=1m", "tmpfs", mountPoint]) != nil else {
-            Issue.record("cannot mount a tmpfs")
-            return
-        }
+        guard let mountPoint = try mountTmpfs(in: temp, size: "1m") else { return }
         defer { _ = run("/bin/umount", [mountPoint]) }
         let data = pattern(2 << 20, seed: 21)
         let file = try target("video.raw", data)
@@ -341,6 +336,35 @@ import Testing
         try write(resumed, data, from: Int(resume.offset), chunk: 100_000)
         try resumed.finish(size: UInt64(data.count), digest: DigestAlgorithm.xxh3_128.digest(of: data))
         #expect(readFile(mountPoint + "/video.raw") == data)
+    }
+
+    /// Disk full while writing a file too small for a journal: the partial is removed, and the
+    /// error does not say it was kept.
+    @Test(.enabled(if: getuid() == 0, "needs root to mount a tmpfs"))
+    func diskFullWithoutJournalSaysNothingIsKept() throws {
+        let temp = TempDir()
+        defer { temp.cleanup() }
+        guard let mountPoint = try mountTmpfs(in: temp, size: "256k") else { return }
+        defer { _ = run("/bin/umount", [mountPoint]) }
+        let data = pattern(1 << 20, seed: 22)
+        let store = try makeStore(mountPoint, interval: 4 << 20)
+        let writer = try store.openWriter(for: try target("small.raw", data))
+        let error = #expect(throws: TransferError.self) { try write(writer, data, from: 0, chunk: 64 << 10) }
+        #expect(error?.code == .noSpace)
+        #expect(error.map { !$0.message.contains("kept") } ?? false, "\(error?.message ?? "")")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: mountPoint).isEmpty)
+    }
+
+    /// A tmpfs of `size` mounted in a new folder of `temp`; nil (with an issue recorded) if it
+    /// cannot be mounted.
+    func mountTmpfs(in temp: TempDir, size: String) throws -> String? {
+        let mountPoint = temp.sub("small")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true)
+        guard run("/bin/mount", ["-t", "tmpfs", "-o", "size=\(size)", "tmpfs", mountPoint]) != nil else {
+            Issue.record("cannot mount a tmpfs")
+            return nil
+        }
+        return mountPoint
     }
 
     /// Writing goes on while a checkpoint's sync is under way; the next checkpoint, and

@@ -6,6 +6,9 @@ internal import SafeOutput
 #if canImport(LinuxSystem)  // fuzz/run.sh compiles Locked's source into its one module
 internal import LinuxSystem
 #endif
+#if canImport(PlainText)
+internal import PlainText
+#endif
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -323,7 +326,8 @@ public final class FileWriter {
 
     /// Appends `bytes`, which must start at ``offset`` and not run past the offered size. On a
     /// write error (disk full: ``TransferError/Code/noSpace``) the data written so far is
-    /// checkpointed so the transfer can resume later, and the writer is closed.
+    /// checkpointed so the transfer can resume later (a file too small for a journal is removed
+    /// instead, and the error says nothing is kept), and the writer is closed.
     public func write(_ bytes: some ContiguousBytes & Collection<UInt8>, at position: UInt64) throws(TransferError) {
         let file = try checkAppend(UInt64(bytes.count), at: position)
         let failure: Int32? = bytes.withUnsafeBytes { bytes in
@@ -344,7 +348,8 @@ public final class FileWriter {
             if journal == nil { unlinkat(parent.fd, names.partial, 0) }  // not resumable: see abandon()
             self.file = nil
             let error = TransferError.posix("cannot write", "'\(target.path)'", errno: err)
-            throw TransferError(error.code, "\(error.message) after \(checkpointedOffset) bytes; the partial file is kept for resuming")
+            guard journal != nil else { throw error }
+            throw TransferError(error.code, "\(error.message) after \(TextFormat.bytes(checkpointedOffset)); the partial file is kept for resuming")
         }
         bytes.withUnsafeBytes { hasher.update($0) }
         try advance(by: UInt64(bytes.count), in: file)
