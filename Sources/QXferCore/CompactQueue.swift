@@ -3,7 +3,7 @@ import NIOCore
 extension CircularBuffer where Element == ByteBuffer {
     /// Bytes of a buffer of the queue's own, for the small slices it copies (a larger slice gets
     /// one of its size).
-    @_spi(Stacks) public static var compactBufferSize: Int { 64 << 10 }
+    private static var compactBufferSize: Int { 64 << 10 }
 
     /// Queues `chunk` as it is if it fills most of its storage, else copies it into a buffer of
     /// the queue's own: a slice pins its whole storage while it waits. NIOSSL hands each read's

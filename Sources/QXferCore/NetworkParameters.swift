@@ -90,7 +90,7 @@ public struct PerformanceMode: Sendable, Hashable, CustomStringConvertible {
     /// (`TCP_NOTSENT_LOWAT` 1 MiB) so backpressure reaches the application promptly; on QUIC,
     /// BBR v2, windows and send buffers sized for long lossy paths, and on a long path a socket
     /// that reads in groups (after a read that emptied it, a pause of 1/50 of the RTT, at most
-    /// 1 ms), which spares a wake-up per packet at the cost of at most 2 % of an RTT.
+    /// 4 ms), which spares a wake-up per packet at the cost of at most 2 % of an RTT.
     public static let bulk = PerformanceMode(kind: .bulk)
     /// Latency: on TCP, BBR, `TCP_NODELAY` and `TCP_NOTSENT_LOWAT` 16 KiB, so a frame never
     /// waits behind a deep kernel queue; on QUIC, BBR v2, which does not shrink the window of

@@ -19,7 +19,7 @@ struct ReadCoalescingTests {
         return coalescing.pauseBeforeNextRead { roundTrip }
     }
 
-    @Test("After a small read the pause is 1/50 of the RTT, at most 1 ms; none on a short path")
+    @Test("After a small read the pause is 1/50 of the RTT, at most 1 ms until the arrival rate is known; none on a short path")
     func pauseFollowsTheRoundTrip() {
         #expect(Self.pause(after: 1, roundTrip: 50 * Self.millisecond) == Self.millisecond)
         #expect(Self.pause(after: 3, roundTrip: 10 * Self.millisecond) == 200_000)
@@ -28,6 +28,24 @@ struct ReadCoalescingTests {
         #expect(Self.pause(after: 1, roundTrip: 2_500_000) == 50_000)
         #expect(Self.pause(after: 1, roundTrip: 2_499_999) == nil)
         #expect(Self.pause(after: 1, roundTrip: 100_000) == nil)
+    }
+
+    @Test("On a long path the pause grows past 1 ms, to 1/50 of the RTT and at most 4 ms, only while a full read takes that long to arrive")
+    func pauseFollowsTheArrivalRate() {
+        var coalescing = ReadCoalescing(busyReadMessages: Self.busy)
+        func pause(after messages: Int, roundTrip: Int64 = 200 * Self.millisecond) -> Int64? {
+            for _ in 0..<messages { coalescing.receivedMessage() }
+            return coalescing.pauseBeforeNextRead { roundTrip }
+        }
+        #expect(pause(after: 2) == Self.millisecond)  // the rate is not known yet
+        #expect(pause(after: 8) == 4 * Self.millisecond)  // 8 in 1 ms: a full read takes 4 ms
+        #expect(pause(after: 20) == 4 * Self.millisecond)  // one would take 6.4 ms: at most 4 ...
+        #expect(pause(after: 10, roundTrip: 100 * Self.millisecond) == 2 * Self.millisecond)  // ... and 1/50 of the RTT
+        #expect(pause(after: 0) == 4 * Self.millisecond)  // nothing came in 2 ms: the longest
+        #expect(pause(after: Self.busy) == nil)  // a full read: at once, and the rate is not known
+        #expect(pause(after: 16) == Self.millisecond)
+        #expect(pause(after: 16) == 2 * Self.millisecond)  // 16 in 1 ms: a full read takes 2 ms
+        #expect(pause(after: 30, roundTrip: 50 * Self.millisecond) == Self.millisecond)  // 1/50 of 50 ms
     }
 
     @Test("A read that stopped at the channel's limit, a connection without an RTT sample, or none at all: read at once")
