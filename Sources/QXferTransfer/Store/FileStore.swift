@@ -344,9 +344,7 @@ public final class FileWriter {
             return nil
         }
         if let err = failure {
-            try? checkpoint()
-            if journal == nil { unlinkat(parent.fd, names.partial, 0) }  // not resumable: see abandon()
-            self.file = nil
+            abandon()  // checkpointed, or removed where no journal could resume it
             let error = TransferError.posix("cannot write", "'\(target.path)'", errno: err)
             guard journal != nil else { throw error }
             throw TransferError(error.code, "\(error.message) after \(TextFormat.bytes(checkpointedOffset)); the partial file is kept for resuming")
