@@ -76,7 +76,6 @@ extension ByteStreamTransport {
 }
 
 extension ByteStreamTransport {
-    /// Returns what ``read()`` returns: transports whose reads already come in large pieces
-    /// (TCP+TLS: whole TLS records, many per socket read) need not gather.
+    /// Returns what ``read()`` returns: for a transport that does not gather.
     public func read(atLeast minimum: Int) async throws -> [ByteBuffer]? { try await read() }
 }

@@ -5,7 +5,9 @@ import NIOCore
 ///
 /// Reads from the socket stop while more than `highWatermark` bytes wait for the reader,
 /// and resume once it has taken them, so a slow reader slows the sender through TCP flow
-/// control instead of growing a buffer. All state lives on the channel's event loop.
+/// control instead of growing a buffer. A reader that needs a whole message is woken once
+/// it has arrived, not for every socket read, and the socket's wake mark spares the event loop
+/// most wake-ups in between (``SocketWakeMark``). All state lives on the channel's event loop.
 final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
@@ -20,6 +22,10 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     private var readHeldBack = false
     private var end: Result<Void, any Error>?
     private var waiter: EventLoopPromise<[ByteBuffer]?>?
+    /// Bytes the waiting reader needs before it can go on.
+    private var waiterNeeds = 1
+    /// Set while the bridge is in a pipeline.
+    private var wakeMark: SocketWakeMark?
     private var context: ChannelHandlerContext?
     /// Set when the bridge closes the channel itself (idle timeout), so readers and writers
     /// report why.
@@ -34,8 +40,22 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
         self.highWatermark = highWatermark
     }
 
-    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
-    func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        wakeMark = SocketWakeMark(socket: ChannelSocket(channel: context.channel), eventLoop: context.eventLoop)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        wakeMark?.drop()
+        wakeMark = nil
+        self.context = nil
+    }
+
+    /// Sets wake marks on `socket` instead of the channel's (a test's recorder).
+    func setWakeMarks(on socket: any WakeMarkSocket) {
+        guard let context else { return }
+        wakeMark = SocketWakeMark(socket: socket, eventLoop: context.eventLoop)
+    }
 
     /// Set once the bytes go to a handler of their own (a TLS child connection's datagrams)
     /// instead of an async reader.
@@ -58,6 +78,11 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
         queuedBytes += buffer.readableBytes
         queue.appendCompactly(buffer, lastIsOwn: &lastIsOwn)
         deliver()
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        updateWakeMark()
+        context.fireChannelReadComplete()
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -92,9 +117,11 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    /// Everything queued, or nil at the end of the stream; waits for data when none is queued.
-    func next(on eventLoop: any EventLoop) -> EventLoopFuture<[ByteBuffer]?> {
-        if !queue.isEmpty { return eventLoop.makeSucceededFuture(drain()) }
+    /// Everything queued once at least `minimum` bytes are (or as many as the high watermark
+    /// lets wait), or what is left at the end of the stream, or nil after it.
+    func next(atLeast minimum: Int = 1, on eventLoop: any EventLoop) -> EventLoopFuture<[ByteBuffer]?> {
+        let needs = max(1, min(minimum, highWatermark))
+        if queuedBytes >= needs || (end != nil && !queue.isEmpty) { return eventLoop.makeSucceededFuture(drain()) }
         switch end {
         case .success?: return eventLoop.makeSucceededFuture(nil)
         case .failure(let error)?: return eventLoop.makeFailedFuture(error)
@@ -102,6 +129,8 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
             precondition(waiter == nil, "one reader at a time")
             let promise = eventLoop.makePromise(of: [ByteBuffer]?.self)
             waiter = promise
+            waiterNeeds = needs
+            updateWakeMark()
             return promise.futureResult
         }
     }
@@ -129,6 +158,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
             return
         }
         self.sink = sink
+        wakeMark?.drop()
         if readHeldBack, let context {
             readHeldBack = false
             context.read()
@@ -148,7 +178,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private func deliver() {
-        guard let waiter else { return }
+        guard let waiter, queuedBytes >= waiterNeeds || end != nil else { return }
         self.waiter = nil
         if !queue.isEmpty {
             waiter.succeed(drain())
@@ -159,9 +189,18 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
+    /// Raises the socket's wake mark to what the waiting reader still misses, or drops it. While
+    /// no reader waits (it is busy with the last message), the mark stays: bytes that arrive
+    /// meanwhile wait in the socket, and its next wish sets the mark again.
+    private func updateWakeMark() {
+        guard sink == nil, end == nil, waiter != nil else { return }
+        wakeMark?.update(missing: waiterNeeds - queuedBytes) { [self] in wakeMark?.drop() }
+    }
+
     private func finish(_ result: Result<Void, any Error>) {
         if end == nil {
             end = result
+            wakeMark?.drop()
             let observers = endObservers
             endObservers = []
             for observer in observers { observer() }

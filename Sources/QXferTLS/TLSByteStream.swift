@@ -64,9 +64,13 @@ final class TLSByteStream: ByteStreamTransport {
     }
 
     func read() async throws -> [ByteBuffer]? {
+        try await read(atLeast: 1)
+    }
+
+    func read(atLeast minimum: Int) async throws -> [ByteBuffer]? {
         let bridge = self.bridge
         do {
-            return try await channel.eventLoop.flatSubmit { bridge.value.next(on: bridge.eventLoop) }.get()
+            return try await channel.eventLoop.flatSubmit { bridge.value.next(atLeast: minimum, on: bridge.eventLoop) }.get()
         } catch {
             throw await explain(error)
         }

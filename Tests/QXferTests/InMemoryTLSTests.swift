@@ -103,6 +103,59 @@ struct InMemoryTLSTests {
         #expect(buffers.flatMap { $0.readableBytesView } == source)
     }
 
+    /// Stands in for the server's socket: records the wake marks the bridge sets.
+    final class MarkRecorder: WakeMarkSocket {
+        var mark = 1
+        var highest = 1
+        func receiveBufferSize() -> Int? { 4 << 20 }
+        func setWakeMark(_ bytes: Int) throws {
+            mark = bytes
+            highest = max(highest, bytes)
+        }
+    }
+
+    @Test("A waiting reader's wake mark never asks for more than the peer still sends, however the socket splits its records",
+          arguments: [1_000, 9_000, 40_000])
+    func wakeMarkStaysReachable(largestRead: Int) throws {
+        let pair = try handshake(clientTLS: clientTLS, serverTLS: serverTLS, trust: .pinned(Identities.server.fingerprint))
+        let marks = MarkRecorder()
+        let bridge = pair.serverBridge.value
+        bridge.setWakeMarks(on: marks)
+        var random = SplitMix64(seed: UInt64(largestRead))
+        for size in [3 << 20, 70_000, 1 << 20, 50_000] {
+            // The peer writes one message in pieces of any size, as an application does.
+            let message = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ size) }
+            var offset = 0
+            while offset < size {
+                let piece = min(size - offset, Int.random(in: 1...(64 << 10), using: &random))
+                pair.client.writeAndFlush(ByteBuffer(bytes: message[offset..<offset + piece]), promise: nil)
+                offset += piece
+            }
+            var wire = ByteBuffer()
+            while var bytes = try pair.client.readOutbound(as: ByteBuffer.self) { wire.writeBuffer(&bytes) }
+
+            var received: [UInt8] = []
+            while received.count < size {
+                let answer = bridge.next(atLeast: size - received.count, on: pair.server.eventLoop)
+                let answered = Locked(false)
+                answer.whenComplete { _ in answered.withLock { $0 = true } }
+                // The socket hands the records on in reads of any size; a kernel would wake the
+                // reader only once the mark's bytes wait, so the mark must never pass what is left.
+                while !answered.withLock({ $0 }), wire.readableBytes > 0 {
+                    #expect(marks.mark <= wire.readableBytes, "a mark of \(marks.mark) with \(wire.readableBytes) bytes still to come")
+                    let read = wire.readSlice(length: min(wire.readableBytes, Int.random(in: 1...largestRead, using: &random)))!
+                    try pair.server.writeInbound(read)
+                }
+                let buffers = try #require(try answer.wait())
+                received += buffers.flatMap { $0.readableBytesView }
+            }
+            #expect(received == message)
+            #expect(wire.readableBytes == 0)
+        }
+        // Reads of more than a record leave the mark raised for most of a large message.
+        if largestRead > 20_000 { #expect(marks.highest >= 128 << 10) }
+    }
+
     @Test("A pinned server completes the handshake, negotiates qxfer/1 and sees the client's fingerprint")
     func pinnedHandshake() throws {
         let outcome = try handshake(clientTLS: clientTLS, serverTLS: serverTLS, trust: .pinned(Identities.server.fingerprint))

@@ -749,6 +749,35 @@ struct LoopbackTests {
         }
     }
 
+    @Test("A large message that trickles in for longer than the idle timeout keeps the connection alive and arrives whole")
+    func tricklingMessageIsNotIdle() async throws {
+        let size = 1 << 20, head = 400 << 10, drop = 4 << 10
+        let message = Data((0..<size).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ $0 >> 9) })
+        try await withListener(Self.listener(), handler: { connection in
+            // A wake mark raised for the rest of the message is never reached by these drops:
+            // the reader must still see them, or the idle timer fires.
+            try await connection.send(message.prefix(head))
+            var offset = head
+            for _ in 0..<25 {
+                try await Task.sleep(for: .milliseconds(200))
+                try await connection.send(message[offset..<offset + drop])
+                offset += drop
+            }
+            try await connection.send(message[offset...])
+            _ = try await connection.receive(exactly: 4)
+        }) { port in
+            let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port), using: .parameters {
+                TLS().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
+            }.idleTimeout(.seconds(4)))  // the drops take 5 s; a loaded machine may delay one
+            defer { connection.cancel() }
+            let received = try await within(.seconds(30), "a message that trickles in") {
+                try await connection.receive(exactly: size).content
+            }
+            #expect(received == message)
+            try await connection.send(Data("done".utf8))
+        }
+    }
+
     // MARK: 12. Parameters reach the socket
 
     /// A socket option of the connection's TCP socket, read with getsockopt.
