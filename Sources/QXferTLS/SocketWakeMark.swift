@@ -20,8 +20,8 @@ import Glibc
 /// - back to 1 after ``patience`` without reaching it, so a stalled or slow peer's bytes still
 ///   reach the reader (and the idle timer sees them).
 struct SocketWakeMark {
-    /// The largest TLS record, header and ciphertext (RFC 8446 section 5.2): what the TLS handler may
-    /// have taken from the socket without a byte of it reaching the reader.
+    /// The largest TLS record, header and ciphertext (RFC 8446 section 5.2): what the TLS
+    /// handler may have taken from the socket without a byte of it reaching the reader.
     static let largestHeldRecord = 5 + (1 << 14) + 256
     /// What one wake reads (NIO's 4 reads of up to 64 KiB).
     static let largest = 256 << 10
