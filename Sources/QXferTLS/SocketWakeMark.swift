@@ -59,9 +59,9 @@ struct SocketWakeMark {
     /// waiting and after every read. `expired` is called on the event loop if a raised mark goes
     /// unreached for ``patience``; it should call ``drop()``.
     mutating func update(missing: Int, expired: @escaping () -> Void) {
-        var wanted = 1
-        if !refused, missing > Self.largestHeldRecord + Self.step, let buffer = socket.receiveBufferSize() {
-            wanted = Self.mark(missing: missing, receiveBuffer: buffer)
+        var wanted = refused ? 1 : Self.mark(missing: missing, receiveBuffer: .max)
+        if wanted > 1 {  // only then is the buffer worth a system call
+            wanted = socket.receiveBufferSize().map { Self.mark(missing: missing, receiveBuffer: $0) } ?? 1
         }
         if wanted != current { set(wanted) }
         fallback?.cancel()
