@@ -138,7 +138,15 @@ public enum StreamSender {
                     // However the control stream ends, the pacing loop and the waits must hear of it.
                     defer { shared.withLock { $0.controlEnded = true } }
                     var reader = MessageReader(connection)
-                    while let message = try await reader.next() {
+                    while true {
+                        let message: ControlMessage
+                        do {
+                            guard let next = try await reader.next() else { return }
+                            message = next
+                        } catch {
+                            shared.withLock { $0.controlFailure = error }
+                            throw error
+                        }
                         switch message {
                         case .ping(let id, let t1):
                             let t2 = WallClock.now()
@@ -431,14 +439,16 @@ struct SenderShared: Sendable {
     var report: Data?
     /// The receiver's reason, once it stopped the stream (its output failed).
     var stopReason: String?
+    /// Why reading the control stream failed (the connection's error), if it did.
+    var controlFailure: (any Error)?
     var droppedAtSender = 0
     var streamsReset = 0
 
     /// Why the stream ends once the control stream has ended before its time: the receiver's
-    /// stop, or else `otherwise`.
+    /// stop, else the connection's failure (a timeout, early data unanswered), else `otherwise`.
     func endedEarly(_ otherwise: String) -> any Error {
-        guard let stopReason else { return QXferError(.connectionClosed, otherwise) }
-        return StreamError(.output, "the receiver stopped the stream: \(TerminalText.escaped(stopReason))")
+        if let stopReason { return StreamError(.output, "the receiver stopped the stream: \(TerminalText.escaped(stopReason))") }
+        return controlFailure ?? QXferError(.connectionClosed, otherwise)
     }
 }
 

@@ -53,3 +53,14 @@ func startFailingFast<Stack>(
         }
     }
 }
+
+/// What a command says before it connects again after ``EarlyDataUnanswered`` (nil for any
+/// other error). QUIC sent early and its address stayed silent or refused (UDP blocked since the
+/// last connection, a dual-stack name whose other family works); that attempt's ticket is
+/// dropped, so the next connection sends nothing early and races the name's addresses and,
+/// under `--stack auto` (`racing`), the stacks.
+func earlyDataRetryNote(_ error: any Error, to endpoint: Endpoint, racing: Bool) -> String? {
+    guard let failure = error as? QXferError, let unanswered = failure.underlying as? EarlyDataUnanswered else { return nil }
+    let next = racing ? "racing QUIC and TCP+TLS" : "connecting again without early data"
+    return "\(unanswered.stack) with early data could not reach \(endpoint) (\(failure.message)); \(next)"
+}

@@ -241,15 +241,9 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
                 if let notTransferred = summary.notTransferred { throw notTransferred }
                 return
             } catch where !Task.isCancelled && Self.isNetworkFailure(error) {
-                if !accepted.isSet, !racedAfterEarly, let unanswered = (error as? QXferError)?.underlying as? EarlyDataUnanswered {
+                if !accepted.isSet, !racedAfterEarly, let note = earlyDataRetryNote(error, to: endpoint, racing: stack == .auto) {
                     racedAfterEarly = true
-                    // QUIC sent early and its address stayed silent or refused (UDP blocked
-                    // since the last send, a dual-stack name whose other family works): the next
-                    // connection sends nothing early, races the name's addresses and, under
-                    // `--stack auto`, the stacks.
-                    let message = (error as? QXferError)?.message ?? "\(error)"
-                    let next = stack == .auto ? "racing QUIC and TCP+TLS" : "connecting again without early data"
-                    reporter.info("\(unanswered.stack) with early data could not reach \(endpoint) (\(message)); \(next)")
+                    reporter.info(note)
                     moving = TransferClock()  // what that attempt wrote early was never accepted: not counted
                     continue
                 }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import FoundationEssentials
 import Glibc
+import Logging
 import QXfer
 import QXferStream
 import SafeOutput
@@ -177,10 +178,62 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
         let trust: ReceiverTrust
 
         func run<Transport: SecureTransport>(over transport: Transport) async throws -> StreamSenderSummary {
-            let (source, options) = try command.makeSource()
-            return try await command.run(
-                NetworkConnection(to: endpoint, using: .parameters { transport }.serviceClass(.interactiveVideo).performanceMode(.realtime)),
-                source: source, options: options, trust: trust)
+            let (frames, options) = try command.makeSource()
+            let source = RestartableSource(frames)
+            let parameters = NetworkParameters.parameters { transport }.serviceClass(.interactiveVideo).performanceMode(.realtime)
+            do {
+                return try await command.run(NetworkConnection(to: endpoint, using: parameters), source: source, options: options, trust: trust)
+            } catch where !Task.isCancelled {
+                // Early data unanswered leaves nothing received: the stream starts again, from
+                // its first frame, without early data (standard input cannot be read twice).
+                guard let note = earlyDataRetryNote(error, to: endpoint, racing: command.stack == .auto), source.restart() else { throw error }
+                Logger(label: "qxfer.stream").info("\(note)")
+                return try await command.run(NetworkConnection(to: endpoint, using: parameters), source: source, options: options, trust: trust)
+            }
+        }
+    }
+
+    /// A source that can start again from its first frame, as long as no more than that frame
+    /// was taken: the sender reads one frame, then waits for the receiver before the next.
+    private final class RestartableSource: FrameSource, Sendable {
+        private struct State {
+            var frames: any FrameSource
+            var first: SourceFrame?
+            var taken = 0
+            var replaysFirst = false
+        }
+        private let state: Mutex<State>
+        let container: ContainerKind
+        let containerHeader: Data
+        let frameRate: FrameRate
+
+        init(_ frames: sending any FrameSource) {
+            container = frames.container
+            containerHeader = frames.containerHeader
+            frameRate = frames.frameRate
+            state = Mutex(State(frames: frames))
+        }
+
+        func next() throws -> SourceFrame? {
+            try state.withLock { state in
+                if state.replaysFirst {
+                    state.replaysFirst = false
+                    return state.first
+                }
+                let frame = try state.frames.next()
+                state.taken += 1
+                if state.taken == 1 { state.first = frame } else { state.first = nil }
+                return frame
+            }
+        }
+
+        /// Whether the next frame is the first again.
+        func restart() -> Bool {
+            state.withLock { state in
+                guard state.taken <= 1 else { return false }
+                state.replaysFirst = state.taken == 1
+                return true
+            }
         }
     }
 

@@ -15,7 +15,8 @@
 # 3e. a name with an IPv6 address whose UDP is dropped and an IPv4 one that works
 #     (/etc/netns/NS/hosts): over --stack quic the ticket keeps the IPv4 address it came over,
 #     and the next send's early data goes there first; a ticket whose address went silent costs
-#     a second, then a full handshake over the address race, not a failure.
+#     a second, then a full handshake over the address race, not a failure; a `stream send`
+#     from standard input the same, starting again from its first frame.
 #  4. nothing listening (TCP refused, UDP port unreachable): "nothing listens on host:port,
 #     neither TCP nor UDP", exit 69, within about a second.
 #  5. both dropped: a clear error naming both stacks within the 10 s connect timeout, exit 69.
@@ -227,7 +228,7 @@ ok "the receiver's UDP sends refused for a while: TCP+TLS then, and QUIC again a
 # 3e. A dual-stack name whose IPv6 UDP is dropped.
 ip netns exec "$B" nft add table inet qxrace
 ip netns exec "$B" nft add chain inet qxrace input '{ type filter hook input priority 0; policy accept; }'
-ip netns exec "$B" nft add rule inet qxrace input meta nfproto ipv6 udp dport "$PORT" drop
+ip netns exec "$B" nft add rule inet qxrace input meta nfproto ipv6 udp dport "{ $PORT, $STREAM_PORT }" drop
 # name-send NAME: --stack quic -v to receiver.qxrace; sets RC and SECONDS_TAKEN.
 name_send() {
     local started
@@ -258,6 +259,50 @@ grep -q "QUIC with early data could not reach receiver.qxrace:$PORT (no answer f
 cmp -s "$WORK/small.bin" "$WORK/in/small.bin" || fail "dual-stack name, the ticket's address silent: the received file differs"
 below "$SECONDS_TAKEN" 4 || fail "dual-stack name, the ticket's address silent: took $SECONDS_TAKEN s"
 ok "dual-stack name, the ticket's address silent: early data unanswered for 1 s, then the address race, in $SECONDS_TAKEN s"
+# The same for a stream: its hello and first frame go early, and an unanswered attempt starts
+# the stream again from that first frame (an IVF file read from standard input, which cannot be
+# read twice).
+# srecv-start: `stream recv` serves one sender, then exits.
+srecv_start() {
+    ip netns exec "$B" "$QXFER" stream recv --config-dir "$RECV_CFG" --port "$STREAM_PORT" --output "$WORK/in/stream.ivf" \
+        >"$WORK/srecv.out" 2>"$WORK/srecv.err" </dev/null &
+    SRECV_PID=$!
+    sleep 1
+}
+stream_ticket_address() { awk -v key="receiver.qxrace:$STREAM_PORT" '$1 == key { for (i = 5; i <= NF; i++) if ($i ~ /^via=/) print substr($i, 5) }' "$SEND_CFG/session-tickets"; }
+# stream-name-send NAME: --stack quic, 30 frames of an IVF file on standard input; sets RC and SECONDS_TAKEN.
+stream_name_send() {
+    local started
+    started=$(now)
+    RC=0
+    ip netns exec "$A" "$QXFER" stream send --config-dir "$SEND_CFG" "receiver.qxrace:$STREAM_PORT" --fingerprint "$RECV_FP" --stack quic \
+        --mode reliable --input - -v <"$WORK/frames.ivf" >"$WORK/$1.out" 2>"$WORK/$1.err" || RC=$?
+    SECONDS_TAKEN=$(since "$started")
+}
+python3 - "$WORK/frames.ivf" <<'PY'
+import os, struct, sys
+frames = [os.urandom(2000 + 97 * i) for i in range(30)]
+with open(sys.argv[1], "wb") as out:
+    out.write(b"DKIF" + struct.pack("<HH4sHHIIII", 0, 32, b"VP80", 64, 48, 30, 1, len(frames), 0))
+    for i, frame in enumerate(frames):
+        out.write(struct.pack("<IQ", len(frame), i) + frame)
+PY
+srecv_start
+stream_name_send stream-first
+[ "$RC" = 0 ] || fail "dual-stack name, first stream: exit $RC: $(cat "$WORK/stream-first.err")"
+[ "$(stream_ticket_address)" = "$ADDR" ] || fail "dual-stack name, stream: the ticket did not keep the address it came over: '$(stream_ticket_address)'"
+sed -i "/^receiver.qxrace:$STREAM_PORT /s/via=$ADDR\$/via=fd98:10::2/" "$SEND_CFG/session-tickets"
+wait "$SRECV_PID" 2>/dev/null || true
+srecv_start
+stream_name_send stream-silent
+[ "$RC" = 0 ] || fail "dual-stack name, stream, the ticket's address silent: exit $RC: $(cat "$WORK/stream-silent.err")"
+grep -q "QUIC with early data could not reach receiver.qxrace:$STREAM_PORT (no answer from .* within 1.0 seconds to early data); connecting again without early data" "$WORK/stream-silent.err" \
+    || fail "dual-stack name, stream, the ticket's address silent: $(cat "$WORK/stream-silent.err")"
+grep -q "30 frames sent, 30 on time" "$WORK/stream-silent.out" || fail "dual-stack name, stream: not every frame arrived: $(cat "$WORK/stream-silent.out")"
+cmp -s "$WORK/frames.ivf" "$WORK/in/stream.ivf" || fail "dual-stack name, stream: the received IVF differs from the one sent"
+below "$SECONDS_TAKEN" 5 || fail "dual-stack name, stream, the ticket's address silent: took $SECONDS_TAKEN s"
+ok "dual-stack name, the ticket's address silent: the stream started again without early data, all 30 frames, in $SECONDS_TAKEN s"
+kill -9 "$SRECV_PID" 2>/dev/null || true; wait "$SRECV_PID" 2>/dev/null || true; SRECV_PID=
 drop
 
 # 4. Nothing listening.
