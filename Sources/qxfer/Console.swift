@@ -81,6 +81,13 @@ enum Console {
     /// Back to the start of the line, then clear it.
     private static let wipeLine = "\r\u{1B}[K"
 
+    /// The width of the terminal on standard error, in columns; nil when it tells none.
+    static var terminalColumns: Int? {
+        var size = winsize()
+        guard ioctl(STDERR_FILENO, UInt(TIOCGWINSZ), &size) == 0, size.ws_col > 0 else { return nil }
+        return Int(size.ws_col)
+    }
+
     /// Draws `bar` over the current line of standard error (a terminal), unless a question is on it.
     static func drawBar(_ bar: String) {
         question.withLock { question in

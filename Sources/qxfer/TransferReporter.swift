@@ -213,10 +213,12 @@ final class TransferReporter: Sendable {
     private func draw(_ progress: TransferProgress, metrics: ConnectionMetrics, moving elapsed: Duration) {
         let done = Self.bytesArrived(written: progress.transferredBytes, unacknowledged: role == .sender ? metrics.bytesUnacknowledged : nil)
         let total = progress.totalBytes
+        // Standard input or a kernel file: the total counts only the files of known size.
+        let totalKnown = offeredOfUnknownSize.withLock { $0 } == 0
         let seconds = max(elapsed.seconds, 0.001)
         let rate = Double(done) / seconds
         let rtt = metrics.smoothedRTT.map { TextFormat.fixed($0.seconds * 1000, places: 1) + " ms" }
-        let eta: String? = total > done && rate > 0 ? formatDuration(Double(total - done) / rate) : nil
+        let eta: String? = totalKnown && total > done && rate > 0 ? formatDuration(Double(total - done) / rate) : nil
         switch style {
         case .json:
             var object: [String: Any] = ["bytes": done, "total": total, "rate_bytes_per_s": wholeNumber(rate), "seconds": seconds]
@@ -224,21 +226,48 @@ final class TransferReporter: Sendable {
             if let stack = metrics.stack { object["stack"] = stack }
             emit("progress", object)
         case .lines:
-            var line = "\(TextFormat.bytes(done)) of \(TextFormat.bytes(total)), \(formatRate(rate))"
+            var line = TextFormat.bytes(done) + (totalKnown ? " of \(TextFormat.bytes(total))" : "") + ", \(formatRate(rate))"
             if let eta { line += ", \(eta) left" }
             if let rtt { line += ", RTT \(rtt)" }
             printLine(line)
         case .bar:
-            let fraction = total > 0 ? min(1, Double(done) / Double(total)) : 0
-            let width = 24
-            let filled = Int(fraction * Double(width))
-            let bar = String(repeating: "=", count: filled) + (filled < width ? ">" + String(repeating: " ", count: width - filled - 1) : "")
-            let percent = String(Int(fraction * 100))
-            var line = "[\(bar)] \(String(repeating: " ", count: max(0, 3 - percent.count)))\(percent)%  \(TextFormat.bytes(done)) / \(TextFormat.bytes(total))  \(formatRate(rate))"
-            if let eta { line += "  ETA \(eta)" }
-            if let rtt { line += "  RTT \(rtt)" }
-            Console.drawBar(line)
+            Console.drawBar(Self.barLine(
+                done: done, total: totalKnown ? total : nil, rate: formatRate(rate), eta: eta, rtt: rtt, columns: Console.terminalColumns))
         }
+    }
+
+    /// The progress bar's line, fitted to a terminal `columns` wide with one column to spare (a
+    /// line that reaches the last column wraps on some terminals, and a wrapped line cannot be
+    /// wiped: the bar's first half would stay above the summary). What matters least goes first:
+    /// the RTT, the bar's length (down to 10), the bar, the rate, the time left. Without a
+    /// `total` (a file of unknown size) there is no bar, share or time left.
+    static func barLine(done: UInt64, total: UInt64?, rate: String, eta: String?, rtt: String?, columns: Int?) -> String {
+        let limit = max(1, (columns ?? .max) - 1)
+        let fraction = total.map { $0 > 0 ? min(1, Double(done) / Double($0)) : 0 } ?? 0
+        let percent = total.map { _ in "\(Int(fraction * 100))%" }
+        let amount = TextFormat.bytes(done) + (total.map { " / \(TextFormat.bytes($0))" } ?? "")
+        func line(bar width: Int, rate showsRate: Bool, eta showsETA: Bool, rtt showsRTT: Bool) -> String {
+            var parts: [String] = []
+            if let percent {
+                if width > 0 {
+                    let filled = Int(fraction * Double(width))
+                    let bar = String(repeating: "=", count: filled) + (filled < width ? ">" + String(repeating: " ", count: width - filled - 1) : "")
+                    parts.append("[\(bar)] " + TextFormat.rightAligned(percent, width: 4))
+                } else {
+                    parts.append(percent)
+                }
+            }
+            parts.append(amount)
+            if showsRate { parts.append(rate) }
+            if showsETA, percent != nil, let eta { parts.append("ETA \(eta)") }
+            if showsRTT, let rtt { parts.append("RTT \(rtt)") }
+            return parts.joined(separator: "  ")
+        }
+        var shapes = [line(bar: 24, rate: true, eta: true, rtt: true)]
+        shapes += (10...24).reversed().map { line(bar: $0, rate: true, eta: true, rtt: false) }
+        shapes += [line(bar: 0, rate: true, eta: true, rtt: false), line(bar: 0, rate: false, eta: true, rtt: false), line(bar: 0, rate: false, eta: false, rtt: false)]
+        let shortest = shapes[shapes.count - 1]
+        return shapes.first { $0.count <= limit } ?? String(shortest.prefix(limit))
     }
 
     /// What a sender shows as done: the file bytes it wrote less what its connection holds

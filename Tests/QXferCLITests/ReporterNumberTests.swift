@@ -61,4 +61,29 @@ struct EventTimeTests {
         }
         #expect(Console.timestamp(Date(timeIntervalSince1970: 1_795_000_000.5)) == "2026-11-18T11:06:40.500Z")
     }
+
+    /// The bar never reaches a terminal's last column (it would wrap and stay on screen), and
+    /// gives up the least useful figures first; a file of unknown size shows no share of a total.
+    @Test func barLineFitsTheTerminal() {
+        func line(_ columns: Int?, total: UInt64? = 209_700_000) -> String {
+            TransferReporter.barLine(done: 114_700_000, total: total, rate: "460.8 MB/s", eta: "0:01", rtt: "12.3 ms", columns: columns)
+        }
+        let full = line(nil)
+        #expect(full == "[=============>          ]  54%  114.7 MB / 209.7 MB  460.8 MB/s  ETA 0:01  RTT 12.3 ms")
+        #expect(line(full.count + 1) == full)
+        #expect(line(full.count) == "[=============>          ]  54%  114.7 MB / 209.7 MB  460.8 MB/s  ETA 0:01")
+        #expect(line(65) == "[=======>      ]  54%  114.7 MB / 209.7 MB  460.8 MB/s  ETA 0:01")
+        #expect(line(61) == "[=====>    ]  54%  114.7 MB / 209.7 MB  460.8 MB/s  ETA 0:01")
+        #expect(line(60) == "54%  114.7 MB / 209.7 MB  460.8 MB/s  ETA 0:01")
+        #expect(line(40) == "54%  114.7 MB / 209.7 MB  ETA 0:01")
+        #expect(line(30) == "54%  114.7 MB / 209.7 MB")
+        #expect(line(12) == "54%  114.7 ")
+        for columns in 1...120 {
+            #expect(line(columns).count < max(2, columns), "\(columns) columns")
+            #expect(line(columns, total: nil).count < max(2, columns), "\(columns) columns, size unknown")
+        }
+        #expect(line(nil, total: nil) == "114.7 MB  460.8 MB/s  RTT 12.3 ms")
+        #expect(!line(nil, total: nil).contains("%"))
+        #expect(line(nil, total: 0).hasPrefix("[>                       ]   0%  114.7 MB / 0 B"))
+    }
 }

@@ -15,7 +15,8 @@
 # warnings included, no escaped slashes); errors a user meets are immediate and clear; names
 # holding escape sequences or line breaks are shown escaped, not played on the terminal; a sparse
 # file's sender says what travels and the holes apart from the start; recv --stdout pipes a
-# file or a tar stream and fails a digest mismatch. Everything it creates is removed.
+# file or a tar stream and fails a digest mismatch; in a 40-column terminal the progress line
+# fits and leaves nothing behind. Everything it creates is removed.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -495,4 +496,27 @@ for mode in realtime reliable; do
 done
 [ -z "$(ls /tmp | grep '^qxfer-stdout-' || true)" ] || fail "recv --stdout left its temporary folder"
 ok "recv --stdout: a file, and send - | recv --stdout | tar x, arrive identical; a folder is declined; a digest mismatch exits 65 saying to discard what came out; a reader that leaves (also after the file arrived) stops send and stream send with the reason"
+
+# --- 8. A narrow terminal: the progress line fits, and nothing of it stays behind -------------
+# Standard input (its size unknown) paused for 3 s in a 40-column pane: the line shows no share
+# of a total it does not know, never reaches the last column (a wrapped line cannot be wiped,
+# and its first half stayed above the summary), and is gone once the send ends.
+"$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --yes --once --host 127.0.0.1 --port "$PORT" --dir "$WORK/dst-narrow" \
+    >"$WORK/narrow.out" 2>&1 </dev/null &
+RECV_PID=$!; PIDS+=("$RECV_PID")
+for _ in $(seq 100); do grep -q '^fingerprint' "$WORK/narrow.out" 2>/dev/null && break; sleep 0.1; done
+T new-session -d -s narrow -x 40 -y 30 "env -i PATH=$PATH HOME=$WORK TERM=xterm-256color bash --norc --noprofile"
+run narrow "(head -c 3000000 /dev/urandom; sleep 3; head -c 1000000 /dev/urandom) | $SEND - 127.0.0.1:$PORT --name piped.bin"
+wait_for narrow 'accepted: sending, size unknown' 1 30
+sleep 1.5  # six redraws of the progress line, in the pause
+rows=$(T capture-pane -p -t narrow)  # rows as drawn, not joined
+progress=$(echo "$rows" | grep -E 'MB/s|kB/s' | tail -n 1)
+[ -n "$progress" ] && [ "${#progress}" -lt 40 ] && ! echo "$progress" | grep -qE '%|/ 0 B' \
+    || fail "the progress line in a 40-column terminal: '$progress' (${#progress} columns); the pane: $rows"
+wait_for narrow '^EXIT=' 1 30
+[ "$(count narrow '^EXIT=0$')" = 1 ] && screen narrow | grep -q '1 file verified' || { screen narrow >&2; fail "the piped send in a narrow terminal"; }
+left=$(T capture-pane -p -t narrow | grep -E '^\[|MB/s  |kB/s  ' || true)
+[ -z "$left" ] || fail "the progress line stayed on screen after the send: $left"
+wait "$RECV_PID" || fail "recv --once of the piped send: exit $?"
+ok "a 40-column terminal: the progress line fits ('$progress') and is gone after the summary"
 echo "terminal: all passed"
