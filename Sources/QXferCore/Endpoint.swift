@@ -14,20 +14,22 @@ public struct Endpoint: Hashable, Sendable, CustomStringConvertible {
     }
 
     /// Parses `HOST`, `HOST:PORT` or `[IPV6]:PORT`, using `defaultPort` when none is given.
+    /// nil for an empty host or port 0 (nothing can be reached there).
     public init?(parsing text: String, defaultPort: UInt16) {
         if text.hasPrefix("[") {
             guard let close = text.firstIndex(of: "]") else { return nil }
             let host = String(text[text.index(after: text.startIndex)..<close])
             let rest = text[text.index(after: close)...]
+            guard !host.isEmpty else { return nil }
             if rest.isEmpty {
                 self.init(host: host, port: defaultPort)
             } else {
-                guard rest.hasPrefix(":"), let port = UInt16(rest.dropFirst()) else { return nil }
+                guard rest.hasPrefix(":"), let port = UInt16(rest.dropFirst()), port > 0 else { return nil }
                 self.init(host: host, port: port)
             }
         } else if text.filter({ $0 == ":" }).count == 1 {
             let parts = text.split(separator: ":", omittingEmptySubsequences: false)
-            guard let port = UInt16(parts[1]), !parts[0].isEmpty else { return nil }
+            guard let port = UInt16(parts[1]), port > 0, !parts[0].isEmpty else { return nil }
             self.init(host: String(parts[0]), port: port)
         } else {
             guard !text.isEmpty else { return nil }

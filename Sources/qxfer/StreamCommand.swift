@@ -93,7 +93,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
     var json = false
 
     func validate() throws {
-        guard StreamEndpoint.parse(destination, defaultPort: defaultStreamPort) != nil else {
+        guard Endpoint(parsing: destination, defaultPort: defaultStreamPort) != nil else {
             throw ValidationError("'\(destination)' is not a host, host:port or [ipv6]:port")
         }
         if let fps, !(fps > 0 && fps <= 1000) { throw ValidationError("--fps must be more than 0 and at most 1000 frames per second") }
@@ -119,7 +119,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
     }
 
     private func send() async throws {
-        let endpoint = StreamEndpoint.parse(destination, defaultPort: defaultStreamPort)!
+        let endpoint = Endpoint(parsing: destination, defaultPort: defaultStreamPort)!
         let identity = try global.identity()
         let receiverTrust = try ReceiverTrust(
             fingerprint: fingerprint, endpoint: endpoint, discoveredName: nil, identity: identity, config: global.config)
@@ -243,7 +243,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
         _ connection: NetworkConnection<Stack>, source: sending any FrameSource, options: StreamSenderOptions, trust: ReceiverTrust
     ) async throws -> StreamSenderSummary {
         defer { connection.cancel() }
-        let endpoint = StreamEndpoint.parse(destination, defaultPort: defaultStreamPort)!
+        let endpoint = Endpoint(parsing: destination, defaultPort: defaultStreamPort)!
         let refusal = Refusal()
         // Cancelled, and awaited, when this function returns.
         // Only a race can end on TCP+TLS unasked; --stack tls said so itself.
@@ -483,27 +483,6 @@ private func failStream(_ error: StreamError) -> Never {
     }
     Console.fatal(error.message, code: "\(error.code)", exitStatus: code)
     exit(code)
-}
-
-/// `host`, `host:port`, `[v6]:port` or a bare IPv6 address.
-enum StreamEndpoint {
-    static func parse(_ text: String, defaultPort: UInt16) -> Endpoint? {
-        if text.hasPrefix("[") {
-            guard let close = text.firstIndex(of: "]") else { return nil }
-            let host = String(text[text.index(after: text.startIndex)..<close])
-            let rest = text[text.index(after: close)...]
-            if rest.isEmpty { return host.isEmpty ? nil : .hostPort(host: host, port: defaultPort) }
-            guard rest.hasPrefix(":"), let port = UInt16(rest.dropFirst()), port > 0, !host.isEmpty else { return nil }
-            return .hostPort(host: host, port: port)
-        }
-        let colons = text.filter { $0 == ":" }.count
-        if colons > 1 { return .hostPort(host: text, port: defaultPort) }  // bare IPv6
-        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
-        guard let host = parts.first, !host.isEmpty else { return nil }
-        if parts.count == 1 { return .hostPort(host: String(host), port: defaultPort) }
-        guard let port = UInt16(parts[1]), port > 0 else { return nil }
-        return .hostPort(host: String(host), port: port)
-    }
 }
 
 /// Bit rates as people write them: 4M, 800k, 2.5M, 2500000 (bits per second).
