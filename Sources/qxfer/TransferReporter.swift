@@ -263,11 +263,13 @@ final class TransferReporter: Sendable {
             if showsRTT, let rtt { parts.append("RTT \(rtt)") }
             return parts.joined(separator: "  ")
         }
-        var shapes = [line(bar: 24, rate: true, eta: true, rtt: true)]
-        shapes += (10...24).reversed().map { line(bar: $0, rate: true, eta: true, rtt: false) }
-        shapes += [line(bar: 0, rate: true, eta: true, rtt: false), line(bar: 0, rate: false, eta: true, rtt: false), line(bar: 0, rate: false, eta: false, rtt: false)]
-        let shortest = shapes[shapes.count - 1]
-        return shapes.first { $0.count <= limit } ?? String(shortest.prefix(limit))
+        let shorter = [(bar: 24, rate: true, eta: true, rtt: true)] + (10...24).reversed().map { (bar: $0, rate: true, eta: true, rtt: false) }
+            + [(bar: 0, rate: true, eta: true, rtt: false), (bar: 0, rate: false, eta: true, rtt: false), (bar: 0, rate: false, eta: false, rtt: false)]
+        for shape in shorter {
+            let text = line(bar: shape.bar, rate: shape.rate, eta: shape.eta, rtt: shape.rtt)
+            if text.count <= limit { return text }
+        }
+        return String(line(bar: 0, rate: false, eta: false, rtt: false).prefix(limit))
     }
 
     /// What a sender shows as done: the file bytes it wrote less what its connection holds
