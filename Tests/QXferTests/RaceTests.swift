@@ -181,12 +181,22 @@ struct RaceTests {
             }
             let (refused, relay) = try #require(attempt, "no port free for both TCP and UDP in 20 tries")
             relay.delay(.milliseconds(800))
-            do {
-                let connection = try await Self.connectAndEcho(to: relay.port, Self.race(refusalGrace: Self.unhurried))
-                #expect(connection.stackName == "QUIC")
-                connection.cancel()
-            } catch {
-                Issue.record(error)
+            // What must never happen is the race giving up at the refusal grace ("nothing
+            // listens") although QUIC answered. Beside every other suite the handshake itself
+            // once outlived QUIC's 10 s handshake timeout (CI run 43): that, and only that, is
+            // tried again, twice at most.
+            for attempt in 1...3 {
+                do {
+                    let connection = try await Self.connectAndEcho(to: relay.port, Self.race(refusalGrace: Self.unhurried))
+                    #expect(connection.stackName == "QUIC")
+                    connection.cancel()
+                    break
+                } catch let error as QXferError where attempt < 3 && !(error.underlying is NothingListens) && error.message.contains("handshake timed out") {
+                    continue
+                } catch {
+                    Issue.record(error)
+                    break
+                }
             }
             await relay.stop()
             withExtendedLifetime(refused) {}
