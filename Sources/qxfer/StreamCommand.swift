@@ -182,13 +182,13 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             let source = RestartableSource(frames)
             let parameters = NetworkParameters.parameters { transport }.serviceClass(.interactiveVideo).performanceMode(.realtime)
             do {
-                return try await command.run(NetworkConnection(to: endpoint, using: parameters), source: source, options: options, trust: trust)
+                return try await command.run(to: endpoint, using: parameters, source: source, options: options, trust: trust)
             } catch where !Task.isCancelled {
                 // Early data unanswered leaves nothing received: the stream starts again, from
                 // its first frame, without early data (standard input cannot be read twice).
                 guard let note = earlyDataRetryNote(error, to: endpoint, racing: command.stack == .auto), source.restart() else { throw error }
                 Logger(label: "qxfer.stream").info("\(note)")
-                return try await command.run(NetworkConnection(to: endpoint, using: parameters), source: source, options: options, trust: trust)
+                return try await command.run(to: endpoint, using: parameters, source: source, options: options, trust: trust)
             }
         }
     }
@@ -237,13 +237,14 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
         }
     }
 
-    /// Runs the stream on `connection`, beside a watcher that fails a refused connection at
-    /// once, says so on first contact with a receiver, and reports progress every second.
+    /// Runs the stream on a connection to `endpoint`, beside a watcher that fails a refused
+    /// connection at once, says so on first contact with a receiver, and reports progress every second.
     private func run<Stack: ByteStreamProtocol>(
-        _ connection: NetworkConnection<Stack>, source: sending any FrameSource, options: StreamSenderOptions, trust: ReceiverTrust
+        to endpoint: Endpoint, using parameters: NetworkParameters<Stack>, source: sending any FrameSource, options: StreamSenderOptions,
+        trust: ReceiverTrust
     ) async throws -> StreamSenderSummary {
+        let connection = NetworkConnection(to: endpoint, using: parameters)
         defer { connection.cancel() }
-        let endpoint = Endpoint(parsing: destination, defaultPort: defaultStreamPort)!
         let refusal = Refusal()
         // Cancelled, and awaited, when this function returns.
         // Only a race can end on TCP+TLS unasked; --stack tls said so itself.
