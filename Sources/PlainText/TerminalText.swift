@@ -26,6 +26,30 @@ public enum TerminalText {
         return String(result)
     }
 
+    /// Bytes meant as UTF-8 (a name read from a folder, a command-line argument) as text safe to
+    /// show: what decodes is escaped as ``escaped(_:keepingNewlines:)`` does, and each byte that
+    /// does not decode is written `\xHH`, so `caf\xe9` shows which name it was (as `ls -b` does).
+    public static func escaped(bytes: some Collection<UInt8>) -> String {
+        let bytes = Array(bytes)
+        var text = String.UnicodeScalarView()
+        var start = 0
+        while start < bytes.count {
+            var parser = Unicode.UTF8.ForwardParser()
+            var input = bytes[start...].makeIterator()
+            switch parser.parseScalar(from: &input) {
+            case .valid(let encoded):
+                text.append(Unicode.UTF8.decode(encoded))
+                start += encoded.count
+            case .error(let length):
+                for byte in bytes[start..<start + length] { text.append(contentsOf: ("\\x" + TextFormat.hex([byte])).unicodeScalars) }
+                start += length
+            case .emptyInput:
+                start = bytes.count
+            }
+        }
+        return escaped(String(text))
+    }
+
     /// Control characters, the line and paragraph separators, and the bidirectional marks,
     /// embeddings, overrides and isolates.
     private static func needsEscape(_ scalar: Unicode.Scalar) -> Bool {

@@ -184,7 +184,10 @@ public final class OutputFile {
             var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
             let n = readlink(current, &buffer, buffer.count - 1)
             guard n > 0 else { throw OutputError("cannot read the symlink \(current)", errno: errno) }
-            let target = String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            // Decoded with repair, its target would name another file, which would be created.
+            guard let target = String(validating: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) else {
+                throw OutputError("cannot write \(path): the symlink \(current) points to a name that is not valid UTF-8")
+            }
             current = target.hasPrefix("/") ? target : folder(of: current) + "/" + target
         }
         throw OutputError("cannot write \(path): too many levels of symlinks")

@@ -2,6 +2,7 @@ import ArgumentParser
 import FoundationEssentials
 import Glibc
 import LinuxSystem
+import PlainText
 import QXfer
 import QXferPairing
 import QXferTransfer
@@ -38,6 +39,11 @@ struct QXferCommand: AsyncParsableCommand {
         OpenFileLimit.raiseToHard()
         // Before parsing, for usage errors; the parsed command says for sure.
         Console.json = CommandLine.arguments.contains("--json")
+        if let argument = firstArgumentNotUTF8() {
+            fail(
+                "the argument '\(argument)' is not valid UTF-8, and qxfer takes paths and names in UTF-8 only (a folder so named can be given as '.' from inside it)",
+                code: "usage", status: 64)
+        }
         do {
             var command = try parseAsRoot()
             Console.json = Self.wantsJSON(command)
@@ -63,6 +69,18 @@ struct QXferCommand: AsyncParsableCommand {
             }
             fail(message(for: error), code: "usage", status: code.rawValue)
         }
+    }
+
+    /// The first argument whose bytes are not UTF-8, escaped to be shown. Swift hands arguments
+    /// over with such bytes replaced by U+FFFD, so `recv --dir` would have made and filled a
+    /// folder of another name, and `send` reported an existing file missing.
+    private static func firstArgumentNotUTF8() -> String? {
+        for index in 1..<Int(CommandLine.argc) {
+            guard let argument = CommandLine.unsafeArgv[index] else { continue }
+            let bytes = UnsafeRawBufferPointer(start: argument, count: strlen(argument))
+            if String(validating: bytes, as: UTF8.self) == nil { return TerminalText.escaped(bytes: bytes) }
+        }
+        return nil
     }
 
     private static func wantsJSON(_ command: any ParsableCommand) -> Bool {

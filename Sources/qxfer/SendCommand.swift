@@ -198,7 +198,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             let one = tree.unsentForTheirNames == 1
             throw TransferError(
                 .unsafePath,
-                "\(count(tree.unsentForTheirNames, "file or folder", "files or folders")) named above \(one ? "was" : "were") not sent "
+                "\(count(tree.unsentForTheirNames, "item", "items")) named above \(one ? "was" : "were") not sent "
                     + "(qxfer/1 cannot carry \(one ? "it" : "them")); everything else arrived")
         }
     }

@@ -70,4 +70,14 @@ struct PlainTextTests {
         let parsed = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: String]
         #expect(parsed?["name"] == "a\u{202E}b")
     }
+
+    @Test("Bytes that should be UTF-8: what decodes shown as text (controls escaped), each byte that does not as \\xHH")
+    func bytesThatAreNotUTF8() {
+        #expect(TerminalText.escaped(bytes: Array("café ✓".utf8)) == "café ✓")
+        #expect(TerminalText.escaped(bytes: [0x63, 0x61, 0x66, 0xE9, 0x2E, 0x74]) == "caf\\xe9.t")  // Latin-1 é
+        #expect(TerminalText.escaped(bytes: [0xFF, 0x0A, 0xC3]) == "\\xff\\n\\xc3")  // a newline, a truncated sequence
+        #expect(TerminalText.escaped(bytes: [0xE2, 0x9C, 0x41]) == "\\xe2\\x9cA")  // a sequence cut by an ASCII byte
+        #expect(TerminalText.escaped(bytes: [0xC0, 0xAF]) == "\\xc0\\xaf")  // an overlong '/'
+        #expect(TerminalText.escaped(bytes: [UInt8]()) == "")
+    }
 }

@@ -179,6 +179,25 @@ struct CLITests {
         #expect(run.stdout.isEmpty)
     }
 
+    @Test("An argument that is not UTF-8 is refused (64) and named: recv --dir makes no folder of another name, send does not call an existing file missing")
+    func argumentNotUTF8() async throws {
+        let home = Scratch()
+        let executable = try #require(Self.executable)
+        // Arguments travel as Swift strings; the shell makes the Latin-1 byte (octal 351, é).
+        func qxferThroughShell(_ script: String) async throws -> Run {
+            try await Self.run("/bin/sh", ["-c", script, executable, home.path], environment: ["HOME": home.path, "PATH": "/usr/bin:/bin"])
+        }
+        let recv = try await qxferThroughShell(#"exec "$0" recv --config-dir "$1/cfg" --no-advertise --once --port 0 --dir "$1/$(printf 'dst\351')""#)
+        #expect(recv.status == 64)
+        #expect(recv.stderrLines == ["qxfer: the argument '\(home.path)/dst\\xe9' is not valid UTF-8, and qxfer takes paths and names in UTF-8 only (a folder so named can be given as '.' from inside it)"], "\(recv.stderr)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: home.path).filter { $0.hasPrefix("dst") }.isEmpty)
+
+        let send = try await qxferThroughShell(#"f="$1/$(printf 'caf\351')"; : >"$f"; exec "$0" send --config-dir "$1/cfg" "$f" 127.0.0.1:9"#)
+        #expect(send.status == 64)
+        #expect(send.stderr.contains("caf\\xe9' is not valid UTF-8"), "\(send.stderr)")
+        _ = try await Self.run("/bin/sh", ["-c", #"rm -f "$0/$(printf 'caf\351')""#, home.path])
+    }
+
     // MARK: qxfer id
 
     @Test("qxfer id creates a private identity, prints its fingerprint, prints the same again, and OpenSSL agrees")

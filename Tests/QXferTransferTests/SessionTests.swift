@@ -315,12 +315,20 @@ struct SessionTests {
         close(descriptor)
         #expect(mkfifo(top + "/pipe", 0o644) == 0)
         try FileManager.default.createSymbolicLink(atPath: top + "/out", withDestinationPath: "/etc/passwd")
+        // A link inside the tree whose target is not UTF-8: decoded with repair it would have
+        // arrived pointing at "latin1-\u{FFFD}", another name.
+        let target = Array("latin1-".utf8) + [0xFF, 0]
+        #expect(target.withUnsafeBufferPointer { symlink(UnsafeRawPointer($0.baseAddress!).assumingMemoryBound(to: CChar.self), top + "/to-latin1") } == 0)
 
         let tree = try SourceTree.scan([top])
         #expect(tree.entries.map { $0.path.joined(separator: "/") } == ["mixed", "mixed/plain.txt"])
-        #expect(tree.skipped.count == 4, "\(tree.skipped)")
-        // The FIFO and the link hold no data qxfer carries; the two files do.
-        #expect(tree.unsentForTheirNames == 2)
+        #expect(tree.skipped.count == 5, "\(tree.skipped)")
+        // The FIFO and the escaping link hold no data qxfer carries; the two files and the link
+        // inside the tree do.
+        #expect(tree.unsentForTheirNames == 3)
+        // Each named, its undecodable bytes shown as `ls -b` would.
+        #expect(tree.skipped.contains("'\(top)/latin1-\\xff': the name is not valid UTF-8, as qxfer/1 names must be; not sent"), "\(tree.skipped)")
+        #expect(tree.skipped.contains { $0.hasSuffix("/to-latin1': symlink to 'latin1-\\xff', a target that is not valid UTF-8, which qxfer/1 cannot carry; not sent") }, "\(tree.skipped)")
         #expect(try SourceTree.scan([top + "/plain.txt"]).unsentForTheirNames == 0)
         #expect(tree.skipped.contains { $0.hasSuffix("/pipe': a pipe (FIFO), not a file, folder or symlink; not sent") }, "\(tree.skipped)")
         // Named by the user, a pipe or a device is an error, not an empty send that succeeds.
@@ -328,6 +336,19 @@ struct SessionTests {
         #expect(pipe?.message.contains("it is a pipe (FIFO), not a file or folder") == true, "\(String(describing: pipe))")
         let device = #expect(throws: TransferError.self) { try SourceTree.scan(["/dev/null"]) }
         #expect(device?.message.contains("'/dev/null': it is a device") == true, "\(String(describing: device))")
+    }
+
+    @Test("A folder named on the command line whose own name is not UTF-8 (reached through a link, or as `send .` from inside it) is refused before anything is offered")
+    func topLevelNameNotUTF8() throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        let folder = Array(scratch.sub("d").utf8) + [0xE9, 0]
+        let withFolder = { (call: (UnsafePointer<CChar>) -> Int32) in folder.withUnsafeBufferPointer { call(UnsafeRawPointer($0.baseAddress!).assumingMemoryBound(to: CChar.self)) } }
+        #expect(withFolder { mkdir($0, 0o755) } == 0)
+        defer { _ = withFolder { rmdir($0) } }
+        #expect(withFolder { symlink($0, scratch.sub("link")) } == 0)
+        let error = #expect(throws: TransferError.self) { try SourceTree.scan([scratch.sub("link")]) }
+        #expect(error?.message == "cannot send '\(scratch.sub("link"))': its name 'd\\xe9' is not valid UTF-8, as qxfer/1 names must be", "\(String(describing: error))")
     }
 
     @Test("A folder deeper than qxfer/1's 64 levels stays behind, named and counted as unsent; the rest is offered")

@@ -147,6 +147,16 @@ func makedev(_ major: UInt64, _ minor: UInt64) -> dev_t { dev_t((major << 8) | m
         #expect(kind(disk) == S_IFBLK)
     }
 
+    @Test("A symlink to a name that is not UTF-8 is refused, not followed to a name with U+FFFD in its place")
+    func aSymlinkToANameNotUTF8IsRefused() throws {
+        let target: [UInt8] = Array("caf".utf8) + [0xE9, 0]  // Latin-1 é, then the C string's end
+        let made = target.withUnsafeBufferPointer { symlink(UnsafeRawPointer($0.baseAddress!).assumingMemoryBound(to: CChar.self), folder + "/link") }
+        #expect(made == 0)
+        let error = #expect(throws: OutputError.self) { try OutputFile.replaceContents(of: folder + "/link", with: Array("new".utf8)) }
+        #expect(error?.message.contains("points to a name that is not valid UTF-8") == true, "\(String(describing: error))")
+        #expect(kind(folder + "/caf\u{FFFD}") == 0)
+    }
+
     @Test func aFolderIsRefusedWithItsName() throws {
         let error = #expect(throws: OutputError.self) { try OutputFile(path: folder) }
         #expect(error?.message.contains("is a folder") == true)

@@ -349,25 +349,31 @@ send_in_pane() {
 
 # --- 6b. Names that would drive the terminal ------------------------------------------------
 # A folder holding names qxfer/1 does not carry (an escape sequence that paints the screen red,
-# a line break): the sender skips them with a warning that shows each name escaped, in the
-# terminal as written, not interpreted; the rest is sent and the command exits 77.
+# a line break, a byte that is not UTF-8, a link to such a name): the sender skips them with a
+# warning that shows each name escaped, in the terminal as written, not interpreted; the rest
+# is sent and the command exits 77.
 mkdir -p "$WORK/names"
 echo kept >"$WORK/names/plain.txt"
 echo red >"$WORK/names/paint"$'\e[41m'"red"
 echo two >"$WORK/names/two"$'\n'"lines"
+echo latin1 >"$WORK/names/caf"$'\351'      # Latin-1 é: not UTF-8, which qxfer/1 names are
+ln -s "caf"$'\351' "$WORK/names/to-caf"     # a link whose target is not UTF-8
 send_in_pane names $((PORT + 1)) "$WORK/dst-names" "$WORK/names"
 screen names | grep -qF "names/paint\u001b[41mred': the name is not allowed" \
     && screen names | grep -qF "names/two\nlines': the name is not allowed" \
     || { screen names >&2; fail "names with control characters are not shown escaped"; }
+screen names | grep -qF "names/caf\\xe9': the name is not valid UTF-8" \
+    && screen names | grep -qF "names/to-caf': symlink to 'caf\\xe9', a target that is not valid UTF-8" \
+    || { screen names >&2; fail "a name and a link target that are not UTF-8 are not named, their byte shown as \\xe9"; }
 ! screen names | grep -q "^lines'" || { screen names >&2; fail "a name's line break started a line of its own"; }
 T capture-pane -p -e -t names | grep -qF $'\e[41m' && { screen names >&2; fail "a name's escape sequence reached the terminal"; }
 [ -f "$WORK/dst-names/names/plain.txt" ] || fail "the plain file beside the skipped names did not arrive"
 # Files left out for their names make the send incomplete: a script must not take it for done.
 screen names | grep -q '^EXIT=77$' \
-    && screen names | grep -qF "2 files or folders named above were not sent (qxfer/1 cannot carry them); everything else arrived" \
+    && screen names | grep -qF "4 items named above were not sent (qxfer/1 cannot carry them); everything else arrived" \
     || { screen names >&2; fail "a send that left files out for their names did not exit 77 saying so"; }
 kill -INT "$BG_RECV"; wait "$BG_RECV" 2>/dev/null || true
-ok "names with an escape sequence and a line break: skipped, shown escaped ($(screen names | grep -c 'not allowed') warnings), exit 77"
+ok "names with an escape sequence, a line break or a byte that is not UTF-8, and a link to such a name: skipped, shown escaped ($(screen names | grep -c 'not allowed') warnings), exit 77"
 
 # --- 6c. A sparse file: the sender counts its data from the start ----------------------------
 # A 2 GiB disk image holding 4 MiB of data: "accepted" says what will travel and, apart, the

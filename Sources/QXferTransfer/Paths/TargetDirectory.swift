@@ -224,7 +224,9 @@ public final class TargetDirectory {
         var buffer = [CChar](repeating: 0, count: ProtocolLimits.maximumLinkTargetLength + 2)
         let n = readlinkat(parent.fd, name, &buffer, buffer.count - 1)
         guard n >= 0 else { return nil }
-        return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        // A target that is not UTF-8 is no target an offer can name (decoded with repair, it
+        // could have equalled one holding U+FFFD).
+        return String(validating: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// What is at a name, without following symlinks.

@@ -3,6 +3,7 @@ import Glibc
 #elseif canImport(Musl)
 import Musl
 #endif
+internal import PlainText
 internal import SafeOutput
 
 /// What a sender offers: the entries of an ``Offer`` and, for each file, where its bytes come
@@ -25,7 +26,7 @@ public struct SourceTree: Sendable {
     /// Things found but not sent, one line each (sockets, devices, links leaving the tree…).
     public private(set) var skipped: [String] = []
     /// How many of the skipped items are files or folders left out because qxfer/1 cannot carry
-    /// their names (or paths: deeper than 64 levels or longer than 4095 bytes, counted once
+    /// their names or symlink targets (or paths: deeper than 64 levels or longer than 4095 bytes, counted once
     /// with what they hold; or beyond what the system opens from the folder named): data the
     /// user asked to send that does not arrive, so the send is incomplete.
     /// (Sockets, devices and links leaving the tree hold no data qxfer carries.)
@@ -148,9 +149,9 @@ public struct SourceTree: Sendable {
         case S_IFDIR:
             let (children, undecodable) = try SourceTree.list(path)
             append(OfferEntry(kind: .directory, path: components, mode: mode, modificationTime: mtime), .none)
-            if undecodable > 0 {
-                skipped.append("'\(path)': \(undecodable) names that are not valid UTF-8; not sent")
-                unsentForTheirNames += undecodable
+            for name in undecodable {
+                skipped.append("'\(path)/\(name)': the name is not valid UTF-8, as qxfer/1 names must be; not sent")
+                unsentForTheirNames += 1
             }
             // The relative path of each child, as the offer carries it: a `/` after each folder.
             let folderLength = components.reduce(0) { $0 + $1.utf8.count + 1 }
@@ -192,7 +193,13 @@ public struct SourceTree: Sendable {
                 try add(path: childPath, components: components + [name], info: childInfo)
             }
         case S_IFLNK:
-            let target = try SourceTree.readLink(path)
+            let bytes = try SourceTree.readLink(path)
+            // Decoded with repair, `caf\xe9` would arrive as a link to another name.
+            guard let target = String(validating: bytes, as: UTF8.self) else {
+                skipped.append("'\(path)': symlink to '\(TerminalText.escaped(bytes: bytes))', a target that is not valid UTF-8, which qxfer/1 cannot carry; not sent")
+                unsentForTheirNames += 1
+                return
+            }
             do {
                 try SafePath(validating: components).validateLinkTarget(target)
             } catch {
@@ -280,44 +287,48 @@ public struct SourceTree: Sendable {
     static func topLevelName(of path: String) throws(TransferError) -> String {
         guard let resolved = realpath(path, nil) else { throw TransferError.posix("cannot read", "'\(path)'", errno: errno) }
         defer { free(resolved) }
-        let full = String(cString: resolved)
+        let full = UnsafeRawBufferPointer(start: resolved, count: strlen(resolved))
         // Split at '/' bytes as the kernel does ('/' and a combining mark are one Character).
-        guard let last = full.utf8.split(separator: UInt8(ascii: "/")).last else {
+        guard let last = full.split(separator: UInt8(ascii: "/")).last else {
             throw TransferError(.unsafePath, "cannot send the root directory itself; name what is inside it")
         }
-        return String(decoding: last, as: UTF8.self)
+        guard let name = String(validating: last, as: UTF8.self) else {
+            throw TransferError(.unsafePath, "cannot send '\(path)': its name '\(TerminalText.escaped(bytes: last))' is not valid UTF-8, as qxfer/1 names must be")
+        }
+        return name
     }
 
     /// Where a directory entry's name starts in its record.
     private static let nameOffset = MemoryLayout<dirent>.offset(of: \dirent.d_name)!
 
-    /// The names in a directory, sorted by bytes, without `.` and `..`, and how many names were
-    /// left out because they are not valid UTF-8 (qxfer/1 names are UTF-8).
-    static func list(_ path: String) throws(TransferError) -> (names: [String], undecodable: Int) {
+    /// The names in a directory, sorted by bytes, without `.` and `..`, and the names left out
+    /// because they are not valid UTF-8 (qxfer/1 names are UTF-8), escaped to be shown.
+    static func list(_ path: String) throws(TransferError) -> (names: [String], undecodable: [String]) {
         guard let directory = opendir(path) else { throw TransferError.posix("cannot list", "'\(path)'", errno: errno) }
         defer { closedir(directory) }
         var names: [String] = []
-        var undecodable = 0
+        var undecodable: [String] = []
         while let entry = readdir(directory) {
             // Read in place up to its NUL: a record is only as long as its name needs, so
             // copying the 256-byte `d_name` out read past the end of the kernel's buffer
             // (AddressSanitizer, on a 250-byte name that ended the buffer).
             let start = UnsafeRawPointer(entry).advanced(by: Self.nameOffset).assumingMemoryBound(to: CChar.self)
-            let name = String(validating: UnsafeRawBufferPointer(start: start, count: strlen(start)), as: UTF8.self)
-            guard let name else {
-                undecodable += 1
+            let bytes = UnsafeRawBufferPointer(start: start, count: strlen(start))
+            guard let name = String(validating: bytes, as: UTF8.self) else {
+                undecodable.append(TerminalText.escaped(bytes: bytes))
                 continue
             }
             if name != "." && name != ".." { names.append(name) }
         }
-        return (names.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) }, undecodable)
+        return (names.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) }, undecodable.sorted())
     }
 
-    static func readLink(_ path: String) throws(TransferError) -> String {
+    /// The bytes of the symlink's target.
+    static func readLink(_ path: String) throws(TransferError) -> [UInt8] {
         var buffer = [CChar](repeating: 0, count: ProtocolLimits.maximumLinkTargetLength + 2)
         let n = readlink(path, &buffer, buffer.count - 1)
         guard n >= 0 else { throw TransferError.posix("cannot read the symlink", "'\(path)'", errno: errno) }
-        return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return buffer[0..<n].map { UInt8(bitPattern: $0) }
     }
 
     static func currentTime() -> Int64 {
