@@ -489,6 +489,40 @@ struct SessionTests {
         #expect(readFile(scratch.sub("dst/file.bin")) == pattern(2 << 20, seed: 1))
     }
 
+    @Test("A file or a link where the receiver is offered a folder skips that folder and what it holds, not the whole offer; nothing goes through the link", arguments: StackKind.allCases)
+    func somethingElseWhereAFolderIsOffered(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        for folder in ["tree/file-here/inner", "tree/link-here", "tree/fine", "dst/tree", "outside"] {
+            try FileManager.default.createDirectory(atPath: scratch.sub(folder), withIntermediateDirectories: true)
+        }
+        for file in ["tree/file-here/a", "tree/file-here/inner/b", "tree/link-here/c", "tree/fine/d", "tree/e"] {
+            try Data(file.utf8).write(to: URL(fileURLWithPath: scratch.sub(file)))
+        }
+        try Data("kept".utf8).write(to: URL(fileURLWithPath: scratch.sub("dst/tree/file-here")))
+        #expect(symlink(scratch.sub("outside"), scratch.sub("dst/tree/link-here")) == 0)
+        let tree = try SourceTree.scan([scratch.sub("tree")])
+        let (server, client) = try await withConnectedPair(kind, receive: { peer in
+            try await peer.runReceiver(TransferReceiver(directory: scratch.sub("dst")))
+        }, send: { peer in
+            try await peer.runSender(TransferSender(tree: tree))
+        })
+        let sent = try client.get(), received = try server.get()
+        // Skipped: the two folders and the three files inside them; everything else arrived.
+        let blocked = ["tree/file-here", "tree/file-here/a", "tree/file-here/inner", "tree/file-here/inner/b", "tree/link-here", "tree/link-here/c"]
+        #expect(sent.failures.map(\.path).sorted() == blocked, "\(sent.failures)")
+        #expect(sent.failures.allSatisfy { $0.error.code == .exists }, "\(sent.failures)")
+        // The sender names the folder in the way once; what it holds points to that folder.
+        let reasons = Dictionary(uniqueKeysWithValues: sent.failures.map { ($0.path, $0.error.message) })
+        #expect(reasons["tree/link-here"]?.hasPrefix("the receiver already has something else under that name") == true, "\(reasons)")
+        #expect(reasons["tree/file-here/inner/b"] == "it is inside 'tree/file-here', which was not transferred either", "\(reasons)")
+        #expect(received.failures.count == blocked.count, "\(received.failures)")
+        #expect(readFile(scratch.sub("dst/tree/fine/d")) == Array("tree/fine/d".utf8))
+        #expect(readFile(scratch.sub("dst/tree/e")) == Array("tree/e".utf8))
+        #expect(readFile(scratch.sub("dst/tree/file-here")) == Array("kept".utf8))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.sub("outside")).isEmpty)
+    }
+
     @Test("A transfer cut off midway resumes from the receiver's checkpoint and ends identical", arguments: StackKind.allCases)
     func resumeAfterInterruption(_ kind: StackKind) async throws {
         let scratch = TempDir()

@@ -97,7 +97,16 @@ struct OfferPlanner {
                 plans.append(.skip(TransferError(.exists, "'\(path)' and '\(earlier)' are one name on the receiving file system, which does not tell upper from lower case; '\(earlier)' is received")))
                 continue
             }
-            let state = try store.directory.state(of: path)
+            let state: TargetDirectory.EntryState
+            do {
+                state = try store.directory.state(of: path)
+            } catch where error.code == .unsafePath {
+                // A folder on its way is a file or a symlink here. That folder's own entry is
+                // skipped `exists` (below), and so is everything offered inside it; declining
+                // the whole offer for it kept the rest from arriving too.
+                plans.append(.skip(TransferError(.exists, error.message)))
+                continue
+            }
             switch entry.kind {
             case .directory:
                 plans.append(state == .absent || state == .directory ? .directory : .skip(TransferError(.exists, "'\(path)' exists and is not a directory")))

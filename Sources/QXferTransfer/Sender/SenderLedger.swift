@@ -31,6 +31,7 @@ struct SenderLedger {
             throw TransferError(.protocolViolation, "the receiver answered \(answers.count) entries of \(entries.count)")
         }
         var caseFolded: [String: Int]?  // built at the first `exists`
+        var skippedFolders: Set<ExactString> = []  // paths as shown
         for (index, (entry, answer)) in zip(entries, answers).enumerated() {
             let isSizedFile = entry.kind == .file && !entry.flags.contains(.sizeUnknown)
             let offsetFits = answer.offset == 0 || (isSizedFile && answer.disposition == .send && answer.offset <= entry.size)
@@ -46,7 +47,10 @@ struct SenderLedger {
             case .skip:
                 let code = TransferError.Code(rawValue: answer.code)
                 var reason = Self.skipped(code)
-                if code == .exists {
+                // A folder comes before what it holds: what is inside one skipped was skipped for it.
+                if code == .exists, let folder = Self.enclosingFolder(of: entry, among: skippedFolders) {
+                    reason = "it is inside '\(folder)', which was not transferred either"
+                } else if code == .exists {
                     let firsts = caseFolded ?? Self.firstOfEachCaseFoldedPath(entries)
                     caseFolded = firsts
                     // A receiver whose file system does not tell upper from lower case skips the
@@ -56,6 +60,7 @@ struct SenderLedger {
                     }
                 }
                 failures.append((Self.shown(entry), TransferError(code, reason)))
+                if entry.kind == .directory { skippedFolders.insert(ExactString(Self.shown(entry))) }
             case .send, .present:
                 guard entry.kind == .file else {
                     mayFail.insert(number)
@@ -120,6 +125,16 @@ struct SenderLedger {
     }
 
     private static func shown(_ entry: OfferEntry) -> String { entry.path.joined(separator: "/") }
+
+    /// The outermost of `folders` that holds `entry`, if any.
+    private static func enclosingFolder(of entry: OfferEntry, among folders: Set<ExactString>) -> String? {
+        guard !folders.isEmpty else { return nil }
+        for depth in 1..<max(entry.path.count, 1) {
+            let folder = entry.path[..<depth].joined(separator: "/")
+            if folders.contains(ExactString(folder)) { return folder }
+        }
+        return nil
+    }
 
     private static func caseFolded(_ entry: OfferEntry) -> String { entry.path.map { $0.lowercased() }.joined(separator: "/") }
 
