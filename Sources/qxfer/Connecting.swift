@@ -3,6 +3,7 @@ import Glibc
 import Logging
 import QXfer
 import LinuxSystem
+import ArgumentParser
 
 /// Starts `connection` as a command-line user expects: a refused TCP connection (nothing
 /// listens on that port), a network the kernel has no route to or a name that does not resolve
@@ -63,4 +64,24 @@ func earlyDataRetryNote(_ error: any Error, to endpoint: Endpoint, racing: Bool)
     guard let failure = error as? QXferError, let unanswered = failure.underlying as? EarlyDataUnanswered else { return nil }
     let next = racing ? "racing QUIC and TCP+TLS" : "connecting again without early data"
     return "\(unanswered.stack) with early data could not reach \(endpoint) (\(failure.message)); \(next)"
+}
+
+/// `text` as the place a command connects to (`HOST`, `HOST:PORT`, `[IPV6]:PORT`, with
+/// `defaultPort` when none is given), or a usage error that says what is wrong with it.
+func parseDestination(_ text: String, defaultPort: UInt16) throws(ValidationError) -> Endpoint {
+    if let endpoint = Endpoint(parsing: text, defaultPort: defaultPort) { return endpoint }
+    // The port, where the text has one: after "]:" or after a single ':'.
+    var port: Substring?
+    if text.hasPrefix("["), let close = text.firstIndex(of: "]"), text[close...].hasPrefix("]:") {
+        port = text[text.index(close, offsetBy: 2)...]
+    } else if !text.hasPrefix("["), text.filter({ $0 == ":" }).count == 1 {
+        port = text.split(separator: ":", omittingEmptySubsequences: false)[1]
+    }
+    if let port, let number = UInt16(port), number == 0 {
+        throw ValidationError("'\(text)': port 0 is no port to connect to; give the one the receiver listens on")
+    }
+    if let port, UInt16(port) == nil {
+        throw ValidationError("'\(text)': the port must be a number from 1 to 65535")
+    }
+    throw ValidationError("'\(text)' is not a host, host:port or [ipv6]:port")
 }

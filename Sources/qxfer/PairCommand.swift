@@ -82,9 +82,7 @@ struct PairCommand: AsyncParsableCommand {
     // MARK: The machine that connects
 
     private func initiate(to destination: String) async throws {
-        guard let endpoint = Endpoint(parsing: destination, defaultPort: defaultPairingPort) else {
-            throw ValidationError("'\(destination)' is not a host[:port]")
-        }
+        let endpoint = try parseDestination(destination, defaultPort: defaultPairingPort)
         let code = try self.code.flatMap(PairingCode.init(parsing:)) ?? askForCode(shownOn: endpoint.host)
         let identity = try global.identity()
         let store = PairedDevices(in: global.config, identity: identity)

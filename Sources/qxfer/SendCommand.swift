@@ -132,9 +132,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         guard !arguments.isEmpty else {
             throw ValidationError("name what to send and the receiving host: qxfer send FILE… HOST[:PORT]")
         }
-        if let host, Endpoint(parsing: host, defaultPort: defaultTransferPort) == nil {
-            throw ValidationError("'\(host)' is not a host, host:port or [ipv6]:port")
-        }
+        if let host { _ = try parseDestination(host, defaultPort: defaultTransferPort) }
         if let host, !host.contains(":"), FileManager.default.fileExists(atPath: host) {
             // Resolving a file name as a host would only fail, seconds later.
             throw ValidationError(
@@ -164,7 +162,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         let endpoint: Endpoint
         var discoveredName: String?
         if let host {
-            endpoint = Endpoint(parsing: host, defaultPort: defaultTransferPort)!
+            endpoint = try parseDestination(host, defaultPort: defaultTransferPort)
         } else {
             let found = try await ReceiverDiscovery.resolve(name: to)
             endpoint = found.endpoint

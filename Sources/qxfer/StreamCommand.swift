@@ -93,9 +93,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
     var json = false
 
     func validate() throws {
-        guard Endpoint(parsing: destination, defaultPort: defaultStreamPort) != nil else {
-            throw ValidationError("'\(destination)' is not a host, host:port or [ipv6]:port")
-        }
+        _ = try parseDestination(destination, defaultPort: defaultStreamPort)
         if let fps, !(fps > 0 && fps <= 1000) { throw ValidationError("--fps must be more than 0 and at most 1000 frames per second") }
         guard let bits = BitRate.parse(bitrate), bits >= 8000, bits <= 10_000_000_000 else {
             throw ValidationError("--bitrate '\(bitrate)' is not a rate between 8k and 10G bits per second (e.g. 4M)")
@@ -119,7 +117,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
     }
 
     private func send() async throws {
-        let endpoint = Endpoint(parsing: destination, defaultPort: defaultStreamPort)!
+        let endpoint = try parseDestination(destination, defaultPort: defaultStreamPort)
         let identity = try global.identity()
         let receiverTrust = try ReceiverTrust(
             fingerprint: fingerprint, endpoint: endpoint, discoveredName: nil, identity: identity, config: global.config)

@@ -179,6 +179,23 @@ struct CLITests {
         #expect(run.stdout.isEmpty)
     }
 
+    @Test("A destination that cannot be reached says what is wrong with it, in send, stream send and pair alike (64)", arguments: [
+        ("h:0", "'h:0': port 0 is no port to connect to; give the one the receiver listens on"),
+        ("[::1]:0", "'[::1]:0': port 0 is no port to connect to; give the one the receiver listens on"),
+        ("h:70000", "'h:70000': the port must be a number from 1 to 65535"),
+        ("h:", "'h:': the port must be a number from 1 to 65535"),
+        ("[]:7447", "'[]:7447' is not a host, host:port or [ipv6]:port"),
+    ])
+    func destinationRefused(destination: String, message: String) async throws {
+        let home = Scratch()
+        _ = FileManager.default.createFile(atPath: home.file("a.bin"), contents: Data([1]))
+        for arguments in [["send", home.file("a.bin"), destination], ["stream", "send", destination], ["pair", destination, "--code", "123456"]] {
+            let run = try await Self.qxfer(arguments, home: home)
+            #expect(run.status == 64, "\(arguments)")
+            #expect(run.stderr == "qxfer: \(message)\n", "\(arguments)")
+        }
+    }
+
     @Test("An argument that is not UTF-8 is refused (64) and named: recv --dir makes no folder of another name, send does not call an existing file missing")
     func argumentNotUTF8() async throws {
         let home = Scratch()
