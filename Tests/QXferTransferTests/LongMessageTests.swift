@@ -199,6 +199,67 @@ import Testing
         #expect(arrived.count == 4600)
     }
 
+    @Test("A receiver's offers share a memory budget: one too large for it alone, and one that does not fit beside another's, are declined once their parts are in, saying which", arguments: StackKind.allCases)
+    func offersBeyondTheMemoryBudgetAreDeclined(_ kind: StackKind) async throws {
+        let scratch = TempDir()
+        defer { scratch.cleanup() }
+        let tree = try Self.deepTree(in: scratch)  // 17.6 MB of offer: 282 MB reserved
+        try FileManager.default.createDirectory(atPath: scratch.sub("dst"), withIntermediateDirectories: true)
+        func offer(to memory: OfferMemory) async throws -> (server: Result<TransferSummary, any Error>, client: Result<TransferSummary, any Error>) {
+            var receiver = TransferReceiver(directory: scratch.sub("dst"))
+            receiver.offerMemory = memory
+            let configured = receiver
+            return try await withConnectedPair(kind, receive: { peer in try await peer.runReceiver(configured) }, send: { peer in
+                try await peer.runSender(TransferSender(tree: tree))
+            })
+        }
+
+        // Larger than every offer may be together.
+        let small = OfferMemory(limit: 64 << 20)
+        let alone = try await offer(to: small)
+        #expect(throws: TransferError.self) { try alone.server.get() }
+        let refused = #expect(throws: TransferError.self) { try alone.client.get() }
+        #expect(refused?.code == .limitExceeded)
+        #expect(refused?.message.contains("the receiver declined: an offer this large needs more memory than this receiver lets offers take (67.1 MB); send fewer files at once") == true, "\(String(describing: refused))")
+        #expect(small.heldBytes == 0)
+
+        // Beside another connection's offer that holds most of the budget.
+        let shared = OfferMemory(limit: 400 << 20)
+        let other = shared.reservation()
+        try other.add(offerBytes: (200 << 20) / OfferMemory.bytesHeldPerOfferByte)
+        let beside = try await offer(to: shared)
+        let busy = #expect(throws: TransferError.self) { try beside.client.get() }
+        #expect(busy?.code == .busy)
+        #expect(busy?.message.contains("other large offers hold the memory this receiver lets offers take; send again once they are done") == true, "\(String(describing: busy))")
+        #expect(shared.heldBytes == 200 << 20)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.sub("dst")).isEmpty)
+
+        // Once that one is done, the same offer goes through, and gives its share back at the end.
+        other.release()
+        let after = try await offer(to: shared)
+        #expect(try after.client.get().isComplete && after.server.get().isComplete)
+        #expect(shared.heldBytes == 0)
+    }
+
+    @Test func theBudgetCountsEveryReservation() throws {
+        let memory = OfferMemory(limit: 1600)
+        let first = memory.reservation(), second = memory.reservation()
+        try first.add(offerBytes: 50)  // 800
+        try second.add(offerBytes: 40)  // 640
+        #expect(memory.heldBytes == 1440)
+        #expect(throws: TransferError(.busy, "")) { try second.add(offerBytes: 20) }
+        #expect(throws: TransferError(.limitExceeded, "")) { try memory.reservation().add(offerBytes: 101) }
+        #expect(throws: TransferError(.limitExceeded, "")) { try memory.reservation().add(offerBytes: Int.max / 2) }
+        first.release()
+        try second.add(offerBytes: 20)
+        #expect(memory.heldBytes == 960)
+        do { let third = memory.reservation(); try third.add(offerBytes: 10) }  // released when it goes
+        #expect(memory.heldBytes == 960)
+        second.release()
+        second.release()
+        #expect(memory.heldBytes == 0)
+    }
+
     /// 15 folders of 250-byte names: 3.8 KB of offer for each file under them, and few enough
     /// components that the receiver's work per entry (a lookup per component) stays small.
     static let folders = (0..<15).map { String(repeating: Character(UnicodeScalar(UInt8(97 + $0))), count: 250) }

@@ -58,6 +58,9 @@ public struct TransferReceiver: Sendable {
     /// The targets being received right now, shared by every copy of this receiver (one per
     /// connection), so a sender that reconnects can take over from its stalled connection.
     let registry = ReceptionRegistry()
+    /// The memory the offers of all connections may take at once, shared by every copy of
+    /// this receiver as the registry is.
+    var offerMemory = OfferMemory()
 
     public init(
         directory: String, overwrite: Bool = false, maximumEntries: Int = ProtocolLimits.maximumEntries,
@@ -87,7 +90,15 @@ public struct TransferReceiver: Sendable {
 
     private func exchange<Stack: TLVStack>(over connection: NetworkConnection<Stack>) async throws -> TransferSummary {
         let store = FileStore(directory: try TargetDirectory(path: directory), overwrite: overwrite)
-        let offer = try await receiveOffer(from: connection)
+        // Held until this transfer ends: what the offer became is held as long.
+        let reservation = offerMemory.reservation()
+        defer { reservation.release() }
+        let offer: Offer
+        do {
+            offer = try await receiveOffer(from: connection, reservation: reservation)
+        } catch let error as OfferNotHeld {
+            try await decline(error.reason, on: connection)
+        }
         let incoming = IncomingOffer(sender: connection.peer?.fingerprint, entries: offer.entries, algorithm: offer.algorithm)
         progress.report(.offered(entries: offer.entries.count, bytes: incoming.totalSize, sizeUnknown: incoming.filesOfUnknownSize))
 
@@ -338,12 +349,19 @@ public struct TransferReceiver: Sendable {
         return false
     }
 
-    private func receiveOffer<Stack: TLVStack>(from connection: NetworkConnection<Stack>) async throws -> Offer {
+    private func receiveOffer<Stack: TLVStack>(
+        from connection: NetworkConnection<Stack>, reservation: OfferMemory.Reservation
+    ) async throws -> Offer {
         let timeout = offerTimeout
         // Counted again from each part of an Offer in parts, which may take long on a slow path.
         let watchdog = IdleWatchdog(limit: timeout)
         let message = try await withThrowingTaskGroup(of: Message?.self) { group in
-            group.addTask { try await connection.receiveMessageInParts { watchdog.idle() } }
+            group.addTask {
+                try await connection.receiveMessageInParts { bytes in
+                    watchdog.idle()
+                    do throws(TransferError) { try reservation.add(offerBytes: bytes) } catch { throw OfferNotHeld(reason: error) }
+                }
+            }
             group.addTask {
                 guard await watchdog.waitForSilence() != nil else { throw CancellationError() }
                 throw TransferError(.protocolViolation, "the sender made no offer within \(timeout)")
@@ -365,6 +383,11 @@ public struct TransferReceiver: Sendable {
         try? await connection.finish()
         throw AlreadyCommunicated(error: error)
     }
+}
+
+/// An offer this receiver has no memory to hold: declined with `reason` once it has arrived.
+private struct OfferNotHeld: Error {
+    let reason: TransferError
 }
 
 /// A transfer that stopped because a newer connection of the same sender took over its files

@@ -49,14 +49,25 @@ extension NetworkConnection where Stack: TLVStack {
     }
 
     /// The next message where an Offer or Accept may come in parts (docs/PROTOCOL.md §3.9):
-    /// the parts are put together, and `onPart` is called as each Continuation arrives. The peer
+    /// the parts are put together. `admit` is called with each frame's length as it arrives,
+    /// before the frame is kept; once it throws, the message's other parts are read and
+    /// dropped, and its error is thrown when the message ends (a sender sends every part before
+    /// it reads an answer, so it hears the refusal instead of a connection cut off). The peer
     /// finishing the stream between parts is `malformed`.
-    func receiveMessageInParts(onPart: () -> Void = {}) async throws -> Message? {
+    func receiveMessageInParts(admit: (Int) throws -> Void = { _ in }) async throws -> Message? {
         var assembler = MessageAssembler()
+        var refusal: (any Error)?
         while let frame = try await receiveFrame() {
+            if refusal == nil {
+                do { try admit(frame.content.count) } catch { refusal = error }
+            }
+            if let refusal {
+                guard frame.metadata.type == MessageCodec.continuationType else { throw refusal }
+                continue
+            }
             if let message = try assembler.take(type: frame.metadata.type, body: frame.content) { return message }
-            onPart()
         }
+        if let refusal { throw refusal }
         guard !assembler.isPartial else { throw TransferError(.malformed, "the stream ended between the parts of a message") }
         return nil
     }
