@@ -158,7 +158,10 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
 
         try await withThrowingTaskGroup(of: Child.self) { group in
             group.addTask {
-                try await tls.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, finished) }
+                try await tls.run { connection in
+                    defer { MallocArenas.giveBackFreePages() }  // see handle
+                    try await handle(connection, receiver, prompt, relay, reporter, pairedDevices, finished)
+                }
                 return .listener
             }
             // QUIC takes the same number on UDP (the one TCP got, when asked for any port).
@@ -169,7 +172,10 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
                 TLV { QUIC().identity(identity).clientAuthentication(authentication).earlyDataRegister(EarlyDataRegister(in: global.config)) }
             }.performanceMode(.bulk))
             group.addTask {
-                try await quic.run { try await handle($0, receiver, prompt, relay, reporter, pairedDevices, finished) }
+                try await quic.run { connection in
+                    defer { MallocArenas.giveBackFreePages() }  // see handle
+                    try await handle(connection, receiver, prompt, relay, reporter, pairedDevices, finished)
+                }
                 return .listener
             }
             _ = try await quic.port
@@ -211,7 +217,10 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     /// The tasks a receiver runs side by side.
     private enum Child { case listener, advertiser }
 
-    /// One connection: one transfer, its report, its result.
+    /// One connection: one transfer, its report, its result. Once it has returned, the
+    /// listener's closure gives the free heap pages back: a receiver that stays would otherwise
+    /// keep what its largest offer took resident while idle (246 MiB after a declined offer of
+    /// 1 000 000 files, 33 MB).
     private func handle<Stack: TLVStack>(
         _ connection: NetworkConnection<Stack>, _ receiver: TransferReceiver, _ prompt: OfferPrompt, _ relay: StandardOutputRelay?,
         _ reporter: TransferReporter, _ pairedDevices: PairedDevices, _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation

@@ -97,6 +97,9 @@ static inline int cqxfer_opt_tcp_user_timeout(void) { return 18; }
 static inline int cqxfer_opt_tcp_congestion(void) { return 13; }
 static inline int cqxfer_opt_tcp_notsent_lowat(void) { return 25; }
 
+/// Gives the free pages of every malloc arena back to the system (`malloc_trim(0)`); 1 if any went.
+static inline int cqxfer_malloc_trim(void) { return malloc_trim(0); }
+
 /// Caps glibc's malloc arenas (`mallopt(M_ARENA_MAX, count)`); 1 on success.
 static inline int cqxfer_limit_malloc_arenas(int count) { return mallopt(M_ARENA_MAX, count); }
 
