@@ -71,6 +71,11 @@ public struct TLS: Hashable, ByteStreamProtocol {
     public var peerTrust: PeerTrust = .knownHosts()
     /// What a server asks of clients.
     public var clientAuthentication: ClientAuthentication = .optional
+    /// A listener's most open TCP connections, extra streams and datagram carriers included:
+    /// one accepted beyond it is closed at once, until others end (as QUIC's listener ignores
+    /// new clients past its 4096). Each costs a descriptor and a TLS session's memory, and a
+    /// client may hold one open for the handshake timeout without sending anything.
+    @_spi(Stacks) public var maximumConnections = 4096
 
     public init() { self.tcp = TCP() }
 

@@ -49,6 +49,8 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
     let sessions: TLSSessionRegistry
     let handshakeTimeout: Duration
     let port: UInt16
+    /// The connections open now, against ``TLS/maximumConnections``.
+    let open: OpenConnections
     private static var logger: Logger { Logger(label: "qxfer.listener") }
 
     static func bind(_ tls: TLS, _ request: ListenRequest<Stack>) async throws -> TLSListener {
@@ -82,7 +84,7 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
             }
             return TLSListener(
                 server: server, sessions: TLSSessionRegistry(), handshakeTimeout: request.handshakeTimeout,
-                port: UInt16(server.channel.localAddress?.port ?? Int(request.port)))
+                port: UInt16(server.channel.localAddress?.port ?? Int(request.port)), open: OpenConnections(limit: tls.maximumConnections))
         } catch {
             throw (error as? QXferError)
                 ?? QXferError(.bindFailed, "cannot listen on \(request.host.map { "\($0) " } ?? "")port \(request.port): \(ChannelErrors.reason(error))", underlying: error)
@@ -92,10 +94,17 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
     func run(serving serve: @escaping @Sendable (any ByteStreamTransport, Endpoint?) async -> Void) async throws {
         let sessions = self.sessions
         let handshakeTimeout = self.handshakeTimeout
+        let open = self.open
         try await server.executeThenClose { inbound in
             await withDiscardingTaskGroup { group in
                 do {
                     for try await setup in inbound {
+                        guard open.enter() else {
+                            Self.logger.debug("closed a connection beyond \(open.limit) open ones")
+                            setup.channel.close(promise: nil)
+                            continue
+                        }
+                        setup.channel.closeFuture.whenComplete { _ in open.leave() }
                         group.addTask {
                             await Self.admit(setup, sessions: sessions, handshakeTimeout: handshakeTimeout, serve: serve)
                         }
@@ -130,4 +139,26 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
         }
         await serve(stream, remote)
     }
+}
+
+/// How many of a listener's connections are open, under a limit.
+final class OpenConnections: Sendable {
+    let limit: Int
+    private let count = Locked(0)
+
+    init(limit: Int) { self.limit = limit }
+
+    /// Counts one more, unless the limit is reached.
+    func enter() -> Bool {
+        count.withLock { count in
+            guard count < limit else { return false }
+            count += 1
+            return true
+        }
+    }
+
+    func leave() { count.withLock { $0 -= 1 } }
+
+    /// How many are open now.
+    var current: Int { count.withLock { $0 } }
 }

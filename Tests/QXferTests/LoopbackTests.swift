@@ -492,6 +492,45 @@ struct LoopbackTests {
 
     // MARK: 6. Many clients
 
+    @Test("Past its most open connections the listener closes a new one at once; once one of them ends it serves again")
+    func connectionsBeyondTheLimitAreClosed() async throws {
+        var tls = TLS().identity(Identities.server)
+        tls.maximumConnections = 3
+        let configured = tls
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { configured }
+        try await withListener(listener, handler: Self.echo) { port in
+            // Three clients that connect and say nothing, as a half-open flood does.
+            let silent = (0..<3).map { _ in Self.rawConnection(to: port) }
+            defer { silent.dropFirst().forEach { close($0) } }  // the first is closed below, once
+            #expect(silent.allSatisfy { $0 >= 0 })
+            try await Task.sleep(for: .milliseconds(300))  // accepted and counted
+            let refused = Self.client(port: port)
+            defer { refused.cancel() }
+            let error = await qxferError { try await Self.roundTrip(refused) }
+            #expect(error != nil, "a fourth connection was served")
+            // One of the three goes: the listener hears its end and takes a new client.
+            close(silent[0])
+            try await Task.sleep(for: .milliseconds(300))
+            let served = Self.client(port: port)
+            defer { served.cancel() }
+            try await Self.roundTrip(served)
+        }
+    }
+
+    /// A TCP connection to 127.0.0.1:`port` that sends nothing; -1 if it failed.
+    static func rawConnection(to port: UInt16) -> Int32 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = port.bigEndian
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
+        if !connected && fd >= 0 { close(fd) }
+        return connected ? fd : -1
+    }
+
     @Test("One listener serves 50 clients at once: every request gets its own reply")
     func fiftyConcurrentClients() async throws {
         let clients = 50
