@@ -219,8 +219,8 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
 
     /// One connection: one transfer, its report, its result. Once it has returned, the
     /// listener's closure gives the free heap pages back: a receiver that stays would otherwise
-    /// keep what its largest offer took resident while idle (246 MiB after a declined offer of
-    /// 1 000 000 files, 33 MB).
+    /// keep much of what its largest offer took resident while idle (139 to 240 MiB after a
+    /// declined offer of 1 000 000 files, 33 MB; 76 MiB with the pages given back).
     private func handle<Stack: TLVStack>(
         _ connection: NetworkConnection<Stack>, _ receiver: TransferReceiver, _ prompt: OfferPrompt, _ relay: StandardOutputRelay?,
         _ reporter: TransferReporter, _ pairedDevices: PairedDevices, _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
