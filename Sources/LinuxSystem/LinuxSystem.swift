@@ -10,6 +10,13 @@ public enum MallocArenas {
         cqxfer_limit_malloc_arenas(count) == 1
     }
 
+    /// Gives the free pages inside the heap back to the system (`malloc_trim(0)`): glibc returns
+    /// only a free top of the heap on its own, so a long-running process that once held much
+    /// (a receiver after a large offer) would keep that much resident while idle.
+    public static func giveBackFreePages() {
+        _ = cqxfer_malloc_trim()
+    }
+
     /// Keeps freed blocks of up to `largestBlock` bytes for reuse, and up to `retained` bytes of
     /// freed memory before any goes back to the system; false if glibc refused. The
     /// corresponding glibc calls are `mallopt(M_MMAP_THRESHOLD, largestBlock)` and
@@ -20,13 +27,6 @@ public enum MallocArenas {
     /// free, so a program that allocates and frees a buffer of a MiB per chunk it moves touches
     /// new pages all the time: each first touch is a page fault (zeroing, and on a VM that
     /// hands free memory back to its host, the host's work too).
-    /// Gives the free pages inside the heap back to the system (`malloc_trim(0)`): glibc returns
-    /// only a free top of the heap on its own, so a long-running process that once held much
-    /// (a receiver after a large offer) would keep that much resident while idle.
-    public static func giveBackFreePages() {
-        _ = cqxfer_malloc_trim()
-    }
-
     @discardableResult
     public static func keepFreedBlocks(upTo largestBlock: Int32, retaining retained: Int32) -> Bool {
         cqxfer_keep_freed_blocks(largestBlock, retained) == 1

@@ -158,7 +158,4 @@ final class OpenConnections: Sendable {
     }
 
     func leave() { count.withLock { $0 -= 1 } }
-
-    /// How many are open now.
-    var current: Int { count.withLock { $0 } }
 }

@@ -77,11 +77,10 @@ func parseDestination(_ text: String, defaultPort: UInt16) throws(ValidationErro
     } else if !text.hasPrefix("["), text.filter({ $0 == ":" }).count == 1 {
         port = text.split(separator: ":", omittingEmptySubsequences: false)[1]
     }
-    if let port, let number = UInt16(port), number == 0 {
-        throw ValidationError("'\(text)': port 0 is no port to connect to; give the one the receiver listens on")
-    }
-    if let port, UInt16(port) == nil {
-        throw ValidationError("'\(text)': the port must be a number from 1 to 65535")
+    switch port.map({ UInt16($0) }) {
+    case 0?: throw ValidationError("'\(text)': port 0 is no port to connect to; give the one the receiver listens on")
+    case nil?: throw ValidationError("'\(text)': the port must be a number from 1 to 65535")
+    default: break
     }
     throw ValidationError("'\(text)' is not a host, host:port or [ipv6]:port")
 }

@@ -75,7 +75,7 @@ struct QXferCommand: AsyncParsableCommand {
     /// over with such bytes replaced by U+FFFD, so `recv --dir` would have made and filled a
     /// folder of another name, and `send` reported an existing file missing.
     private static func firstArgumentNotUTF8() -> String? {
-        for index in 1..<Int(CommandLine.argc) {
+        for index in 1..<max(Int(CommandLine.argc), 1) {  // argc may be 0 (execve with no arguments)
             guard let argument = CommandLine.unsafeArgv[index] else { continue }
             let bytes = UnsafeRawBufferPointer(start: argument, count: strlen(argument))
             if String(validating: bytes, as: UTF8.self) == nil { return TerminalText.escaped(bytes: bytes) }

@@ -10,7 +10,7 @@ internal import PlainText
 ///
 /// One Offer is bounded (256 MiB in parts, 1 000 000 entries: docs/PROTOCOL.md §4), but what it
 /// costs to hold is about twelve times its bytes once decoded, checked and planned (an Offer of
-/// 1 000 000 one-byte files, 33 MB, took an idle receiver from 9 to 392 MiB), and anyone may
+/// 1 000 000 one-byte files, 33 MB, took an idle receiver from 27 to 392 MiB), and anyone may
 /// connect and offer before a person is asked. Eight such offers at once took 747 MiB; nothing
 /// bounded how many. Each connection's offer now reserves ``bytesHeldPerOfferByte`` for every
 /// byte of it as its parts arrive, and keeps the reservation until its transfer ends.

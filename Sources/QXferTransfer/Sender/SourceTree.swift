@@ -25,10 +25,10 @@ public struct SourceTree: Sendable {
     public private(set) var sources: [Source] = []
     /// Things found but not sent, one line each (sockets, devices, links leaving the tree…).
     public private(set) var skipped: [String] = []
-    /// How many of the skipped items are files or folders left out because qxfer/1 cannot carry
-    /// their names or symlink targets (or paths: deeper than 64 levels or longer than 4095 bytes, counted once
-    /// with what they hold; or beyond what the system opens from the folder named): data the
-    /// user asked to send that does not arrive, so the send is incomplete.
+    /// How many of the skipped items are files, folders or links left out because qxfer/1
+    /// cannot carry their names or link targets (or paths: deeper than 64 levels or longer than
+    /// 4095 bytes, counted once with what they hold; or beyond what the system opens from the
+    /// folder named): what the user asked to send that does not arrive, so the send is incomplete.
     /// (Sockets, devices and links leaving the tree hold no data qxfer carries.)
     public private(set) var unsentForTheirNames = 0
     /// How many of the skipped items are files or folders inside a folder that this process may
