@@ -74,3 +74,63 @@ public enum FileSpace {
         cqxfer_seek_hole(descriptor, offset)
     }
 }
+
+/// The memory this process can have: the machine's, or less where a control group caps it.
+public enum UsableMemory {
+    /// The smaller of the machine's physical memory and the memory limit of this process's
+    /// control group or any group above it (cgroup v2 `memory.max`, v1
+    /// `memory.limit_in_bytes`). A container or a systemd unit with `MemoryMax=` runs on a
+    /// machine of many gigabytes but is killed at its own limit.
+    public static var bytes: Int {
+        let pages = sysconf(Int32(_SC_PHYS_PAGES)), pageSize = sysconf(Int32(_SC_PAGESIZE))
+        let physical = pages > 0 && pageSize > 0 ? pages.multipliedReportingOverflow(by: pageSize) : (partialValue: 0, overflow: true)
+        let machine = physical.overflow || physical.partialValue == 0 ? Int.max : physical.partialValue
+        return min(machine, controlGroupLimit(membership: readSmallFile("/proc/self/cgroup") ?? "", read: readSmallFile) ?? Int.max)
+    }
+
+    /// A share of ``bytes``: `numerator / denominator` of it, within `floor ... ceiling`.
+    public static func share(_ numerator: Int, of denominator: Int, atLeast floor: Int, atMost ceiling: Int) -> Int {
+        let (part, overflow) = (bytes / max(1, denominator)).multipliedReportingOverflow(by: max(0, numerator))
+        return min(max(overflow ? Int.max : part, floor), ceiling)
+    }
+
+    /// The lowest memory limit on the way from the root to this process's group, as the
+    /// `/proc/self/cgroup` text `membership` names it; nil when none is set. `read` gives a
+    /// file's text, nil when it cannot be read.
+    static func controlGroupLimit(membership: String, read: (String) -> String?) -> Int? {
+        var lowest: Int?
+        for line in membership.split(separator: "\n") {
+            // "0::/path" is the v2 hierarchy, "N:memory:/path" (or "N:cpu,memory:/path") v1's.
+            let fields = line.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false)
+            guard fields.count == 3 else { continue }
+            let root: String, file: String
+            if fields[0] == "0" && fields[1].isEmpty {
+                (root, file) = ("/sys/fs/cgroup", "memory.max")
+            } else if fields[1].split(separator: ",").contains("memory") {
+                (root, file) = ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+            } else {
+                continue
+            }
+            var folder = root
+            let steps = fields[2].split(separator: "/").filter { $0 != ".." }
+            for index in 0...steps.count {
+                if index > 0 { folder += "/" + steps[index - 1] }
+                // "max" (v2) or a number near Int64.max (v1) means no limit.
+                guard let text = read(folder + "/" + file), let limit = Int(text.split(whereSeparator: \.isWhitespace).first ?? ""),
+                      limit > 0, limit < Int.max / 2 else { continue }
+                lowest = min(lowest ?? limit, limit)
+            }
+        }
+        return lowest
+    }
+
+    private static func readSmallFile(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var bytes = [UInt8](repeating: 0, count: 4096)
+        let n = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        guard n > 0 else { return nil }
+        return String(decoding: bytes[..<n], as: UTF8.self)
+    }
+}

@@ -20,11 +20,14 @@ public struct TLV<Transport: ByteStreamProtocol>: NetworkProtocolStack {
     public var inner: Transport
     /// The largest message accepted, in bytes (default 16 MiB).
     public var maximumMessageSize: Int
+    /// Memory shared with other connections for the bodies being received; nil for none.
+    public var allowance: MessageAllowance?
 
-    public init(maximumMessageSize: Int = 16 << 20, @NetworkStackBuilder _ content: () -> Transport) {
+    public init(maximumMessageSize: Int = 16 << 20, allowance: MessageAllowance? = nil, @NetworkStackBuilder _ content: () -> Transport) {
         precondition(maximumMessageSize >= 0 && maximumMessageSize <= Int(UInt32.max))
         self.inner = content()
         self.maximumMessageSize = maximumMessageSize
+        self.allowance = allowance
     }
 
     public var transport: TransportDescription { inner.transport }
@@ -53,15 +56,18 @@ public struct Coder<Message: Codable & Sendable, Transport: ByteStreamProtocol>:
     public var format: CoderFormat
     /// The largest encoded message accepted, in bytes (default 16 MiB).
     public var maximumMessageSize: Int
+    /// Memory shared with other connections for the messages being received; nil for none.
+    public var allowance: MessageAllowance?
 
     public init(
         _ type: Message.Type, using format: CoderFormat, maximumMessageSize: Int = 16 << 20,
-        @NetworkStackBuilder _ content: () -> Transport
+        allowance: MessageAllowance? = nil, @NetworkStackBuilder _ content: () -> Transport
     ) {
         precondition(maximumMessageSize >= 0 && maximumMessageSize <= Int(UInt32.max))
         self.inner = content()
         self.format = format
         self.maximumMessageSize = maximumMessageSize
+        self.allowance = allowance
     }
 
     public var transport: TransportDescription { inner.transport }
@@ -72,7 +78,9 @@ public struct Coder<Message: Codable & Sendable, Transport: ByteStreamProtocol>:
 extension NetworkConnection {
     /// Reads one length-prefixed body whose header is `headerSize` bytes and whose length is
     /// the big-endian UInt32 at `lengthOffset`; nil at a clean end of stream between frames.
-    func receiveFrame(headerSize: Int, lengthOffset: Int, limit: Int) async throws -> (header: ByteBuffer, body: ByteBuffer)? {
+    /// With an `allowance`, the body's length is reserved from it before the body is read and
+    /// given back when this returns (the caller copies the body out).
+    func receiveFrame(headerSize: Int, lengthOffset: Int, limit: Int, allowance: MessageAllowance?) async throws -> (header: ByteBuffer, body: ByteBuffer)? {
         let header: ByteBuffer
         do {
             header = try await receiveBuffer(atLeast: headerSize, atMost: headerSize).0
@@ -82,6 +90,10 @@ extension NetworkConnection {
         // A length past the limit: the body is not read, and the caller ends the connection.
         let length = try FrameLength.body(in: header.readableBytesView, at: lengthOffset, limit: limit)
         if length == 0 { return (header, ByteBuffer()) }
+        if let allowance {
+            try await allowance.reserve(length)
+        }
+        defer { allowance?.release(length) }
         do {
             let body = try await receiveBuffer(atLeast: length, atMost: length).0
             return (header, body)
@@ -144,7 +156,8 @@ extension NetworkConnection where Stack: TLVStack {
     }
 
     private func nextMessage() async throws -> (content: Data, metadata: TLVMetadata)? {
-        guard let (header, body) = try await receiveFrame(headerSize: 8, lengthOffset: 4, limit: parameters.stack.maximumMessageSize) else {
+        guard let (header, body) = try await receiveFrame(
+            headerSize: 8, lengthOffset: 4, limit: parameters.stack.maximumMessageSize, allowance: parameters.stack.allowance) else {
             return nil
         }
         let type = header.getInteger(at: header.readerIndex, endianness: .big, as: UInt32.self)!
@@ -179,7 +192,8 @@ extension NetworkConnection where Stack: CoderStack {
     }
 
     private func nextMessage() async throws -> Stack.Message? {
-        guard let (_, body) = try await receiveFrame(headerSize: 4, lengthOffset: 0, limit: parameters.stack.maximumMessageSize) else {
+        guard let (_, body) = try await receiveFrame(
+            headerSize: 4, lengthOffset: 0, limit: parameters.stack.maximumMessageSize, allowance: parameters.stack.allowance) else {
             return nil
         }
         do {
@@ -195,6 +209,8 @@ extension NetworkConnection where Stack: CoderStack {
 public protocol TLVStack: NetworkProtocolStack {
     /// The largest message accepted, in bytes.
     var maximumMessageSize: Int { get }
+    /// Memory shared with other connections for the bodies being received.
+    var allowance: MessageAllowance? { get }
 }
 extension TLV: TLVStack {}
 
@@ -206,5 +222,7 @@ public protocol CoderStack: NetworkProtocolStack {
     var format: CoderFormat { get }
     /// The largest encoded message accepted, in bytes.
     var maximumMessageSize: Int { get }
+    /// Memory shared with other connections for the messages being received.
+    var allowance: MessageAllowance? { get }
 }
 extension Coder: CoderStack {}

@@ -148,8 +148,12 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
         if pairedOnly && paired.isEmpty && allowed.isEmpty {
             reporter.warn("--paired-only with no paired devices: every sender will be refused; pair one with 'qxfer pair'")
         }
+        // Every connection's framer holds the message it is receiving (up to 16 MiB) before
+        // the receiver sees it: one allowance for all of them, so that thousands of connections
+        // (QUIC: and streams) each sending a long message cannot make this process hold more.
+        let messages = MessageAllowance(bytes: UsableMemory.share(1, of: 8, atLeast: 128 << 20, atMost: 2 << 30))
         let tls = NetworkListener(on: port, host: host, using: .parameters {
-            TLV { TLS { transferTCP }.identity(identity).clientAuthentication(authentication) }
+            TLV(allowance: messages) { TLS { transferTCP }.identity(identity).clientAuthentication(authentication) }
         }.performanceMode(.bulk))
         let prompt = OfferPrompt(acceptAll: yes, reporter: reporter)
         // Each connection asks through the prompt with its own withdrawal check (handle).
@@ -169,7 +173,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             let quic = NetworkListener(on: boundPort, host: host, using: .parameters {
                 // A known sender's early data is read at once, taken once per ClientHello by
                 // every receiver of this configuration folder (docs/SECURITY.md).
-                TLV { QUIC().identity(identity).clientAuthentication(authentication).earlyDataRegister(EarlyDataRegister(in: global.config)) }
+                TLV(allowance: messages) { QUIC().identity(identity).clientAuthentication(authentication).earlyDataRegister(EarlyDataRegister(in: global.config)) }
             }.performanceMode(.bulk))
             group.addTask {
                 try await quic.run { connection in

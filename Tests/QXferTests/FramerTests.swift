@@ -247,4 +247,81 @@ struct FramerTests {
         }
         #expect(messagesSeen >= 8, "the seeds hold valid messages")
     }
+
+    /// A transport whose bytes the test hands over when it likes; reads wait until then.
+    final class FedStream: ByteStreamTransport, @unchecked Sendable {
+        private let chunks = AsyncStream<[UInt8]>.makeStream()
+        private var iterator: AsyncStream<[UInt8]>.Iterator  // only the single reader touches it
+        let peer = PeerIdentity(fingerprint: nil, trust: .unauthenticated, applicationProtocol: "qxfer/1")
+
+        init() { iterator = chunks.stream.makeAsyncIterator() }
+        func feed(_ bytes: [UInt8]) { chunks.continuation.yield(bytes) }
+        func read() async throws -> [ByteBuffer]? { await iterator.next().map { [ByteBuffer(bytes: $0)] } }
+        func write(_ buffer: ByteBuffer) async throws {}
+        func finish() async throws {}
+        func reset(errorCode: UInt64) {}
+        func close() { chunks.continuation.finish() }
+        func metrics() async -> ConnectionMetrics { ConnectionMetrics() }
+        var multiplexer: (any StreamMultiplexer)? { nil }
+    }
+
+    /// Waits (a bounded number of yields, no clock) until `condition` holds.
+    func eventually(_ what: String, _ condition: () -> Bool) async throws {
+        for _ in 0..<1_000_000 where !condition() { await Task.yield() }
+        guard condition() else { throw HangError(what: what) }
+    }
+
+    /// A TLV header of type 9 announcing `length` bytes.
+    @Sendable static func header(_ length: UInt32) -> [UInt8] { [0, 0, 0, 9] + withUnsafeBytes(of: length.bigEndian, Array.init) }
+
+    @Test("Framers sharing an allowance hold at most its bytes: a message that does not fit waits, unread, until another is handed over")
+    func sharedAllowance() async throws {
+        let allowance = MessageAllowance(bytes: 1000)
+        let parameters = NetworkParameters.parameters { TLV(maximumMessageSize: 1024, allowance: allowance) { TLS() } }
+        @Sendable func connection(_ stream: some ByteStreamTransport) -> NetworkConnection<TLVStack> {
+            NetworkConnection(accepted: stream, parameters: parameters, remote: nil)
+        }
+        let header = Self.header
+        // The first peer announces 700 bytes and sends 300 of them.
+        let slow = FedStream()
+        slow.feed(header(700) + [UInt8](repeating: 1, count: 300))
+        let first = Task { try await connection(slow).receive().content }
+        try await eventually("the first body's reservation") { allowance.reservedBytes == 700 }
+        // The second sends a whole message of 600 bytes: it does not fit beside the first.
+        let second = Task { try await connection(ScriptedStream(header(600) + [UInt8](repeating: 2, count: 600), chunkSize: 4096)).receive().content }
+        try await eventually("the second message waiting") { allowance.waitingCount == 1 }
+        #expect(allowance.reservedBytes == 700)
+        // A third, small enough to fit, still waits behind it: first come, first served.
+        let third = Task { try await connection(ScriptedStream(header(100) + [UInt8](repeating: 3, count: 100), chunkSize: 4096)).receive().content }
+        try await eventually("the third message waiting") { allowance.waitingCount == 2 }
+        slow.feed([UInt8](repeating: 1, count: 400))
+        #expect(try await within(.seconds(30), "the first message") { try await first.value } == Data(repeating: 1, count: 700))
+        #expect(try await within(.seconds(30), "the second message") { try await second.value } == Data(repeating: 2, count: 600))
+        #expect(try await within(.seconds(30), "the third message") { try await third.value } == Data(repeating: 3, count: 100))
+        #expect(allowance.reservedBytes == 0 && allowance.waitingCount == 0)
+    }
+
+    @Test("A message waiting for the allowance is cancelled cleanly; one larger than the whole allowance is refused")
+    func allowanceCancelAndRefuse() async throws {
+        let allowance = MessageAllowance(bytes: 500)
+        let header = Self.header
+        let parameters = NetworkParameters.parameters { TLV(maximumMessageSize: 1024, allowance: allowance) { TLS() } }
+        let held = FedStream()
+        held.feed(header(400))
+        let holder = Task { try await NetworkConnection(accepted: held, parameters: parameters, remote: nil).receive() }
+        try await eventually("the holder's reservation") { allowance.reservedBytes == 400 }
+        let waiter = Task { try await NetworkConnection(accepted: ScriptedStream(header(200) + [UInt8](repeating: 0, count: 200), chunkSize: 64), parameters: parameters, remote: nil).receive() }
+        try await eventually("the waiter") { allowance.waitingCount == 1 }
+        waiter.cancel()
+        let error = await #expect(throws: QXferError.self) { try await waiter.value }
+        #expect(error?.code == .cancelled)
+        #expect(allowance.waitingCount == 0 && allowance.reservedBytes == 400)
+        // Larger than the allowance can ever hold: refused as too large, not waited for.
+        let tooLarge = NetworkConnection(accepted: ScriptedStream(header(600), chunkSize: 64), parameters: parameters, remote: nil)
+        let refused = await #expect(throws: QXferError.self) { _ = try await tooLarge.receive() }
+        #expect(refused?.code == .messageTooLarge)
+        held.close()  // the holder's stream ends inside its message: truncated, and its share given back
+        await #expect(throws: QXferError.self) { _ = try await holder.value }
+        #expect(allowance.reservedBytes == 0)
+    }
 }

@@ -59,4 +59,70 @@ struct InboundBufferTests {
         }
         #expect(received == source)
     }
+
+    /// Hands out the reads the test feeds, one at a time, and counts the reads asked for.
+    final class Fed: ByteStreamTransport, @unchecked Sendable {
+        private let feeds = AsyncStream<[ByteBuffer]>.makeStream()
+        private var iterator: AsyncStream<[ByteBuffer]>.Iterator  // only the one reader touches it
+        private let asked = Locked(0)
+        let peer = PeerIdentity(fingerprint: nil, trust: .unauthenticated, applicationProtocol: "qxfer/1")
+        init() { iterator = feeds.stream.makeAsyncIterator() }
+        func feed(_ buffers: [ByteBuffer]) { feeds.continuation.yield(buffers) }
+        var readsAsked: Int { asked.withLock { $0 } }
+        func read() async throws -> [ByteBuffer]? {
+            asked.withLock { $0 += 1 }
+            return await iterator.next()
+        }
+        func write(_ buffer: ByteBuffer) async throws {}
+        func finish() async throws {}
+        func reset(errorCode: UInt64) {}
+        func close() { feeds.continuation.finish() }
+        func metrics() async -> ConnectionMetrics { ConnectionMetrics() }
+        var multiplexer: (any StreamMultiplexer)? { nil }
+    }
+
+    /// Whether anything besides `buffer` holds its storage: writing a byte in place then copies it.
+    static func isShared(_ buffer: inout ByteBuffer) -> Bool {
+        let before = buffer.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) }
+        buffer.setInteger(buffer.getInteger(at: buffer.readerIndex, as: UInt8.self)!, at: buffer.readerIndex)
+        return buffer.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) } != before
+    }
+
+    @Test("A long exact receive gathers its bytes as they arrive: the transport's buffers are let go at once, the bytes after it kept")
+    func longReceivesAreGathered() async throws {
+        var generator = SystemRandomNumberGenerator()
+        let part = 40 << 10
+        let source = (0..<(10 * part + 100)).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        // Ten reads of 40 KiB, each a slice of a 64 KiB storage (held as they are, such slices
+        // pin 1.6 times their bytes); the last also brings 100 bytes of what follows.
+        var reads = (0..<10).map { Self.slice(of: source, at: $0 * part, count: $0 == 9 ? part + 100 : part) }
+        let inbound = InboundBuffer()
+        let transport = Fed()
+        let receive = Task { try await inbound.receive(from: transport, atLeast: 10 * part, atMost: 10 * part) }
+        for index in 0..<5 { transport.feed([reads[index]]) }
+        for _ in 0..<1_000_000 where transport.readsAsked < 6 { await Task.yield() }
+        #expect(transport.readsAsked == 6)
+        // Five reads in, the receive waits for the sixth: none of their storages is held any more.
+        #expect((0..<5).filter { Self.isShared(&reads[$0]) }.isEmpty)
+        let held = await inbound.storageHeld
+        #expect(held <= 512 << 10, "\(held) bytes of storage held for 200 KiB of a 400 KiB receive")
+        for index in 5..<10 { transport.feed([reads[index]]) }
+        var (body, _) = try await receive.value
+        #expect(body.readBytes(length: body.readableBytes)! == Array(source[..<(10 * part)]))
+        transport.close()
+        var (rest, _) = try await inbound.receive(from: transport, atLeast: 1, atMost: 1000)
+        #expect(rest.readBytes(length: rest.readableBytes)! == Array(source[(10 * part)...]))
+    }
+
+    @Test("A long receive cut short keeps every byte gathered: a receive after the failure still reads them")
+    func gatheredBytesSurviveAnEnd() async throws {
+        let source = [UInt8](repeating: 7, count: 300 << 10)
+        let inbound = InboundBuffer()
+        let transport = Reads([[Self.slice(of: source, at: 0, count: 50 << 10)], [Self.slice(of: source, at: 50 << 10, count: 50 << 10)]])
+        let error = await #expect(throws: QXferError.self) { _ = try await inbound.receive(from: transport, atLeast: 300 << 10, atMost: 300 << 10) }
+        #expect(error?.code == .truncated)
+        var (held, complete) = try await inbound.receive(from: transport, atLeast: 1, atMost: 1 << 20)
+        #expect(held.readableBytes == 100 << 10 && complete)
+        #expect(held.readBytes(length: held.readableBytes)! == Array(source[..<(100 << 10)]))
+    }
 }

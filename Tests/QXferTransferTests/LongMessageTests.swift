@@ -2,6 +2,7 @@ import FoundationEssentials
 import Foundation
 import Testing
 @testable import QXferTransfer
+@testable import LinuxSystem
 
 /// Offers and Accepts longer than one frame travel in parts (docs/PROTOCOL.md §3.9). One test
 /// at a time: each moves tens of megabytes, and beside the other suites on two cores they
@@ -258,6 +259,25 @@ import Testing
         second.release()
         second.release()
         #expect(memory.heldBytes == 0)
+    }
+
+    @Test("The allowances follow a control group's memory limit, the lowest on the way from the root (v2 and v1)")
+    func controlGroupLimits() {
+        let files: [String: String] = [
+            "/sys/fs/cgroup/memory.max": "max\n",  // none at the v2 root
+            "/sys/fs/cgroup/user.slice/memory.max": "8589934592\n",
+            "/sys/fs/cgroup/user.slice/app.service/memory.max": "max\n",
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n",  // v1's "none"
+            "/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes": "536870912\n",
+        ]
+        let read: (String) -> String? = { files[$0] }
+        #expect(UsableMemory.controlGroupLimit(membership: "0::/user.slice/app.service\n", read: read) == 8 << 30)
+        #expect(UsableMemory.controlGroupLimit(membership: "12:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n", read: read) == 512 << 20)
+        #expect(UsableMemory.controlGroupLimit(membership: "4:cpu,memory:/docker/abc\n", read: read) == 512 << 20)
+        #expect(UsableMemory.controlGroupLimit(membership: "0::/\n", read: read) == nil)
+        #expect(UsableMemory.controlGroupLimit(membership: "garbage\n0::/../../x\n", read: read) == nil)
+        #expect(UsableMemory.bytes > 0)
+        #expect(UsableMemory.share(1, of: 4, atLeast: 256 << 20, atMost: 4 << 30) == min(max(UsableMemory.bytes / 4, 256 << 20), 4 << 30))
     }
 
     /// 15 folders of 250-byte names: 3.8 KB of offer for each file under them, and few enough

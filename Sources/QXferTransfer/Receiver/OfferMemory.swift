@@ -1,8 +1,3 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#endif
 internal import LinuxSystem
 internal import PlainText
 
@@ -23,14 +18,9 @@ final class OfferMemory: Sendable {
     let limit: Int
     private let held = Locked(0)
 
-    /// A quarter of the machine's memory, at least 256 MiB and at most 4 GiB: the largest
-    /// Offer qxfer/1 allows (256 MiB) fits alone on a machine of 16 GiB.
-    static var defaultLimit: Int {
-        let pages = sysconf(Int32(_SC_PHYS_PAGES)), pageSize = sysconf(Int32(_SC_PAGESIZE))
-        let physical = pages > 0 && pageSize > 0 ? pages.multipliedReportingOverflow(by: pageSize) : (partialValue: 0, overflow: true)
-        let quarter = physical.overflow ? Int.max : physical.partialValue / 4
-        return min(max(quarter, 256 << 20), 4 << 30)
-    }
+    /// A quarter of the memory this process can have (``UsableMemory``), at least 256 MiB and
+    /// at most 4 GiB: the largest Offer qxfer/1 allows (256 MiB) fits alone on a machine of 16 GiB.
+    static var defaultLimit: Int { UsableMemory.share(1, of: 4, atLeast: 256 << 20, atMost: 4 << 30) }
 
     init(limit: Int = OfferMemory.defaultLimit) { self.limit = limit }
 

@@ -483,17 +483,27 @@ public final class FileWriter {
         let inFlight = CheckpointInFlight(offset: offset)
         let (start, shown, sync) = (vouchedOffset, target.path.description, store.syncData)
         checkpointInFlight = inFlight
+        // The thread lets go of the partial (and so of its lock, once the writer is gone too)
+        // before it reports the checkpoint finished: a writer dropped when its connection was
+        // cut waits for its checkpoint, and the resume that follows must find the partial free.
+        let files = Locked<(partial: Descriptor, journal: Descriptor)?>((file, journal))
         run {
-            guard sync(file.fd) == 0 else {
-                return inFlight.finish(TransferError.posix("cannot sync", "'\(shown)'", errno: errno))
+            var outcome: TransferError?
+            do {  // the descriptors' scope, ended before the finish
+                let (file, journal) = files.withLock { $0! }
+                files.withLock { $0 = nil }
+                if sync(file.fd) != 0 {
+                    outcome = TransferError.posix("cannot sync", "'\(shown)'", errno: errno)
+                } else {
+                    do throws(TransferError) {
+                        try record.write(to: journal, shown: shown)
+                        Self.releaseDurablePages(of: file, from: start, upTo: record.offset)
+                    } catch {
+                        outcome = error
+                    }
+                }
             }
-            do throws(TransferError) {
-                try record.write(to: journal, shown: shown)
-            } catch {
-                return inFlight.finish(error)
-            }
-            Self.releaseDurablePages(of: file, from: start, upTo: record.offset)
-            inFlight.finish(nil)
+            inFlight.finish(outcome)
         }
     }
 
