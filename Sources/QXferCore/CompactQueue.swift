@@ -19,8 +19,12 @@ extension CircularBuffer where Element == ByteBuffer {
             return
         }
         var chunk = chunk
-        if lastIsOwn, let last = indices.last, self[last].writableBytes >= chunk.readableBytes {
-            self[last].writeBuffer(&chunk)
+        if lastIsOwn, (self.last?.writableBytes ?? 0) >= chunk.readableBytes {
+            // Taken out to be written: written through the subscript (a get, then a set) it is
+            // referenced twice meanwhile, and the write copied all of it each time.
+            var own = removeLast()
+            own.writeBuffer(&chunk)
+            append(own)
             return
         }
         var own = ByteBuffer()

@@ -125,4 +125,19 @@ struct InboundBufferTests {
         #expect(held.readableBytes == 100 << 10 && complete)
         #expect(held.readBytes(length: held.readableBytes)! == Array(source[..<(100 << 10)]))
     }
+
+    @Test("Small slices are appended to the compact buffer in place: its storage stays where it is")
+    func compactAppendsWriteInPlace() {
+        var queue = CircularBuffer<ByteBuffer>()
+        var lastIsOwn = false
+        var addresses: Set<UInt> = []
+        for index in 0..<20 {
+            queue.appendCompactly(Self.slice(of: [UInt8](repeating: UInt8(index), count: 1448), at: 0, count: 1448), lastIsOwn: &lastIsOwn)
+            addresses.insert(queue.last!.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) })
+        }
+        // Written through the queue's subscript, the buffer was referenced twice during each
+        // write and copied whole (64 KiB for each 1448 bytes): a new address every time.
+        #expect(queue.count == 1 && addresses.count == 1, "\(queue.count) buffers, \(addresses.count) addresses")
+        #expect(Array(queue[queue.startIndex].readableBytesView) == (0..<20).flatMap { [UInt8](repeating: UInt8($0), count: 1448) })
+    }
 }
