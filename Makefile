@@ -48,6 +48,7 @@ test: deps
 	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/race.sh
 	QXFER=$(BIN)/qxfer $(STEP) 600 Tests/e2e/paths.sh
 	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/hostile.sh
+	QXFER=$(BIN)/qxfer $(STEP) 300 Tests/e2e/memory.sh
 	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/terminal.sh
 	# AddressSanitizer over the library, transfer and CLI tests (its own build folder; leak
 	# checking off: XCTest's runner leaks a few bytes of its own at exit), one test at a time

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# `qxfer recv` in a control group limited to 1 GiB (as a container or a systemd unit with
+# MemoryMax= would run it), flooded over TCP+TLS by 48 connections that each announce a 16 MiB
+# message, send 15 MiB of it and hold still: 720 MB of bodies, which a receiver that buffers
+# each message whole until it ends (as recv did, at about twice their size) cannot hold under
+# the limit, so the kernel killed it. The receiver sizes its allowance for messages in progress
+# from the group's limit (an eighth: 128 MiB); the rest wait unread. Checks that it lives, that
+# the group's peak stays far below the limit, and that a real send goes through after.
+# Needs root and the cgroup memory controller (v1 or v2); says why it skips otherwise.
+#
+#   Tests/e2e/memory.sh        (QXFER=path picks the binary)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+QXFER=${QXFER:-$ROOT/.build/debug/qxfer}
+[ -x "$QXFER" ] || { echo "memory: $QXFER not built" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "memory: skipped: needs root (a control group of its own)"; exit 0; }
+
+WORK=$(mktemp -d /tmp/qxfer-memory.XXXXXX)
+GROUP=
+RECV_PID=
+cleanup() {
+    [ -n "$RECV_PID" ] && kill -9 "$RECV_PID" 2>/dev/null || true
+    wait 2>/dev/null || true
+    [ -n "$GROUP" ] && rmdir "$GROUP" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+fail() { echo "memory: FAIL: $*" >&2; exit 1; }
+
+LIMIT=$((1 << 30))
+name=qxfer-memory-$$
+if [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then  # v1
+    GROUP=/sys/fs/cgroup/memory/$name
+    mkdir "$GROUP"
+    echo "$LIMIT" >"$GROUP/memory.limit_in_bytes"
+    PEAK_FILE=memory.max_usage_in_bytes
+elif grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then  # v2
+    grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control
+    GROUP=/sys/fs/cgroup/$name
+    mkdir "$GROUP"
+    echo "$LIMIT" >"$GROUP/memory.max"
+    PEAK_FILE=memory.peak
+else
+    echo "memory: skipped: no cgroup memory controller here"
+    exit 0
+fi
+
+mkdir -p "$WORK/target"
+echo "still serving" >"$WORK/real.txt"
+PORT=$((20000 + RANDOM % 20000))
+# The shell joins the group, then becomes the receiver: everything recv allocates is charged to it.
+sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "$GROUP" \
+    "$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --yes --port "$PORT" --host 127.0.0.1 --dir "$WORK/target" \
+    >"$WORK/recv.out" 2>"$WORK/recv.err" </dev/null &
+RECV_PID=$!
+for _ in $(seq 1 100); do
+    grep -q "on port $PORT" "$WORK/recv.out" 2>/dev/null && break
+    kill -0 "$RECV_PID" 2>/dev/null || fail "recv exited: $(cat "$WORK/recv.err")"
+    sleep 0.1
+done
+grep -q "on port $PORT" "$WORK/recv.out" || fail "recv did not start"
+
+python3 - "$PORT" <<'EOF' || fail "the flooding client failed"
+import socket, ssl, struct, sys, threading, time
+port = int(sys.argv[1])
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+context.set_alpn_protocols(["qxfer/1"])
+held, lock, chunk = [], threading.Lock(), b"\0" * (1 << 20)
+def flood():
+    s = context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="receiver")
+    with lock: held.append(s)
+    s.settimeout(3)
+    s.sendall(struct.pack(">II", 1, 16 << 20))  # a TLV header: type 1, a 16 MiB body
+    try:
+        for _ in range(15): s.sendall(chunk)
+    except (socket.timeout, OSError):
+        pass  # held back: the receiver does not read a message it has no room for
+threads = [threading.Thread(target=flood) for _ in range(48)]
+for t in threads: t.start()
+for t in threads: t.join()
+time.sleep(2)
+print(f"memory: {len(held)} connections each sent up to 15 MiB of a 16 MiB message")
+for s in held: s.close()
+EOF
+kill -0 "$RECV_PID" 2>/dev/null || fail "recv died under 48 long messages in a 1 GiB group (killed for memory?): $(tail -3 "$WORK/recv.err")"
+peak=$(cat "$GROUP/$PEAK_FILE")
+echo "memory: the receiver's group peaked at $((peak >> 20)) MiB of its $((LIMIT >> 20)) MiB"
+[ "$peak" -lt $((LIMIT / 2)) ] || fail "the receiver's group peaked at $((peak >> 20)) MiB: the allowance did not hold"
+
+timeout 60 "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/real.txt" "127.0.0.1:$PORT" >"$WORK/send.out" 2>&1 </dev/null \
+    || fail "a real send after the flood: $(cat "$WORK/send.out")"
+cmp -s "$WORK/real.txt" "$WORK/target/real.txt" || fail "the real file did not arrive after the flood"
+echo "memory: all checks passed"
