@@ -248,23 +248,6 @@ struct FramerTests {
         #expect(messagesSeen >= 8, "the seeds hold valid messages")
     }
 
-    /// A transport whose bytes the test hands over when it likes; reads wait until then.
-    final class FedStream: ByteStreamTransport, @unchecked Sendable {
-        private let chunks = AsyncStream<[UInt8]>.makeStream()
-        private var iterator: AsyncStream<[UInt8]>.Iterator  // only the single reader touches it
-        let peer = PeerIdentity(fingerprint: nil, trust: .unauthenticated, applicationProtocol: "qxfer/1")
-
-        init() { iterator = chunks.stream.makeAsyncIterator() }
-        func feed(_ bytes: [UInt8]) { chunks.continuation.yield(bytes) }
-        func read() async throws -> [ByteBuffer]? { await iterator.next().map { [ByteBuffer(bytes: $0)] } }
-        func write(_ buffer: ByteBuffer) async throws {}
-        func finish() async throws {}
-        func reset(errorCode: UInt64) {}
-        func close() { chunks.continuation.finish() }
-        func metrics() async -> ConnectionMetrics { ConnectionMetrics() }
-        var multiplexer: (any StreamMultiplexer)? { nil }
-    }
-
     /// Waits (a bounded number of yields, no clock) until `condition` holds.
     func eventually(_ what: String, _ condition: () -> Bool) async throws {
         for _ in 0..<1_000_000 where !condition() { await Task.yield() }

@@ -60,27 +60,6 @@ struct InboundBufferTests {
         #expect(received == source)
     }
 
-    /// Hands out the reads the test feeds, one at a time, and counts the reads asked for.
-    final class Fed: ByteStreamTransport, @unchecked Sendable {
-        private let feeds = AsyncStream<[ByteBuffer]>.makeStream()
-        private var iterator: AsyncStream<[ByteBuffer]>.Iterator  // only the one reader touches it
-        private let asked = Locked(0)
-        let peer = PeerIdentity(fingerprint: nil, trust: .unauthenticated, applicationProtocol: "qxfer/1")
-        init() { iterator = feeds.stream.makeAsyncIterator() }
-        func feed(_ buffers: [ByteBuffer]) { feeds.continuation.yield(buffers) }
-        var readsAsked: Int { asked.withLock { $0 } }
-        func read() async throws -> [ByteBuffer]? {
-            asked.withLock { $0 += 1 }
-            return await iterator.next()
-        }
-        func write(_ buffer: ByteBuffer) async throws {}
-        func finish() async throws {}
-        func reset(errorCode: UInt64) {}
-        func close() { feeds.continuation.finish() }
-        func metrics() async -> ConnectionMetrics { ConnectionMetrics() }
-        var multiplexer: (any StreamMultiplexer)? { nil }
-    }
-
     /// Whether anything besides `buffer` holds its storage: writing a byte in place then copies it.
     static func isShared(_ buffer: inout ByteBuffer) -> Bool {
         let before = buffer.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) }
@@ -97,16 +76,16 @@ struct InboundBufferTests {
         // pin 1.6 times their bytes); the last also brings 100 bytes of what follows.
         var reads = (0..<10).map { Self.slice(of: source, at: $0 * part, count: $0 == 9 ? part + 100 : part) }
         let inbound = InboundBuffer()
-        let transport = Fed()
+        let transport = FedStream()
         let receive = Task { try await inbound.receive(from: transport, atLeast: 10 * part, atMost: 10 * part) }
-        for index in 0..<5 { transport.feed([reads[index]]) }
+        for index in 0..<5 { transport.feed(reads[index]) }
         for _ in 0..<1_000_000 where transport.readsAsked < 6 { await Task.yield() }
         #expect(transport.readsAsked == 6)
         // Five reads in, the receive waits for the sixth: none of their storages is held any more.
         #expect((0..<5).filter { Self.isShared(&reads[$0]) }.isEmpty)
         let held = await inbound.storageHeld
         #expect(held <= 512 << 10, "\(held) bytes of storage held for 200 KiB of a 400 KiB receive")
-        for index in 5..<10 { transport.feed([reads[index]]) }
+        for index in 5..<10 { transport.feed(reads[index]) }
         var (body, _) = try await receive.value
         #expect(body.readBytes(length: body.readableBytes)! == Array(source[..<(10 * part)]))
         transport.close()

@@ -103,6 +103,31 @@ final class ScriptedStream: ByteStreamTransport, @unchecked Sendable {
     var multiplexer: (any StreamMultiplexer)? { nil }
 }
 
+/// A transport that hands out what the test feeds it, one read per feed, waiting until then;
+/// counts the reads asked for (a read asked for means the reader has kept everything before it).
+final class FedStream: ByteStreamTransport, @unchecked Sendable {
+    private let feeds = AsyncStream<ByteBuffer>.makeStream()
+    private var iterator: AsyncStream<ByteBuffer>.Iterator  // only the one reader touches it
+    private let asked = Locked(0)
+    let peer = PeerIdentity(fingerprint: nil, trust: .unauthenticated, applicationProtocol: "qxfer/1")
+
+    init() { iterator = feeds.stream.makeAsyncIterator() }
+    func feed(_ buffer: ByteBuffer) { feeds.continuation.yield(buffer) }
+    func feed(_ bytes: [UInt8]) { feed(ByteBuffer(bytes: bytes)) }
+    var readsAsked: Int { asked.withLock { $0 } }
+
+    func read() async throws -> [ByteBuffer]? {
+        asked.withLock { $0 += 1 }
+        return await iterator.next().map { [$0] }
+    }
+    func write(_ buffer: ByteBuffer) async throws {}
+    func finish() async throws {}
+    func reset(errorCode: UInt64) {}
+    func close() { feeds.continuation.finish() }
+    func metrics() async -> ConnectionMetrics { ConnectionMetrics() }
+    var multiplexer: (any StreamMultiplexer)? { nil }
+}
+
 // MARK: - Helpers for the loopback and interop tests
 
 /// Values a listener's handlers record for the test body to inspect (thread-safe).
