@@ -90,9 +90,7 @@ extension NetworkConnection {
         // A length past the limit: the body is not read, and the caller ends the connection.
         let length = try FrameLength.body(in: header.readableBytesView, at: lengthOffset, limit: limit)
         if length == 0 { return (header, ByteBuffer()) }
-        if let allowance {
-            try await allowance.reserve(length)
-        }
+        try await allowance?.reserve(length)
         defer { allowance?.release(length) }
         do {
             let body = try await receiveBuffer(atLeast: length, atMost: length).0

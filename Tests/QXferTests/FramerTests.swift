@@ -248,12 +248,6 @@ struct FramerTests {
         #expect(messagesSeen >= 8, "the seeds hold valid messages")
     }
 
-    /// Waits (a bounded number of yields, no clock) until `condition` holds.
-    func eventually(_ what: String, _ condition: () -> Bool) async throws {
-        for _ in 0..<1_000_000 where !condition() { await Task.yield() }
-        guard condition() else { throw HangError(what: what) }
-    }
-
     /// A TLV header of type 9 announcing `length` bytes.
     @Sendable static func header(_ length: UInt32) -> [UInt8] { [0, 0, 0, 9] + withUnsafeBytes(of: length.bigEndian, Array.init) }
 
@@ -269,14 +263,14 @@ struct FramerTests {
         let slow = FedStream()
         slow.feed(header(700) + [UInt8](repeating: 1, count: 300))
         let first = Task { try await connection(slow).receive().content }
-        try await eventually("the first body's reservation") { allowance.reservedBytes == 700 }
+        try #require(await eventually { allowance.reservedBytes == 700 }, "the first body's reservation")
         // The second sends a whole message of 600 bytes: it does not fit beside the first.
         let second = Task { try await connection(ScriptedStream(header(600) + [UInt8](repeating: 2, count: 600), chunkSize: 4096)).receive().content }
-        try await eventually("the second message waiting") { allowance.waitingCount == 1 }
+        try #require(await eventually { allowance.waitingCount == 1 }, "the second message waiting")
         #expect(allowance.reservedBytes == 700)
         // A third, small enough to fit, still waits behind it: first come, first served.
         let third = Task { try await connection(ScriptedStream(header(100) + [UInt8](repeating: 3, count: 100), chunkSize: 4096)).receive().content }
-        try await eventually("the third message waiting") { allowance.waitingCount == 2 }
+        try #require(await eventually { allowance.waitingCount == 2 }, "the third message waiting")
         slow.feed([UInt8](repeating: 1, count: 400))
         #expect(try await within(.seconds(30), "the first message") { try await first.value } == Data(repeating: 1, count: 700))
         #expect(try await within(.seconds(30), "the second message") { try await second.value } == Data(repeating: 2, count: 600))
@@ -292,9 +286,9 @@ struct FramerTests {
         let held = FedStream()
         held.feed(header(400))
         let holder = Task { try await NetworkConnection(accepted: held, parameters: parameters, remote: nil).receive() }
-        try await eventually("the holder's reservation") { allowance.reservedBytes == 400 }
+        try #require(await eventually { allowance.reservedBytes == 400 }, "the holder's reservation")
         let waiter = Task { try await NetworkConnection(accepted: ScriptedStream(header(200) + [UInt8](repeating: 0, count: 200), chunkSize: 64), parameters: parameters, remote: nil).receive() }
-        try await eventually("the waiter") { allowance.waitingCount == 1 }
+        try #require(await eventually { allowance.waitingCount == 1 }, "the waiter")
         waiter.cancel()
         let error = await #expect(throws: QXferError.self) { try await waiter.value }
         #expect(error?.code == .cancelled)

@@ -490,8 +490,10 @@ public final class FileWriter {
         run {
             var outcome: TransferError?
             do {  // the descriptors' scope, ended before the finish
-                let (file, journal) = files.withLock { $0! }
-                files.withLock { $0 = nil }
+                let (file, journal) = files.withLock { held in
+                    defer { held = nil }
+                    return held!
+                }
                 if sync(file.fd) != 0 {
                     outcome = TransferError.posix("cannot sync", "'\(shown)'", errno: errno)
                 } else {
