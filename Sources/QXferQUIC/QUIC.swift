@@ -53,6 +53,12 @@ public struct QUIC: ByteStreamProtocol, Hashable {
     /// handshake completes. nil: early data waits for the handshake (then it cannot be replayed).
     public var earlyDataRegister: EarlyDataRegister?
 
+    /// A listener's connection receive windows, all together, in bytes (beyond 256 KiB per
+    /// connection, which each gets whatever is left): what its peers may have sent that the
+    /// application has not read yet. nil: an eighth of the memory this process can have (the
+    /// machine's, or its control group's limit if lower), 64 MiB to 2 GiB.
+    @_spi(Stacks) public var receiveWindowBudget: Int?
+
     public init(alpn: [String] = ["qxfer/1"]) {
         self.udp = UDP()
         self.applicationProtocols = alpn

@@ -1,3 +1,4 @@
+import enum LinuxSystem.UsableMemory
 import NIOCore
 import NIOPosix
 import QUICEngine
@@ -102,7 +103,8 @@ struct QUICListener: BoundTransportListener {
                 statelessResetSecret: secret,
                 connectionIDLength: template.connectionIDLength,
                 connectionIDPrefix: template.connectionIDPrefix,
-                retryAbovePendingHandshakes: request.validateAddressesAbovePendingHandshakes)
+                retryAbovePendingHandshakes: request.validateAddressesAbovePendingHandshakes,
+                receiveWindows: ReceiveWindowBudget(bytes: UInt64(max(0, quic.receiveWindowBudget ?? UsableMemory.share(1, of: 8, atLeast: 64 << 20, atMost: 2 << 30)))))
             let options = QUICSockets.Options(parameters)
             open = { port in
                 // No SO_REUSEADDR: on UDP it lets a second socket bind a port already in use (and

@@ -256,6 +256,45 @@ struct QUICHostileTests {
         }
     }
 
+    @Test("A client whose stream is never read fills its whole window while the listener's budget lasts, and only the floor once it is spent",
+          .timeLimit(.minutes(1)))
+    func receiveWindowsShareABudget() async throws {
+        // Without a budget to spend (the default: an eighth of memory) a bulk listener's
+        // loopback stream window is 4 MiB; with none left, a connection gets 256 KiB in all.
+        for budget in [nil, 0] as [Int?] {
+            var quic = QUIC().identity(Identities.server)
+            quic.receiveWindowBudget = budget
+            let listener = NetworkListener(on: 0, host: "127.0.0.1", using: .parameters { quic }.performanceMode(.bulk))
+            try await withListener(listener, handler: { _ in try await Task.sleep(for: .seconds(60)) }) { port in
+                let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port), using: .parameters {
+                    QUIC().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
+                }.performanceMode(.bulk))
+                defer { connection.cancel() }
+                let writer = Task { try await connection.send(Data(count: 8 << 20)) }
+                defer { writer.cancel() }
+                // Polls the bytes the client has sent until `enough`, for at most 5 s.
+                func sentBytes(until enough: Int) async throws -> Int {
+                    var sent = 0
+                    for _ in 0..<250 {
+                        sent = await connection.metrics.bytesSent ?? 0
+                        if sent > enough { break }
+                        try await Task.sleep(for: .milliseconds(20))
+                    }
+                    return sent
+                }
+                if budget == nil {
+                    let sent = try await sentBytes(until: 3 << 20)
+                    #expect(sent > 3 << 20, "\(sent) bytes sent into an unread stream with the budget unspent")
+                } else {
+                    #expect(try await sentBytes(until: 200 << 10) > 200 << 10)
+                    try await Task.sleep(for: .milliseconds(500))  // room for more, were the window larger
+                    let sent = try await sentBytes(until: 0)
+                    #expect(sent < 512 << 10, "\(sent) bytes sent into an unread stream with the budget spent")
+                }
+            }
+        }
+    }
+
     // MARK: Packet makers
 
     /// A long-header packet: first byte, version, connection IDs, then random bytes up to `totalLength`.

@@ -6,6 +6,10 @@
 # the limit, so the kernel killed it. The receiver sizes its allowance for messages in progress
 # from the group's limit (an eighth: 128 MiB); the rest wait unread. Checks that it lives, that
 # the group's peak stays far below the limit, and that a real send goes through after.
+# Then a fresh receiver in a group limited to 256 MiB, flooded over QUIC by 40 connections that
+# each send 8 MiB on two streams it never reads: a bulk listener's windows would let each hold
+# 8 MiB (32 MiB from a remote peer), which killed the build before; a listener's connections
+# now share one budget of windows (an eighth of memory, at least 64 MiB), 256 KiB each past it.
 # Needs root and the cgroup memory controller (v1 or v2); says why it skips otherwise.
 #
 #   Tests/e2e/memory.sh        (QXFER=path picks the binary)
@@ -29,38 +33,62 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 fail() { echo "memory: FAIL: $*" >&2; exit 1; }
 
-LIMIT=$((1 << 30))
-name=qxfer-memory-$$
-if [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then  # v1
-    GROUP=/sys/fs/cgroup/memory/$name
-    mkdir "$GROUP"
-    echo "$LIMIT" >"$GROUP/memory.limit_in_bytes"
-    PEAK_FILE=memory.max_usage_in_bytes
-elif grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then  # v2
-    grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control
-    GROUP=/sys/fs/cgroup/$name
-    mkdir "$GROUP"
-    echo "$LIMIT" >"$GROUP/memory.max"
-    PEAK_FILE=memory.peak
-else
-    echo "memory: skipped: no cgroup memory controller here"
-    exit 0
-fi
+# make_group NAME LIMIT: a memory control group ($GROUP) and the file holding its peak ($PEAK_FILE).
+make_group() {
+    if [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then  # v1
+        GROUP=/sys/fs/cgroup/memory/$1
+        mkdir "$GROUP"
+        echo "$2" >"$GROUP/memory.limit_in_bytes"
+        PEAK_FILE=memory.max_usage_in_bytes
+    elif grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then  # v2
+        grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control
+        GROUP=/sys/fs/cgroup/$1
+        mkdir "$GROUP"
+        echo "$2" >"$GROUP/memory.max"
+        PEAK_FILE=memory.peak
+    else
+        echo "memory: skipped: no cgroup memory controller here"
+        exit 0
+    fi
+}
 
+# start_recv: `qxfer recv` on a new $PORT, charged to $GROUP (the shell joins it, then becomes
+# the receiver), into $WORK/target.
+start_recv() {
+    PORT=$((20000 + RANDOM % 20000))
+    sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "$GROUP" \
+        "$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --yes --port "$PORT" --host 127.0.0.1 --dir "$WORK/target" \
+        >"$WORK/recv.out" 2>"$WORK/recv.err" </dev/null &
+    RECV_PID=$!
+    for _ in $(seq 1 100); do
+        grep -q "on port $PORT" "$WORK/recv.out" 2>/dev/null && break
+        kill -0 "$RECV_PID" 2>/dev/null || fail "recv exited: $(cat "$WORK/recv.err")"
+        sleep 0.1
+    done
+    grep -q "on port $PORT" "$WORK/recv.out" || fail "recv did not start"
+}
+
+# stop_recv: ends the receiver and removes its group.
+stop_recv() {
+    kill -9 "$RECV_PID" 2>/dev/null || true
+    wait "$RECV_PID" 2>/dev/null || true
+    RECV_PID=
+    for _ in $(seq 1 50); do rmdir "$GROUP" 2>/dev/null && break; sleep 0.1; done
+    GROUP=
+}
+
+# check_send STACK: a real send after the flood.
+check_send() {
+    echo "still serving over $1" >"$WORK/real-$1.txt"
+    timeout 60 "$QXFER" send --config-dir "$WORK/cfg-send" --stack "$1" "$WORK/real-$1.txt" "127.0.0.1:$PORT" >"$WORK/send.out" 2>&1 </dev/null \
+        || fail "a real send over $1 after the flood: $(cat "$WORK/send.out")"
+    cmp -s "$WORK/real-$1.txt" "$WORK/target/real-$1.txt" || fail "the real file did not arrive over $1 after the flood"
+}
+
+LIMIT=$((1 << 30))
+make_group "qxfer-memory-$$" "$LIMIT"
 mkdir -p "$WORK/target"
-echo "still serving" >"$WORK/real.txt"
-PORT=$((20000 + RANDOM % 20000))
-# The shell joins the group, then becomes the receiver: everything recv allocates is charged to it.
-sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "$GROUP" \
-    "$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --yes --port "$PORT" --host 127.0.0.1 --dir "$WORK/target" \
-    >"$WORK/recv.out" 2>"$WORK/recv.err" </dev/null &
-RECV_PID=$!
-for _ in $(seq 1 100); do
-    grep -q "on port $PORT" "$WORK/recv.out" 2>/dev/null && break
-    kill -0 "$RECV_PID" 2>/dev/null || fail "recv exited: $(cat "$WORK/recv.err")"
-    sleep 0.1
-done
-grep -q "on port $PORT" "$WORK/recv.out" || fail "recv did not start"
+start_recv
 
 python3 - "$PORT" <<'EOF' || fail "the flooding client failed"
 import socket, ssl, struct, sys, threading, time
@@ -90,7 +118,41 @@ peak=$(cat "$GROUP/$PEAK_FILE")
 echo "memory: the receiver's group peaked at $((peak >> 20)) MiB of its $((LIMIT >> 20)) MiB"
 [ "$peak" -lt $((LIMIT / 2)) ] || fail "the receiver's group peaked at $((peak >> 20)) MiB: the allowance did not hold"
 
-timeout 60 "$QXFER" send --config-dir "$WORK/cfg-send" "$WORK/real.txt" "127.0.0.1:$PORT" >"$WORK/send.out" 2>&1 </dev/null \
-    || fail "a real send after the flood: $(cat "$WORK/send.out")"
-cmp -s "$WORK/real.txt" "$WORK/target/real.txt" || fail "the real file did not arrive after the flood"
+check_send tls
+stop_recv
+
+# QUIC: many connections, each filling its receive window with data the receiver never reads.
+QUIC_LIMIT=$((256 << 20))
+make_group "qxfer-memory-quic-$$" "$QUIC_LIMIT"
+start_recv
+python3 - "$PORT" <<'EOF' || fail "the flooding QUIC client failed"
+import asyncio, os, ssl, sys
+from aioquic.asyncio import connect
+from aioquic.quic.configuration import QuicConfiguration
+port = int(sys.argv[1])
+async def flood(clients):
+    configuration = QuicConfiguration(is_client=True, alpn_protocols=["qxfer/1"], verify_mode=ssl.CERT_NONE)
+    context = connect("127.0.0.1", port, configuration=configuration, wait_connected=True)
+    client = await context.__aenter__()
+    clients.append((context, client))  # the context too: collected, it would close the connection
+    quic = client._quic
+    for _ in range(2):  # unidirectional streams, which the receiver never reads: 8 MiB in all,
+        stream = quic.get_next_available_stream_id(is_unidirectional=True)  # a loopback peer's whole window before
+        quic.send_stream_data(stream, b"\0" * (4 << 20))
+async def main():
+    clients = []
+    await asyncio.gather(*(flood(clients) for _ in range(40)))
+    # aioquic sends what its congestion window allows when asked: ask again and again, for 8 s.
+    for _ in range(400):
+        for _, client in clients: client.transmit()
+        await asyncio.sleep(0.02)
+    print(f"memory: {len(clients)} QUIC connections each sent up to 8 MiB on streams nobody reads", flush=True)
+    os._exit(0)  # no graceful close of 40 connections: they end at the receiver's idle timeout
+asyncio.run(main())
+EOF
+kill -0 "$RECV_PID" 2>/dev/null || fail "recv died under 40 QUIC connections filling their windows in a 256 MiB group (killed for memory?): $(tail -3 "$WORK/recv.err")"
+peak=$(cat "$GROUP/$PEAK_FILE")
+echo "memory: the receiver's group peaked at $((peak >> 20)) MiB of its $((QUIC_LIMIT >> 20)) MiB"
+[ "$peak" -lt $((QUIC_LIMIT / 2)) ] || fail "the receiver's group peaked at $((peak >> 20)) MiB: the windows' budget did not hold"
+check_send quic
 echo "memory: all checks passed"

@@ -37,6 +37,8 @@ final class QUICSocketHandler: ChannelDuplexHandler {
         /// so a flood of spoofed Initials costs the listener a stateless answer instead of a
         /// connection set-up each. 0: always.
         var retryAbovePendingHandshakes = 32
+        /// The listener's connection receive windows, shared by its sockets.
+        var receiveWindows: ReceiveWindowBudget
     }
 
     private static let logger = Logger(label: "qxfer.quic")
@@ -97,6 +99,8 @@ final class QUICSocketHandler: ChannelDuplexHandler {
     private(set) var localAddress: QUICSocketAddress?
     private var routes: [QUICConnectionID: any QUICEndpointConnection] = [:]
     private var drivers: [ObjectIdentifier: any QUICEndpointConnection] = [:]
+    /// The receive window each accepted connection took from ``Server/receiveWindows``.
+    private var windowGrants: [ObjectIdentifier: UInt64] = [:]
     private var dirty: [ObjectIdentifier: any QUICEndpointConnection] = [:]
     /// The connection marked dirty last: a GRO batch's datagrams nearly always go to one, and
     /// marking it once spares a dictionary update per datagram.
@@ -186,6 +190,7 @@ final class QUICSocketHandler: ChannelDuplexHandler {
     /// Forgets a terminated connection; a client's socket, which has only that one, closes.
     func forget(_ driver: any QUICEndpointConnection) {
         drivers[ObjectIdentifier(driver)] = nil
+        if let window = windowGrants.removeValue(forKey: ObjectIdentifier(driver)) { server?.receiveWindows.giveBack(window) }
         dirty[ObjectIdentifier(driver)] = nil
         lastDirty = nil
         routes = routes.filter { $0.value !== driver }
@@ -278,6 +283,9 @@ final class QUICSocketHandler: ChannelDuplexHandler {
         } else {
             for driver in Array(drivers.values) { driver.socketClosed() }
         }
+        // The listener's other sockets (or the one that replaces this) take these windows.
+        for window in windowGrants.values { server?.receiveWindows.giveBack(window) }
+        windowGrants.removeAll()
         pausedRead?.cancel()
         pausedRead = nil
         context.fireChannelInactive()
@@ -348,15 +356,18 @@ final class QUICSocketHandler: ChannelDuplexHandler {
         _ initial: QUICInitialPacket, datagram: UnsafeRawBufferPointer, path: QUICPath, server: Server, retriedFrom original: QUICConnectionID?
     ) {
         guard let context else { return }
-        let (configuration, verifier) = server.makeConfiguration(path.remote.isLoopback)
+        var (configuration, verifier) = server.makeConfiguration(path.remote.isLoopback)
+        let window = server.receiveWindows.limit(&configuration)
         let engine: QUICConnection
         do {
             engine = try QUICConnection(
                 serverWith: configuration, initialPacket: initial, path: path, now: QUICClock.now, retriedFrom: original)
         } catch {
+            server.receiveWindows.giveBack(window)
             return
         }
         let driver = server.makeConnection(engine, verifier, context.eventLoop)
+        windowGrants[ObjectIdentifier(driver)] = window
         wire(driver)
         routes[initial.destinationConnectionID] = driver  // retransmitted Initials still carry it
         pendingHandshakes += 1
