@@ -87,6 +87,31 @@ struct QUICResumptionTests {
         #expect(raced.quic.sendsEarlyData == false && QUIC().sendsEarlyData)
     }
 
+    @Test("A resumed client to a listener whose window budget is spent connects with a full handshake, its early data sent again")
+    func earlyDataBeyondTheWindowBudget() async throws {
+        let directory = TemporaryDirectory()
+        let store = SessionTicketStore(in: ConfigDirectory(path: directory.path))
+        // Room for one connection's 1 MiB window and a little: the first connection's ticket
+        // remembers 1 MiB; while another connection holds the budget, a new one gets 256 KiB.
+        // Taking early data with it would have the client fail the handshake (ngtcp2: the
+        // limits remembered for early data were lowered, RFC 9000 §7.4.1).
+        var quic = QUIC().identity(Identities.server).clientAuthentication(.required(allowing: [Identities.client.fingerprint]))
+        quic.receiveWindowBudget = (1 << 20) + (256 << 10)
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { quic }
+        try await withListener(listener, handler: Self.echo) { port in
+            let endpoint = Endpoint.hostPort(host: "127.0.0.1", port: port)
+            try await Self.ping(port: port, store: store)
+            #expect(await eventually { store.entry(for: endpoint)?.fingerprint == Identities.server.fingerprint }, "no ticket stored")
+            let holder = NetworkConnection(to: endpoint) {
+                QUIC().identity(Identities.client).peerFingerprint(Identities.server.fingerprint)
+            }
+            defer { holder.cancel() }
+            try await holder.send(Data("hold".utf8))
+            #expect(try await holder.receive(exactly: 4).content == Data("hold".utf8))
+            try await Self.ping(port: port, store: store)
+        }
+    }
+
     @Test("The early-data register takes a ClientHello once, across processes' registers, and forgets old entries")
     func earlyDataRegisterTakesOnce() async throws {
         let directory = TemporaryDirectory()

@@ -77,6 +77,15 @@ stop_recv() {
     GROUP=
 }
 
+# check_survived FLOOD LIMIT: the receiver lived through FLOOD, its group's peak under half LIMIT.
+check_survived() {
+    kill -0 "$RECV_PID" 2>/dev/null || fail "recv died under $1 in a $(($2 >> 20)) MiB group (killed for memory?): $(tail -3 "$WORK/recv.err")"
+    local peak
+    peak=$(cat "$GROUP/$PEAK_FILE")
+    echo "memory: the receiver's group peaked at $((peak >> 20)) MiB of its $(($2 >> 20)) MiB"
+    [ "$peak" -lt $(($2 / 2)) ] || fail "the receiver's group peaked at $((peak >> 20)) MiB under $1: its memory was not bounded"
+}
+
 # check_send STACK: a real send after the flood.
 check_send() {
     echo "still serving over $1" >"$WORK/real-$1.txt"
@@ -113,10 +122,7 @@ time.sleep(2)
 print(f"memory: {len(held)} connections each sent up to 15 MiB of a 16 MiB message")
 for s in held: s.close()
 EOF
-kill -0 "$RECV_PID" 2>/dev/null || fail "recv died under 48 long messages in a 1 GiB group (killed for memory?): $(tail -3 "$WORK/recv.err")"
-peak=$(cat "$GROUP/$PEAK_FILE")
-echo "memory: the receiver's group peaked at $((peak >> 20)) MiB of its $((LIMIT >> 20)) MiB"
-[ "$peak" -lt $((LIMIT / 2)) ] || fail "the receiver's group peaked at $((peak >> 20)) MiB: the allowance did not hold"
+check_survived "48 long messages" "$LIMIT"
 
 check_send tls
 stop_recv
@@ -150,9 +156,6 @@ async def main():
     os._exit(0)  # no graceful close of 40 connections: they end at the receiver's idle timeout
 asyncio.run(main())
 EOF
-kill -0 "$RECV_PID" 2>/dev/null || fail "recv died under 40 QUIC connections filling their windows in a 256 MiB group (killed for memory?): $(tail -3 "$WORK/recv.err")"
-peak=$(cat "$GROUP/$PEAK_FILE")
-echo "memory: the receiver's group peaked at $((peak >> 20)) MiB of its $((QUIC_LIMIT >> 20)) MiB"
-[ "$peak" -lt $((QUIC_LIMIT / 2)) ] || fail "the receiver's group peaked at $((peak >> 20)) MiB: the windows' budget did not hold"
+check_survived "40 QUIC connections filling their windows" "$QUIC_LIMIT"
 check_send quic
 echo "memory: all checks passed"

@@ -36,9 +36,17 @@ final class ReceiveWindowBudget: Sendable {
 
     /// Takes a window for a new connection of `configuration` and lowers its connection
     /// window (first advertised and ceiling) to it; returns the window to give back.
+    ///
+    /// A connection whose first window is lowered resumes no session, so takes no early data:
+    /// a client sends early data within the windows of the connection its ticket came from, and
+    /// one that finds them lowered after its early data was taken must fail the connection
+    /// (RFC 9000 §7.4.1; ngtcp2 does). Refused, the ticket costs a full handshake instead.
     func limit(_ configuration: inout QUICConfiguration) -> UInt64 {
         let window = take(upTo: max(configuration.initialConnectionWindow, configuration.maxConnectionWindow))
-        configuration.initialConnectionWindow = min(configuration.initialConnectionWindow, window)
+        if window < configuration.initialConnectionWindow {
+            configuration.initialConnectionWindow = window
+            configuration.sessionTickets = nil
+        }
         configuration.maxConnectionWindow = min(configuration.maxConnectionWindow, window)
         return window
     }
