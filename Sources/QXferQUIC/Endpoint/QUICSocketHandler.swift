@@ -281,11 +281,8 @@ final class QUICSocketHandler: ChannelDuplexHandler {
             detach(client: driver)
             driver.socketDied()
         } else {
-            for driver in Array(drivers.values) { driver.socketClosed() }
+            for driver in Array(drivers.values) { driver.socketClosed() }  // each forgets itself: its window goes back
         }
-        // The listener's other sockets (or the one that replaces this) take these windows.
-        for window in windowGrants.values { server?.receiveWindows.giveBack(window) }
-        windowGrants.removeAll()
         pausedRead?.cancel()
         pausedRead = nil
         context.fireChannelInactive()
