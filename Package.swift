@@ -156,6 +156,7 @@ let package = Package(
         .target(
             name: "QXferTLS",
             dependencies: [
+                "LinuxSystem",
                 "QXferCore",
                 "QXferIdentity",
                 "QXferSockets",

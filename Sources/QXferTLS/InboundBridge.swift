@@ -5,7 +5,9 @@ import NIOCore
 ///
 /// Reads from the socket stop while more than `highWatermark` bytes wait for the reader,
 /// and resume once it has taken them, so a slow reader slows the sender through TCP flow
-/// control instead of growing a buffer. A reader that needs a whole message is woken once
+/// control instead of growing a buffer. A listener's bridges share a ``ReadAheadBudget``: one
+/// without a share of it holds at most ``floor`` bytes, counting those its reader took beyond
+/// what it asked for, unless its waiting reader needs more. A reader that needs a whole message is woken once
 /// it has arrived, not for every socket read, and the socket's wake mark spares the event loop
 /// most wake-ups in between (``SocketWakeMark``). All state lives on the channel's event loop.
 final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
@@ -14,6 +16,16 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     typealias OutboundOut = ByteBuffer
 
     private let highWatermark: Int
+    /// What a bridge of a listener holds without a share of its budget.
+    static let floor = 64 << 10
+    private let budget: ReadAheadBudget?
+    /// The share of `budget` held: 0, or ``shareSize``, which lets the bridge read ahead as one
+    /// without a budget does.
+    private var share = 0
+    private var shareSize: Int { 2 * highWatermark }
+    /// What the reader took beyond what it asked for at its last read (what followed a
+    /// message's header, typically): it still holds those bytes until it asks again.
+    private var handedAhead = 0
     /// Small slices copied into buffers of the bridge's own (see `appendCompactly`), which also
     /// gives NIOSSL its read buffer back at once instead of making it allocate another.
     private var queue = CircularBuffer<ByteBuffer>()
@@ -36,8 +48,10 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     /// Whether the peer finished sending or the channel closed.
     var hasEnded: Bool { end != nil }
 
-    init(highWatermark: Int = 1 << 20) {
+    /// `budget`: the listener's, shared by its connections; nil reads ahead up to `highWatermark`.
+    init(highWatermark: Int = 1 << 20, budget: ReadAheadBudget? = nil) {
         self.highWatermark = highWatermark
+        self.budget = budget
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -46,6 +60,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
+        releaseShare()
         wakeMark?.drop()
         wakeMark = nil
         self.context = nil
@@ -110,18 +125,44 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func read(context: ChannelHandlerContext) {
-        if sink == nil && queuedBytes >= highWatermark {
-            readHeldBack = true
-        } else {
+        if mayRead() {
             context.read()
+        } else {
+            readHeldBack = true
         }
+    }
+
+    /// Whether the bridge may read from the socket now, taking a share of the budget if it
+    /// needs one and one is left.
+    private func mayRead() -> Bool {
+        guard sink == nil else { return true }
+        guard let budget, share == 0 else { return queuedBytes < highWatermark }
+        if queuedBytes + handedAhead < Self.floor || (waiter != nil && queuedBytes < waiterNeeds) { return true }
+        guard budget.reserve(shareSize) else { return false }
+        share = shareSize
+        return queuedBytes < highWatermark
+    }
+
+    /// Resumes reads held back if the bridge may read again.
+    private func resumeReading() {
+        guard readHeldBack, let context, mayRead() else { return }
+        readHeldBack = false
+        context.read()
+    }
+
+    /// Gives the budget's share back: on the way out, or once the bridge holds less than the floor.
+    private func releaseShare(unlessHolding: Bool = false) {
+        guard share > 0, !unlessHolding || queuedBytes + handedAhead < Self.floor else { return }
+        budget?.release(share)
+        share = 0
     }
 
     /// Everything queued once at least `minimum` bytes are (or as many as the high watermark
     /// lets wait), or what is left at the end of the stream, or nil after it.
     func next(atLeast minimum: Int = 1, on eventLoop: any EventLoop) -> EventLoopFuture<[ByteBuffer]?> {
+        handedAhead = 0  // the reader is back: what it took ahead is used, or part of what it needs
         let needs = max(1, min(minimum, highWatermark))
-        if queuedBytes >= needs || (end != nil && !queue.isEmpty) { return eventLoop.makeSucceededFuture(drain()) }
+        if queuedBytes >= needs || (end != nil && !queue.isEmpty) { return eventLoop.makeSucceededFuture(drain(needs: needs)) }
         switch end {
         case .success?: return eventLoop.makeSucceededFuture(nil)
         case .failure(let error)?: return eventLoop.makeFailedFuture(error)
@@ -130,6 +171,8 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
             let promise = eventLoop.makePromise(of: [ByteBuffer]?.self)
             waiter = promise
             waiterNeeds = needs
+            releaseShare(unlessHolding: true)
+            resumeReading()
             updateWakeMark()
             return promise.futureResult
         }
@@ -141,6 +184,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
         for buffer in buffers.reversed() where buffer.readableBytes > 0 {
             queue.prepend(buffer)
             queuedBytes += buffer.readableBytes
+            handedAhead = max(0, handedAhead - buffer.readableBytes)
         }
     }
 
@@ -153,27 +197,26 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
         queue.removeAll()
         lastIsOwn = false
         queuedBytes = 0
+        handedAhead = 0
+        releaseShare()
         if end != nil {
             sink(nil)
             return
         }
         self.sink = sink
         wakeMark?.drop()
-        if readHeldBack, let context {
-            readHeldBack = false
-            context.read()
-        }
+        resumeReading()
     }
 
-    private func drain() -> [ByteBuffer] {
+    /// Everything queued, for a reader that asked for `needs` bytes.
+    private func drain(needs: Int) -> [ByteBuffer] {
         let buffers = Array(queue)
         queue.removeAll(keepingCapacity: true)
         lastIsOwn = false
+        handedAhead = max(0, queuedBytes - needs)
         queuedBytes = 0
-        if readHeldBack, let context {
-            readHeldBack = false
-            context.read()
-        }
+        releaseShare(unlessHolding: true)
+        resumeReading()
         return buffers
     }
 
@@ -181,7 +224,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
         guard let waiter, queuedBytes >= waiterNeeds || end != nil else { return }
         self.waiter = nil
         if !queue.isEmpty {
-            waiter.succeed(drain())
+            waiter.succeed(drain(needs: waiterNeeds))
         } else if case .failure(let error)? = end {
             waiter.fail(error)
         } else {

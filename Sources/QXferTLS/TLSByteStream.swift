@@ -229,10 +229,10 @@ extension TLSByteStream {
 
         static func install(
             _ tlsHandler: some ChannelHandler, accepting acceptedProtocols: [String], idle: Duration?,
-            exporterSecrets: (ExporterSecrets, isServer: Bool)?, on channel: any Channel
+            exporterSecrets: (ExporterSecrets, isServer: Bool)?, readAhead: ReadAheadBudget? = nil, on channel: any Channel
         ) throws -> Setup {
             let promise = channel.eventLoop.makePromise(of: String.self)
-            let bridge = InboundBridge()
+            let bridge = InboundBridge(budget: readAhead)
             let pipeline = channel.pipeline.syncOperations
             var randomObserver: NIOLoopBound<ClientRandomObserver>?
             if let (secrets, isServer) = exporterSecrets {

@@ -1,3 +1,4 @@
+import enum LinuxSystem.UsableMemory
 import Logging
 import NIOCore
 import NIOPosix
@@ -63,6 +64,7 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
             let settings = SocketTuning.Settings(parameters, tcp: tls.tcp)
             let idle = parameters.idleTimeout
             let verifierFactory: @Sendable () -> PeerVerifier = { PeerVerifier(.server(tls.clientAuthentication)) }
+            let readAhead = ReadAheadBudget(bytes: tls.readAheadBudget ?? UsableMemory.share(1, of: 16, atLeast: 32 << 20, atMost: 1 << 30))
             let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .serverChannelOption(.backlog, value: 256)
@@ -74,7 +76,7 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
                     let tlsHandler = NIOSSLServerHandler(context: context, customVerificationCallback: verifier.verify)
                     var setup = try TLSByteStream.Setup.install(
                         tlsHandler, accepting: tls.applicationProtocols + [TLSChildProtocol.alpn], idle: idle,
-                        exporterSecrets: (secrets, isServer: true), on: channel)
+                        exporterSecrets: (secrets, isServer: true), readAhead: readAhead, on: channel)
                     setup.verifier = verifier
                     return setup
                 }

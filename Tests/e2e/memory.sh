@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # `qxfer recv` in a control group limited to 1 GiB (as a container or a systemd unit with
-# MemoryMax= would run it), flooded over TCP+TLS by 48 connections that each announce a 16 MiB
-# message, send 15 MiB of it and hold still: 720 MB of bodies, which a receiver that buffers
-# each message whole until it ends (as recv did, at about twice their size) cannot hold under
-# the limit, so the kernel killed it. The receiver sizes its allowance for messages in progress
-# from the group's limit (an eighth: 128 MiB); the rest wait unread. Checks that it lives, that
-# the group's peak stays far below the limit, and that a real send goes through after.
+# MemoryMax= would run it), flooded over TCP+TLS by 450 connections (TLS_CONNECTIONS) that each
+# announce a 16 MiB message, send 15 MiB of it and hold still. A receiver that buffered each
+# message whole until it ended was killed by 48 of them; one whose connections each read 1 MiB
+# ahead of a message waiting for the allowance, and held that twice, by about 430. The receiver
+# sizes its allowance for messages in progress from the group's limit (an eighth: 128 MiB), and
+# its connections share a read-ahead budget (a sixteenth: 64 MiB), 64 KiB each past it; the
+# rest wait unread. Checks that it lives, that the group's peak stays under half the limit, and
+# that a real send goes through after.
 # Then a fresh receiver in a group limited to 256 MiB, flooded over QUIC by 40 connections that
 # each send 8 MiB on two streams it never reads: a bulk listener's windows would let each hold
 # 8 MiB (32 MiB from a remote peer), which killed the build before; a listener's connections
@@ -95,13 +97,14 @@ check_send() {
 }
 
 LIMIT=$((1 << 30))
+TLS_CONNECTIONS=${TLS_CONNECTIONS:-450}
 make_group "qxfer-memory-$$" "$LIMIT"
 mkdir -p "$WORK/target"
 start_recv
 
-python3 - "$PORT" <<'EOF' || fail "the flooding client failed"
+python3 - "$PORT" "$TLS_CONNECTIONS" <<'EOF' || fail "the flooding client failed"
 import socket, ssl, struct, sys, threading, time
-port = int(sys.argv[1])
+port, connections = int(sys.argv[1]), int(sys.argv[2])
 context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
 context.set_alpn_protocols(["qxfer/1"])
@@ -115,14 +118,14 @@ def flood():
         for _ in range(15): s.sendall(chunk)
     except (socket.timeout, OSError):
         pass  # held back: the receiver does not read a message it has no room for
-threads = [threading.Thread(target=flood) for _ in range(48)]
+threads = [threading.Thread(target=flood) for _ in range(connections)]
 for t in threads: t.start()
 for t in threads: t.join()
 time.sleep(2)
 print(f"memory: {len(held)} connections each sent up to 15 MiB of a 16 MiB message")
 for s in held: s.close()
 EOF
-check_survived "48 long messages" "$LIMIT"
+check_survived "$TLS_CONNECTIONS long messages" "$LIMIT"
 
 check_send tls
 stop_recv
