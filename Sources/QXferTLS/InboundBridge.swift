@@ -7,9 +7,10 @@ import NIOCore
 /// and resume once it has taken them, so a slow reader slows the sender through TCP flow
 /// control instead of growing a buffer. A listener's bridges share a ``ReadAheadBudget``: one
 /// without a share of it holds at most ``floor`` bytes, counting those its reader took beyond
-/// what it asked for, unless its waiting reader needs more. A reader that needs a whole message is woken once
-/// it has arrived, not for every socket read, and the socket's wake mark spares the event loop
-/// most wake-ups in between (``SocketWakeMark``). All state lives on the channel's event loop.
+/// what it asked for, unless its waiting reader needs more. A reader that needs a whole message
+/// is woken once it has arrived, not for every socket read, and the socket's wake mark spares the
+/// event loop most wake-ups in between (``SocketWakeMark``). All state lives on the channel's
+/// event loop.
 final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
@@ -137,7 +138,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     private func mayRead() -> Bool {
         guard sink == nil else { return true }
         guard let budget, share == 0 else { return queuedBytes < highWatermark }
-        if queuedBytes + handedAhead < Self.floor || (waiter != nil && queuedBytes < waiterNeeds) { return true }
+        if held < Self.floor || (waiter != nil && queuedBytes < waiterNeeds) { return true }
         guard budget.reserve(shareSize) else { return false }
         share = shareSize
         return queuedBytes < highWatermark
@@ -150,9 +151,16 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
         context.read()
     }
 
-    /// Gives the budget's share back: on the way out, or once the bridge holds less than the floor.
-    private func releaseShare(unlessHolding: Bool = false) {
-        guard share > 0, !unlessHolding || queuedBytes + handedAhead < Self.floor else { return }
+    /// Bytes read that the reader has not used yet, as far as the bridge knows.
+    private var held: Int { queuedBytes + handedAhead }
+
+    /// Gives the budget's share back once the bridge holds less than the floor again.
+    private func releaseShareIfUnneeded() {
+        if held < Self.floor { releaseShare() }
+    }
+
+    private func releaseShare() {
+        guard share > 0 else { return }
         budget?.release(share)
         share = 0
     }
@@ -171,7 +179,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
             let promise = eventLoop.makePromise(of: [ByteBuffer]?.self)
             waiter = promise
             waiterNeeds = needs
-            releaseShare(unlessHolding: true)
+            releaseShareIfUnneeded()
             resumeReading()
             updateWakeMark()
             return promise.futureResult
@@ -215,7 +223,7 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
         lastIsOwn = false
         handedAhead = max(0, queuedBytes - needs)
         queuedBytes = 0
-        releaseShare(unlessHolding: true)
+        releaseShareIfUnneeded()
         resumeReading()
         return buffers
     }
