@@ -10,8 +10,7 @@
 /// reads ahead at most the floor, or what its waiting reader needs: a legitimate sender who
 /// arrives during a flood is read as fast as its messages are taken, never refused.
 final class ReadAheadBudget: Sendable {
-    /// The budget in bytes.
-    let bytes: Int
+    private let bytes: Int
     private let reserved = Locked<Int>(0)
 
     init(bytes: Int) { self.bytes = max(0, bytes) }

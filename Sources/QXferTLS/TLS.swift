@@ -76,11 +76,6 @@ public struct TLS: Hashable, ByteStreamProtocol {
     /// new clients past its 4096). Each costs a descriptor and a TLS session's memory, and a
     /// client may hold one open for the handshake timeout without sending anything.
     @_spi(Stacks) public var maximumConnections = 4096
-    /// What a listener's connections may read ahead of the application, all together, in bytes
-    /// (beyond 64 KiB per connection, or what a waiting reader needs): a share of 2 MiB lets a
-    /// connection read ahead in full. nil: a sixteenth of the memory this process can have (the
-    /// machine's, or its control group's limit if lower), 32 MiB to 1 GiB.
-    @_spi(Stacks) public var readAheadBudget: Int?
 
     public init() { self.tcp = TCP() }
 

@@ -64,7 +64,9 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
             let settings = SocketTuning.Settings(parameters, tcp: tls.tcp)
             let idle = parameters.idleTimeout
             let verifierFactory: @Sendable () -> PeerVerifier = { PeerVerifier(.server(tls.clientAuthentication)) }
-            let readAhead = ReadAheadBudget(bytes: tls.readAheadBudget ?? UsableMemory.share(1, of: 16, atLeast: 32 << 20, atMost: 1 << 30))
+            // A sixteenth of the memory this process can have (the machine's, or its control
+            // group's limit if lower): 64 MiB in a 1 GiB container.
+            let readAhead = ReadAheadBudget(bytes: UsableMemory.share(1, of: 16, atLeast: 32 << 20, atMost: 1 << 30))
             let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .serverChannelOption(.backlog, value: 256)
