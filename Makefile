@@ -38,7 +38,10 @@ test: deps
 	# two-core machine busy for over a minute: beside the socket tests, every task of theirs
 	# waited that long and a QUIC handshake timed out (CI run 30).
 	$(STEP) 900 $(SWIFT) test --skip-build --filter LongMessageTests
-	$(STEP) 900 $(SWIFT) test --skip-build --skip QUICEngineTests --skip QXferStreamTests --skip LongMessageTests
+	# Which stack wins a race is a matter of which handshake ends first: beside every other
+	# socket suite, either stack's handshake outlasted a 3 s head start (CI runs 50 and 58).
+	$(STEP) 900 $(SWIFT) test --skip-build --filter RaceTests
+	$(STEP) 900 $(SWIFT) test --skip-build --skip QUICEngineTests --skip QXferStreamTests --skip LongMessageTests --skip RaceTests
 	LINKEMU_BIN=$(BIN)/qxfer-linkemu $(STEP) 900 bench/netns/selftest.sh
 	QXFER=$(BIN)/qxfer $(STEP) 900 Tests/e2e/transfer.sh
 	# faults.sh moves ~25 GiB through the debug build (20 kills each way, cuts, floods): 400 s

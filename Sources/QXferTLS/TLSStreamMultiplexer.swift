@@ -160,22 +160,76 @@ final class TLSChildConnector: Sendable {
 }
 
 /// The parent connections of one TLS listener, by token, so child connections find theirs.
+///
+/// A client opens a child as soon as its own handshake is done, which can be before the
+/// listener's task for the parent has run (a loaded machine starves it): a child whose token is
+/// not known yet waits while any accepted connection is still unsettled (in its handshake, or
+/// not yet registered as a parent), and is refused as unknown only once none is.
 final class TLSSessionRegistry: Sendable {
-    private let sessions = Locked<[[UInt8]: TLSStreamMultiplexer]>([:])
+    private struct State {
+        var sessions: [[UInt8]: TLSStreamMultiplexer] = [:]
+        /// Accepted connections not yet known to be a parent (registered) or not one.
+        var unsettled = 0
+        var nextWaiter = 0
+        var waiters: [Int: (token: [UInt8], continuation: CheckedContinuation<TLSStreamMultiplexer?, Never>)] = [:]
+    }
+
+    private let state = Locked(State())
+
+    /// An accepted connection starts its handshake; ``settled()`` must follow once.
+    func accepted() {
+        state.withLock { $0.unsettled += 1 }
+    }
+
+    /// The connection counted by ``accepted()`` is now a registered parent, a child, or gone.
+    func settled() {
+        let released = state.withLock { state -> [CheckedContinuation<TLSStreamMultiplexer?, Never>] in
+            state.unsettled -= 1
+            guard state.unsettled == 0 else { return [] }
+            defer { state.waiters = [:] }
+            return state.waiters.values.map(\.continuation)
+        }
+        for waiter in released { waiter.resume(returning: nil) }
+    }
 
     func register(_ session: TLSStreamMultiplexer) {
-        sessions.withLock { $0[session.token] = session }
+        let found = state.withLock { state -> [CheckedContinuation<TLSStreamMultiplexer?, Never>] in
+            state.sessions[session.token] = session
+            let ids = state.waiters.filter { $0.value.token == session.token }.map(\.key)
+            return ids.compactMap { state.waiters.removeValue(forKey: $0)?.continuation }
+        }
+        for waiter in found { waiter.resume(returning: session) }
     }
 
     func remove(_ session: TLSStreamMultiplexer) {
-        sessions.withLock { sessions in
-            if sessions[session.token] === session { sessions.removeValue(forKey: session.token) }
+        state.withLock { state in
+            if state.sessions[session.token] === session { state.sessions.removeValue(forKey: session.token) }
+        }
+    }
+
+    /// The session of `token`: at once if known, nil at once if no connection is unsettled,
+    /// otherwise once one registers it, none is left unsettled, or `timeout` passes.
+    func session(for token: [UInt8], on eventLoop: any EventLoop, timeout: Duration) async -> TLSStreamMultiplexer? {
+        await withCheckedContinuation { continuation in
+            let outcome = state.withLock { state -> (answer: TLSStreamMultiplexer?, waiting: Int?) in
+                if let session = state.sessions[token] { return (session, nil) }
+                guard state.unsettled > 0 else { return (nil, nil) }
+                let id = state.nextWaiter
+                state.nextWaiter += 1
+                state.waiters[id] = (token, continuation)
+                return (nil, id)
+            }
+            guard let id = outcome.waiting else { return continuation.resume(returning: outcome.answer) }
+            eventLoop.scheduleTask(in: TimeAmount(timeout)) { [self] in
+                state.withLock { $0.waiters.removeValue(forKey: id) }?.continuation.resume(returning: nil)
+            }
         }
     }
 
     /// Reads a child's hello and hands the child to its parent, or refuses it. Returns once the
     /// child is admitted or refused; the admitted child then belongs to the parent's session.
     func admit(_ child: TLSByteStream, timeout: Duration) async {
+        let deadline = ContinuousClock.now + timeout
         let timer = child.channel.eventLoop.scheduleTask(in: TimeAmount(timeout)) { [channel = child.channel] in
             channel.close(promise: nil)
         }
@@ -190,15 +244,17 @@ final class TLSSessionRegistry: Sendable {
             child.close()
             return
         }
-        timer.cancel()
         // The client sends nothing after its hello until it is admitted: more is not our protocol.
         guard hello.readableBytes == TLSChildProtocol.helloLength,
               let token = hello.readBytes(length: TLSChildProtocol.tokenLength),
               let kind = hello.readInteger(as: UInt8.self).flatMap(TLSChildProtocol.Kind.init(rawValue:)) else {
+            timer.cancel()
             child.close()
             return
         }
-        guard let session = sessions.withLock({ $0[token] }) else {
+        let session = await session(for: token, on: child.channel.eventLoop, timeout: deadline - ContinuousClock.now)
+        timer.cancel()
+        guard let session else {
             await Self.answer(child, .unknownConnection)
             return
         }

@@ -109,6 +109,9 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
                             continue
                         }
                         setup.channel.closeFuture.whenComplete { _ in open.leave() }
+                        // Counted here, in accept order, so that a child accepted after its
+                        // parent waits for it even if the parent's task has not run yet.
+                        sessions.accepted()
                         group.addTask {
                             await Self.admit(setup, sessions: sessions, handshakeTimeout: handshakeTimeout, serve: serve)
                         }
@@ -130,17 +133,20 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
             stream = try await setup.finishHandshake(
                 verifier: setup.verifier!, peerName: remote?.description ?? "a client", timeout: handshakeTimeout)
         } catch {
+            sessions.settled()
             logger.debug("refused \(remote?.description ?? "a client"): \(error)")
             return
         }
         if stream.peer.applicationProtocol == TLSChildProtocol.alpn {
             // An extra stream or a datagram carrier: it goes to its parent, not to the handler.
+            sessions.settled()
             await sessions.admit(stream, timeout: handshakeTimeout)
             return
         }
         if let token = try? TLSStreamMultiplexer.token(of: stream) {
             stream.adopt(TLSStreamMultiplexer(server: sessions, token: token, peer: stream.peer))
         }
+        sessions.settled()
         await serve(stream, remote)
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import LinuxSystem
 import NIOCore
+import NIOPosix
 import Testing
 import QXfer
 @_spi(Stacks) @testable import QXferCore
@@ -158,6 +159,34 @@ struct TLSStreamTests {
             #expect(handled.value == 1, "only the parent reached the handler")
             connection.cancel()
         }
+    }
+
+    @Test("A child whose parent's task has not run yet waits for it; an unknown token is refused once nothing is unsettled")
+    func childWaitsForItsParent() async throws {
+        let registry = TLSSessionRegistry()
+        let eventLoop = MultiThreadedEventLoopGroup.singleton.next()
+        let peer = PeerIdentity(fingerprint: nil, trust: .unauthenticated, applicationProtocol: "qxfer/1")
+        let token = Array(repeating: UInt8(0x11), count: TLSChildProtocol.tokenLength)
+        // Nothing accepted and unsettled: an unknown token is refused at once.
+        #expect(await registry.session(for: token, on: eventLoop, timeout: .seconds(60)) == nil)
+        // The parent is accepted, its task not run: the child waits, and gets it once registered.
+        registry.accepted()
+        let waiting = Task { await registry.session(for: token, on: eventLoop, timeout: .seconds(60)) }
+        try await Task.sleep(for: .milliseconds(50))
+        let parent = TLSStreamMultiplexer(server: registry, token: token, peer: peer)
+        registry.settled()
+        #expect(await waiting.value === parent)
+        // Another accepted connection that turns out not to be the parent ends the wait.
+        let other = Array(repeating: UInt8(0x22), count: TLSChildProtocol.tokenLength)
+        registry.accepted()
+        let unknown = Task { await registry.session(for: other, on: eventLoop, timeout: .seconds(60)) }
+        try await Task.sleep(for: .milliseconds(50))
+        registry.settled()
+        #expect(await unknown.value == nil)
+        // A connection that never settles: the wait ends at its timeout.
+        registry.accepted()
+        #expect(await registry.session(for: other, on: eventLoop, timeout: .milliseconds(100)) == nil)
+        parent.close()
     }
 
     @Test("Closing the parent closes every stream and the datagram carrier, on both ends")
