@@ -11,9 +11,10 @@ extension CircularBuffer where Element == ByteBuffer {
     /// at that size for the next read while a slice of it lives: a megabyte of records waiting
     /// held 22 MB. `lastIsOwn` says whether the last buffer is one of ours that nobody has
     /// been handed a slice of yet, so the next small chunk can be appended to it; the caller
-    /// clears it when it hands buffers out.
-    @_spi(Stacks) public mutating func appendCompactly(_ chunk: ByteBuffer, lastIsOwn: inout Bool) {
-        guard chunk.storageCapacity > 2 * chunk.readableBytes else {
+    /// clears it when it hands buffers out. `copyingAll` copies a chunk that fills its storage
+    /// too, so that its storage is never pinned.
+    @_spi(Stacks) public mutating func appendCompactly(_ chunk: ByteBuffer, lastIsOwn: inout Bool, copyingAll: Bool = false) {
+        guard copyingAll || chunk.storageCapacity > 2 * chunk.readableBytes else {
             append(chunk)
             lastIsOwn = false
             return

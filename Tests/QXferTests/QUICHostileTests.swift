@@ -288,8 +288,11 @@ struct QUICHostileTests {
                 } else {
                     #expect(try await sentBytes(until: 200 << 10) > 200 << 10)
                     try await Task.sleep(for: .milliseconds(500))  // room for more, were the window larger
+                    // UDP payload, retransmissions included: on a loaded machine late
+                    // acknowledgements had the 256 KiB sent twice (CI saw 515 KiB); a 4 MiB
+                    // window would have let megabytes go.
                     let sent = await connection.metrics.bytesSent ?? 0
-                    #expect(sent < 512 << 10, "\(sent) bytes sent into an unread stream with the budget spent")
+                    #expect(sent < 1 << 20, "\(sent) bytes sent into an unread stream with the budget spent")
                 }
             }
         }

@@ -89,6 +89,22 @@ struct ReadAheadBudgetTests {
         #expect(budget.inUse == 0, "a closed connection kept its share")
     }
 
+    @Test("A reader waiting for more than the floor takes a share at once, and gives it back once it holds less")
+    func waitingReaderTakesAShare() throws {
+        let budget = ReadAheadBudget(bytes: 8 << 20)
+        let (channel, bridge, counter) = try bridge(budget: budget)
+        channel.read()
+        #expect(budget.inUse == 0, "a share taken before anything was needed")
+        let body = bridge.next(atLeast: 1 << 20, on: channel.eventLoop)
+        channel.read()
+        #expect(counter.reads == 2)
+        #expect(budget.inUse == 2 << 20, "a reader waiting for 1 MiB read on without a share")
+        try channel.writeInbound(bytes(1 << 20))
+        #expect(try body.wait()?.reduce(0) { $0 + $1.readableBytes } == 1 << 20)
+        #expect(budget.inUse == 0)
+        _ = try? channel.finish()
+    }
+
     @Test("The budget's arithmetic: shares up to its size, refused beyond, free again when given back")
     func budgetArithmetic() {
         let budget = ReadAheadBudget(bytes: 5)
