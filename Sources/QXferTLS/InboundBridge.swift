@@ -152,9 +152,12 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
         return held < Self.floor || waiting
     }
 
-    /// Whether socket reads are limited to ``smallRead``: until the bridge first takes a share.
-    private var readsAreSmall = false
-    private var hadShare = false
+    /// How the socket is read: as NIO does at first, small (``smallRead``) once the bridge has no
+    /// share to read with, and as NIO does for good once it first takes one.
+    private enum Reads { case asNIO, small, asNIOForGood }
+
+    private var reads = Reads.asNIO
+    private var readsAreSmall: Bool { reads == .small }
 
     /// A bridge without a share reads less than a TLS record's ciphertext per read event, and
     /// copies what it gets. NIOSSL decrypts everything a read event brings into one buffer it
@@ -166,14 +169,17 @@ final class InboundBridge: ChannelDuplexHandler, RemovableChannelHandler {
     /// Once a share was taken, reads stay as NIO makes them: NIOSSL's buffer and NIO's read
     /// buffers have grown then, and switching back at every message would only add work.
     private func useSmallReads(_ small: Bool) {
-        guard !hadShare else { return }
-        if !small { hadShare = true }
-        guard small != readsAreSmall, let options = context?.channel.syncOptions else { return }
-        readsAreSmall = small
+        let next: Reads = small ? .small : .asNIOForGood
+        guard reads != .asNIOForGood, reads != next else { return }
+        let wasSmall = readsAreSmall
+        reads = next
+        guard small || wasSmall, let options = context?.channel.syncOptions else { return }
         if small {
             try? options.setOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: Self.smallRead))
             try? options.setOption(.maxMessagesPerRead, value: 1)
         } else {
+            // NIO's defaults for a socket (an EmbeddedChannel traps on getOption, so they are
+            // not read back).
             try? options.setOption(.recvAllocator, value: AdaptiveRecvByteBufferAllocator())
             try? options.setOption(.maxMessagesPerRead, value: Self.defaultReadsPerEvent)
         }
