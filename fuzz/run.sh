@@ -34,7 +34,7 @@ SESSION="$T/Receiver/OfferPlanner.swift $T/Receiver/ReceivingSession.swift $T/Se
   $T/Session/TransferProgress.swift $T/Store/FileStore.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift
   $T/Paths/SafePath.swift $T/Paths/ExactString.swift $T/Hashing/Digest.swift $T/Store/FileCommitter.swift Sources/LinuxSystem/Locked.swift
   Sources/LinuxSystem/DetachedThread.swift Sources/FastHash/XXH3.swift Sources/SafeOutput/RenameAt.swift fuzz/support/SessionSupport.swift"
-STREAM="$S/WireFormat.swift $S/Bytes.swift $S/Frame.swift $S/RealtimeDatagrams.swift $S/ReedSolomon.swift Sources/PlainText/TextFormat.swift"
+STREAM="$S/WireFormat.swift $S/Bytes.swift $S/Frame.swift $S/RealtimeDatagrams.swift $S/ReedSolomon.swift $S/OutputBound.swift Sources/PlainText/TextFormat.swift"
 CXXHASH=(-Xcc -fmodule-map-file=fuzz/support/CXXHash.modulemap -I Sources/CXXHash/include -lxxhash
   -Xcc -fmodule-map-file=fuzz/support/CFileSystemLinux.modulemap -I Sources/CFileSystemLinux/include)
 # The QUIC engine's C shim is compiled apart (as SwiftPM does) and linked with ngtcp2 and GnuTLS.
@@ -48,7 +48,7 @@ sources() {
         journal) echo "fuzz/harness/FuzzJournal.swift $T/Store/Journal.swift $T/Paths/TargetDirectory.swift $T/Paths/SafePath.swift $T/Paths/ExactString.swift $WIRE Sources/SafeOutput/RenameAt.swift fuzz/support/JournalSupport.swift" ;;
         dns)     echo "fuzz/harness/FuzzDNS.swift $D/DNSCodec.swift $D/DNSMessage.swift $D/DNSName.swift" ;;
         framers) echo "fuzz/harness/FuzzFramers.swift Sources/QXferCore/FrameRules.swift Sources/QXferCore/QXferError.swift" ;;
-        media)   echo "fuzz/harness/FuzzMedia.swift $S/MediaFiles.swift $STREAM Sources/SafeOutput/OutputFile.swift Sources/SafeOutput/OutputKind.swift" ;;
+        media)   echo "fuzz/harness/FuzzMedia.swift $S/MediaFiles.swift $S/FrameAssembler.swift $STREAM Sources/SafeOutput/OutputFile.swift Sources/SafeOutput/OutputKind.swift" ;;
         streamwire) echo "fuzz/harness/FuzzStreamWire.swift $S/FrameAssembler.swift $STREAM" ;;
         quic)    echo "fuzz/harness/FuzzQUIC.swift $(echo Sources/QUICEngine/*.swift)" ;;
         session) echo "fuzz/harness/FuzzSession.swift $SESSION $WIRE" ;;

@@ -69,6 +69,8 @@ public struct StreamError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let output = Code(name: "output")
         /// The peer did not answer in time.
         public static let timeout = Code(name: "timeout")
+        /// The receiver refused the stream before it started (it serves another one).
+        public static let refused = Code(name: "refused")
     }
 
     /// What went wrong.

@@ -28,9 +28,14 @@ public struct Frame: Sendable, Hashable {
     }
 
     /// The instant (sender's clock, nanoseconds) after which the frame is late.
+    /// Saturates at the end of time: a capture time near 2^64 from a hostile sender must not
+    /// wrap round to an expiry long past, which would make the playout skip ahead at once.
     public var expiry: UInt64 {
         let (seconds, attoseconds) = deadline.components
-        return captureTime &+ UInt64(max(0, seconds)) &* 1_000_000_000 &+ UInt64(max(0, attoseconds / 1_000_000_000))
+        let (secondsPart, secondsOverflow) = UInt64(max(0, seconds)).multipliedReportingOverflow(by: 1_000_000_000)
+        let (length, lengthOverflow) = secondsPart.addingReportingOverflow(UInt64(max(0, attoseconds / 1_000_000_000)))
+        let (end, endOverflow) = captureTime.addingReportingOverflow(length)
+        return secondsOverflow || lengthOverflow || endOverflow ? .max : end
     }
 }
 

@@ -398,6 +398,11 @@ public struct PlayoutBuffer: Sendable {
     private func afterGap(before limit: UInt64) -> UInt64 {
         // Above nextIndex: waiting frames are at or after it, and none is at it.
         let next = min(limit, waiting.keys.min() ?? limit)
-        return next - nextIndex > PlayoutBuffer.longestGap ? next : nextIndex + 1
+        // Checked: both are decoded picture numbers; next > nextIndex holds, but a slip must
+        // not wrap round into a gap of 2^64 pictures.
+        let (run, below) = next.subtractingReportingOverflow(nextIndex)
+        let (following, atEnd) = nextIndex.addingReportingOverflow(1)
+        if below || atEnd { return .max }  // cannot happen (see above); never step backwards
+        return run > PlayoutBuffer.longestGap ? next : following
     }
 }

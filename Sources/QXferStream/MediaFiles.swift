@@ -399,16 +399,6 @@ public struct SyntheticSource: FrameSource {
 
 // MARK: - Sinks
 
-/// Where the receiver writes frames, in order; gaps are frames that did not come in time.
-public protocol FrameSink {
-    /// Writes the next frame in order.
-    mutating func write(_ frame: Frame) throws
-    /// Notes that frame `index` will not come.
-    mutating func skip(_ index: UInt64) throws
-    /// Finishes the output.
-    mutating func close() throws
-}
-
 /// Writes a stream's bytes to where the user pointed `--output`, never replacing it: a regular
 /// file is written beside it and renamed into place when the stream ends; a terminal, a device
 /// such as /dev/null, a named pipe (its reader sees frames live) or a socket is written directly;
@@ -470,7 +460,8 @@ public struct IVFWriter: FrameSink {
         writer.u32(UInt32(frame.payload.count))
         writer.u64(frame.timestamp)
         try output.write(writer.data + frame.payload)
-        written += 1
+        // The header's count is 32 bits; a longer stream (from the network) keeps the maximum.
+        if written < .max { written += 1 }
     }
 
     public mutating func skip(_ index: UInt64) throws { needsKeyframe = true }
@@ -484,11 +475,17 @@ public struct IVFWriter: FrameSink {
 }
 
 /// Writes Y4M: the sender's header line, then each picture; a missing picture repeats the
-/// previous one, so the timeline keeps its length.
+/// previous one, so the timeline keeps its length (within the stream's ``OutputBound``: past
+/// it, a missing picture is left out and the timeline shortens).
 public struct Y4MWriter: FrameSink {
     private let output: ByteOutput
     private var previous: Data?
     private let pictureSize: Int
+    /// Pictures written, received and repeated.
+    public private(set) var picturesWritten: UInt64 = 0
+    /// Missing pictures left out rather than repeated.
+    public private(set) var picturesLeftOut: UInt64 = 0
+    public var fillsGaps: Bool { true }
 
     public init(output: ByteOutput, header: Data) throws {
         let line = header.last == 0x0A ? header.dropLast() : header[...]
@@ -503,10 +500,17 @@ public struct Y4MWriter: FrameSink {
         }
         try output.write(Data("FRAME\n".utf8) + frame.payload)
         previous = frame.payload
+        if picturesWritten < .max { picturesWritten += 1 }
     }
 
     public mutating func skip(_ index: UInt64) throws {
-        if let previous { try output.write(Data("FRAME\n".utf8) + previous) }
+        guard let previous else { return }
+        try output.write(Data("FRAME\n".utf8) + previous)
+        if picturesWritten < .max { picturesWritten += 1 }
+    }
+
+    public mutating func leaveOut(_ index: UInt64) throws {
+        if picturesLeftOut < .max { picturesLeftOut += 1 }
     }
 
     public mutating func close() throws { try output.close() }

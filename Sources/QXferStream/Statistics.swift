@@ -234,6 +234,10 @@ public struct StreamTotals: Sendable, Hashable, Codable {
     public var blocksRecovered = 0
     public var shardsRequested = 0
     public var retransmissionsReceived = 0
+    /// Missing pictures the output left out instead of repeating them (Y4M): the stream's
+    /// picture numbers ran ahead of its own clock (``OutputBound``), or a run was longer than
+    /// ``PlayoutBuffer/longestGap``. The output's timeline is that much shorter.
+    public var picturesNotFilled = 0
 
     public init(
         framesSent: Int, framesDelivered: Int, framesLate: Int, framesLost: Int, latency: LatencySummary,
@@ -275,6 +279,7 @@ public struct StreamTotals: Sendable, Hashable, Codable {
         ]
         if let roundTripMilliseconds { object["rtt_ms"] = rounded(roundTripMilliseconds) }
         if !note.isEmpty { object["note"] = note }
+        if picturesNotFilled > 0 { object["pictures_not_filled"] = picturesNotFilled }
         return object
     }
 
@@ -298,6 +303,7 @@ public struct StreamTotals: Sendable, Hashable, Codable {
         totals.blocksRecovered = final.blocksRecovered ?? 0
         totals.shardsRequested = final.shardsRequested ?? 0
         totals.retransmissionsReceived = final.retransmissionsReceived ?? 0
+        totals.picturesNotFilled = final.picturesNotFilled ?? 0
         return totals
     }
 
@@ -310,7 +316,7 @@ public struct StreamTotals: Sendable, Hashable, Codable {
         let jitterMs, clockOffsetMs, rttMs: Double?
         let bitrateBps, bytesReceived, negativeLatencies: Int?
         let mode, stack, repair, note: String?
-        let blocksRecovered, shardsRequested, retransmissionsReceived: Int?
+        let blocksRecovered, shardsRequested, retransmissionsReceived, picturesNotFilled: Int?
     }
 
     /// A few lines for a terminal.
@@ -327,6 +333,9 @@ public struct StreamTotals: Sendable, Hashable, Codable {
                 + (roundTripMilliseconds.map { " (rtt \(TextFormat.fixed($0, places: 1)) ms)" } ?? ""),
         ]
         if !note.isEmpty { lines.append("note: \(note)") }
+        if picturesNotFilled > 0 {
+            lines.append("output: \(picturesNotFilled) missing pictures left out, not repeated (picture numbers ran ahead of the stream's clock and rate)")
+        }
         return lines.joined(separator: "\n")
     }
 }

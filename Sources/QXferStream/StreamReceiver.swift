@@ -15,8 +15,19 @@ public struct StreamReceiverOptions: Sendable {
     public var initialProbes = 6
     /// How long a new connection may take to send its hello.
     public var helloTimeout: Duration = .seconds(10)
+    /// How long the stream may go without a whole frame arriving, from the hello on: longer
+    /// ends it (``StreamError/Code/timeout``, the sender told by a stop). Only frames count:
+    /// answers to clock probes, parts of datagram frames or bytes of a message never finished
+    /// do not, so a silent or dripping peer cannot hold the receiver past it.
+    public var idleLimit: Duration = .seconds(StreamReceiverOptions.defaultIdleSeconds)
+    /// The default ``idleLimit`` in seconds (`qxfer stream recv --idle-limit`).
+    public static let defaultIdleSeconds = 10
     /// Called once the sender has announced its stream (before any frame).
     public var onHello: @Sendable (StreamHello) -> Void = { _ in }
+    /// Called once, when the first whole frame has arrived: until then the sender has shown
+    /// nothing but a hello (`qxfer stream recv` goes back to waiting when such a sender is cut
+    /// off by the idle limit).
+    public var onFirstFrame: @Sendable () -> Void = {}
 
     public init() {}
 }
@@ -57,7 +68,7 @@ public enum StreamReceiver {
         let hasExtras = try await transportHasQUICExtras(connection)
         let carriage = Carriage.choose(mode: hello.mode, hasQUICExtras: hasExtras)
         let deadline = UInt64(hello.deadlineMilliseconds) * 1_000_000
-        let core = Locked(ReceiverCore(hello: hello, carriage: carriage))
+        let core = Locked(ReceiverCore(hello: hello, carriage: carriage, startedAt: WallClock.now()))
         try core.withLock { try $0.openSink(options.makeSink) }
         let controlReader = reader  // the rest of the control stream, after the hello
 
@@ -166,6 +177,9 @@ public enum StreamReceiver {
                 }
 
                 var totals: StreamTotals
+                // The idle limit, on the monotonic clock: reset only by a whole frame arriving.
+                var idle = IdleWatch(limit: options.idleLimit, now: ContinuousClock.now)
+                var firstFrameSeen = false
                 do {
                     // Until the sender's end, then until every frame is in or can no longer be on time.
                     try await waitUntil(timeout: .seconds(365 * 86400), "") {
@@ -174,24 +188,38 @@ public enum StreamReceiver {
                             if state.controlEnded && state.framesSent == nil {
                                 throw QXferError(.connectionClosed, "the sender closed the connection before the end of the stream")
                             }
+                            if state.framesArrived > 0 && !firstFrameSeen {
+                                firstFrameSeen = true
+                                options.onFirstFrame()
+                            }
+                            if idle.expired(framesArrived: state.framesArrived, now: ContinuousClock.now) {
+                                state.idleFailure = StreamError(
+                                    .timeout, "the sender sent no frame for \(idle.limitText) (the stream's idle limit); its stream ends here")
+                                throw state.idleFailure!
+                            }
                             return state.framesSent != nil
                         }
                     }
+                    // The hello's deadline is the peer's number (up to 49 days): the idle limit
+                    // bounds the drain too.
                     let drainLimit = ContinuousClock.now + .nanoseconds(Int64(deadline)) + .milliseconds(250)
                     try await waitUntil(timeout: .seconds(3600), "") {
                         try core.withLock { state in
                             if let error = state.outputFailure { throw error }
-                            return state.allResolved || ContinuousClock.now >= drainLimit
+                            let now = ContinuousClock.now
+                            return state.allResolved || now >= drainLimit || idle.expired(framesArrived: state.framesArrived, now: now)
                         }
                     }
                     totals = try core.withLock { try $0.finish() }
                 } catch {
-                    if let failure = core.withLock({ $0.outputFailure }) {
+                    if let failure = core.withLock({ $0.outputFailure ?? $0.idleFailure }) {
                         // The sender hears why and closes (it would otherwise report a connection
                         // closed mid-stream); until then its frames are read and dropped, since a
                         // TCP connection closed with unread data ends in a reset that can lose this.
+                        // A sender gone quiet gets 1 s: it may be silent on purpose.
+                        let idle = core.withLock { $0.outputFailure == nil }
                         try? await connection.send(ControlMessage.stop(reason: "\(failure)").encoded())
-                        try? await waitUntil(timeout: .seconds(3), "") { core.withLock { $0.controlEnded } }
+                        try? await waitUntil(timeout: .seconds(idle ? 1 : 3), "") { core.withLock { $0.controlEnded } }
                     }
                     throw error
                 }
@@ -214,6 +242,23 @@ public enum StreamReceiver {
     }
 }
 
+extension StreamReceiver {
+    /// Turns a sender away before its stream starts: a stop message with `reason` (one line),
+    /// then the connection closes. The sender reports ``StreamError/Code/refused``.
+    public static func refuse<Stack: ByteStreamProtocol>(_ connection: NetworkConnection<Stack>, reason: String) async {
+        try? await connection.send(ControlMessage.stop(reason: reason).encoded())
+        // The sender's hello is still unread: closing over unread data resets a TCP connection,
+        // which can overtake the stop. Read until the sender, told, closes (or 1 s).
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { while (try? await connection.receive(atLeast: 1, atMost: 1 << 16)) != nil {} }
+            group.addTask { try? await Task.sleep(for: .seconds(1)) }
+            await group.next()
+            connection.cancel()  // ends the read if it still waits
+            group.cancelAll()  // and the sleep
+        }
+    }
+}
+
 /// The receiver's state: clock estimate, statistics, reassembly, playout and the sink.
 struct ReceiverCore {
     let hello: StreamHello
@@ -231,10 +276,20 @@ struct ReceiverCore {
     /// with it (the sender told by a stop message). Frames are still read meanwhile, so the
     /// connection closes cleanly rather than with unread data.
     var outputFailure: (any Error)?
+    /// Why the stream ended early when the sender went quiet past the idle limit.
+    var idleFailure: StreamError?
+    /// Whole frames arrived (on time or late): what the idle limit watches.
+    var framesArrived: UInt64 = 0
+    /// The receiver's clock when the hello came: the output bound counts from here.
+    let startedAt: UInt64
+    /// The sink's writes, within the stream's own clock and rate.
+    var output: BoundedOutput
 
-    init(hello: StreamHello, carriage: Carriage) {
+    init(hello: StreamHello, carriage: Carriage, startedAt: UInt64 = WallClock.now()) {
         self.hello = hello
         self.carriage = carriage
+        self.startedAt = startedAt
+        output = BoundedOutput(bound: OutputBound(rate: hello.frameRate))
         if carriage == .datagrams {
             assembler = FrameAssembler(configuration: FrameAssembler.Configuration(repair: hello.repair))
         }
@@ -255,8 +310,9 @@ struct ReceiverCore {
         let latency = Int64(bitPattern: senderNow &- frame.captureTime)
         let onTime = senderNow <= frame.expiry
         stats.record(latency: latency, bytes: frame.payload.count, onTime: onTime, arrival: now, index: frame.index)
+        if framesArrived < .max { framesArrived += 1 }
         if onTime || !dropsLateFrames { playout.add(frame) }
-        write(playout.release(now: senderNow))
+        write(playout.release(now: senderNow), now: now)
     }
 
     mutating func datagram(_ datagram: Data, now: UInt64) throws -> [Data] {
@@ -279,7 +335,7 @@ struct ReceiverCore {
             try handle(events, now: now)
             requests = tickRequests
         }
-        write(playout.release(now: senderTime(now)))
+        write(playout.release(now: senderTime(now)), now: now)
         return requests
     }
 
@@ -292,18 +348,17 @@ struct ReceiverCore {
         }
     }
 
-    private mutating func write(_ items: [PlayoutBuffer.Item]) {
-        guard sink != nil, outputFailure == nil else { return }
+    /// Writes what the playout released, `now` on the receiver's clock (the output bound's
+    /// elapsed time; a clock set back counts as no time).
+    private mutating func write(_ items: [PlayoutBuffer.Item], now: UInt64) {
+        guard var current = sink, outputFailure == nil else { return }
+        let elapsed = now >= startedAt ? now - startedAt : 0
         do {
-            for item in items {
-                switch item {
-                case .frame(let frame): try sink!.write(frame)
-                case .gap(let index): try sink!.skip(index)
-                }
-            }
+            try output.write(items, elapsed: elapsed, to: &current)
         } catch {
             outputFailure = error
         }
+        sink = current
     }
 
     /// Every frame the sender sent has arrived (on time or late).
@@ -314,9 +369,15 @@ struct ReceiverCore {
 
     /// Writes what is left, closes the sink and computes the totals.
     mutating func finish() throws -> StreamTotals {
+        try finish(now: WallClock.now())
+    }
+
+    /// ``finish()`` at `now` on the receiver's clock.
+    mutating func finish(now: UInt64) throws -> StreamTotals {
         let sent = framesSent ?? 0
-        write(playout.release(now: senderTime(WallClock.now()), through: UInt64(sent)))
+        write(playout.release(now: senderTime(now), through: UInt64(sent)), now: now)
         if let outputFailure { throw outputFailure }
+        if let sink { output.finish(through: playout.nextIndex, sink: sink) }
         do {
             try sink?.close()
         } catch {
@@ -327,11 +388,40 @@ struct ReceiverCore {
         var totals = stats.totals(framesSent: sent, clock: clock)
         totals.mode = hello.mode.rawValue
         totals.repair = carriage == .datagrams ? hello.repair.rawValue : ""
+        totals.picturesNotFilled = Int(clamping: output.picturesNotFilled)
         if let counters = assembler?.counters {
             totals.blocksRecovered = counters.blocksRecovered
             totals.shardsRequested = counters.shardsRequested
             totals.retransmissionsReceived = counters.retransmissionsReceived
         }
         return totals
+    }
+}
+
+/// The stream's idle limit: expires when no whole frame has arrived for the limit, counted
+/// from the hello and from each frame. Only a new frame count resets it.
+struct IdleWatch {
+    let limit: Duration
+    private var seen: UInt64 = 0
+    private var since: ContinuousClock.Instant
+
+    init(limit: Duration, now: ContinuousClock.Instant) {
+        self.limit = limit
+        since = now
+    }
+
+    /// Whether the limit passed by `now`, given the frames arrived so far.
+    mutating func expired(framesArrived: UInt64, now: ContinuousClock.Instant) -> Bool {
+        if framesArrived != seen {
+            seen = framesArrived
+            since = now
+        }
+        return now - since >= limit
+    }
+
+    /// The limit as people read it: "10 s", "0.5 s".
+    var limitText: String {
+        let (seconds, attoseconds) = limit.components
+        return attoseconds == 0 ? "\(seconds) s" : "\(Double(seconds) + Double(attoseconds) / 1e18) s"
     }
 }

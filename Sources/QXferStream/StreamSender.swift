@@ -447,6 +447,8 @@ struct SenderShared: Sendable {
     /// Why the stream ends once the control stream has ended before its time: the receiver's
     /// stop, else the connection's failure (a timeout, early data unanswered), else `otherwise`.
     func endedEarly(_ otherwise: String) -> any Error {
+        // A stop before ready is a refusal (the receiver serves another stream), not a failed output.
+        if let stopReason, !ready { return StreamError(.refused, "the receiver refused the stream: \(TerminalText.escaped(stopReason))") }
         if let stopReason { return StreamError(.output, "the receiver stopped the stream: \(TerminalText.escaped(stopReason))") }
         return controlFailure ?? QXferError(.connectionClosed, otherwise)
     }

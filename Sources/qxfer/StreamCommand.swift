@@ -326,7 +326,11 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
             frames go to standard output (--output -). Frames are written as the sender's \
             container: IVF for IVF and synthetic sources (synthetic frames are not decodable \
             video), Y4M for Y4M. Frames lost in realtime mode leave a gap: IVF resumes at the \
-            next keyframe, Y4M repeats the previous picture.
+            next keyframe, Y4M repeats the previous picture (never more pictures than the \
+            stream's time at its declared rate allows, nor more repeated than received). A \
+            stream that sends no frame for --idle-limit seconds ends; if it never sent one, the \
+            receiver goes back to waiting. A second sender waits up to 15 s for the stream in \
+            progress to end that way, else it is refused ("busy").
             """
     )
 
@@ -349,6 +353,19 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
 
     @Flag(help: "Report as JSON lines, ending with one line of totals.")
     var json = false
+
+    @Option(help: ArgumentHelp(
+        "End a stream that sends no frame for this long (default \(StreamReceiverOptions.defaultIdleSeconds)).",
+        valueName: "seconds"))
+    var idleLimit: Double = Double(StreamReceiverOptions.defaultIdleSeconds)
+
+    /// How long a second sender's connection waits for the stream in progress to end without
+    /// having sent a frame, before it is refused: below the 20 s a sender waits for ready.
+    static let slotWait: Duration = .seconds(15)
+
+    func validate() throws {
+        guard idleLimit >= 0.1 && idleLimit <= 86_400 else { throw ValidationError("--idle-limit must be between 0.1 and 86400 seconds") }
+    }
 
     func run() async throws {
         global.bootstrapLogging()
@@ -377,6 +394,7 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
         Console.dataOnStandardOutput = reportToStandardError
 
         var options = StreamReceiverOptions()
+        options.idleLimit = .milliseconds(Int64((idleLimit * 1000).rounded()))
         let header = Mutex(false)
         options.onInterval = { report, elapsed in
             if json {
@@ -395,22 +413,44 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
         }
         let configured = options
         let session = Mutex(StreamSession())
-        let serve: @Sendable ((StreamReceiverOptions) async throws -> StreamTotals) async -> Void = { run in
-            guard session.withLock({ state in defer { state.busy = true }; return !state.busy }) else { return }  // one stream
+        let serve: @Sendable (
+            (StreamReceiverOptions) async throws -> StreamTotals, @Sendable (String) async -> Void
+        ) async -> Void = { run, refuse in
+            // One stream at a time. A second sender waits for the slot: one that holds it
+            // without a frame is cut by the idle limit (below the wait), so a legitimate sender
+            // queued behind a silent one is served; past the wait, or once a stream has run to
+            // its end (the receiver then exits), it is refused with a reason.
+            let clock = ContinuousClock()
+            let until = clock.now + Self.slotWait
+            while !session.withLock({ state in
+                guard !state.busy, state.result == nil else { return false }
+                state.busy = true
+                return true
+            }) {
+                if session.withLock({ $0.result != nil }) || clock.now >= until || Task.isCancelled {
+                    await refuse("busy: this receiver is serving another stream")
+                    return
+                }
+                try? await Task.sleep(for: .milliseconds(50))
+            }
             var sessionOptions = configured
-            let started = Mutex(false)
+            let started = Mutex(false), sentFrames = Mutex(false)
             sessionOptions.onHello = { _ in started.withLock { $0 = true } }
+            sessionOptions.onFirstFrame = { sentFrames.withLock { $0 = true } }
             do {
                 let totals = try await run(sessionOptions)
                 session.withLock { $0.result = .success(totals) }
             } catch {
-                // A connection that never announced a stream (a probe, a stray client) does not
-                // end the wait for the real sender.
-                if started.withLock({ $0 }) {
-                    session.withLock { $0.result = .failure(error) }
-                } else {
+                // A connection that never announced a stream (a probe, a stray client), or that
+                // announced one and never sent a frame, does not end the wait for the real sender.
+                if !started.withLock({ $0 }) {
                     Console.warn("ignored a connection that sent no stream: \(error)")
                     session.withLock { $0.busy = false }
+                } else if !sentFrames.withLock({ $0 }), let stream = error as? StreamError, stream.code == .timeout {
+                    Console.warn("ended a stream that sent no frame: \(stream.message)")
+                    session.withLock { $0.busy = false }
+                } else {
+                    session.withLock { $0.result = .failure(error) }
                 }
             }
         }
@@ -421,12 +461,16 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
         let result: Result<StreamTotals, any Error> = try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
                 try await quic.run { connection in
-                    await serve { try await StreamReceiver.run(on: connection, options: $0) }
+                    await serve({ try await StreamReceiver.run(on: connection, options: $0) }) {
+                        await StreamReceiver.refuse(connection, reason: $0)
+                    }
                 }
             }
             group.addTask {
                 try await tls.run { connection in
-                    await serve { try await StreamReceiver.run(on: connection, options: $0) }
+                    await serve({ try await StreamReceiver.run(on: connection, options: $0) }) {
+                        await StreamReceiver.refuse(connection, reason: $0)
+                    }
                 }
             }
             // Said once both listen: a sender started on seeing it is not refused.
@@ -476,7 +520,7 @@ private func failStream(_ error: StreamError) -> Never {
     case .badInput: 65  // EX_DATAERR: the input file is not what it claims
     case .malformed: 76  // EX_PROTOCOL
     case .output: 74  // EX_IOERR
-    case .timeout: 69  // EX_UNAVAILABLE
+    case .timeout, .refused: 69  // EX_UNAVAILABLE
     case .invalidConfiguration: 64  // EX_USAGE
     default: 1
     }

@@ -9,6 +9,10 @@
 //    than IVFHeader.maximumFrameSize;
 //  - Y4M: every picture has the header's picture size and counts as a keyframe; without an
 //    error, the reader consumed the whole input.
+//  - Y4M written back as `stream recv` does, with picture numbers that jump ahead (issue 66 §3):
+//    the input's last bytes give each picture's number and arrival time; Y4MWriter (to
+//    /dev/null), behind PlayoutBuffer and BoundedOutput at the header's rate, never writes more
+//    repeated pictures than received ones, nor more than the stream's clock allows.
 import Foundation
 
 func expectBadInput(_ error: any Error) {
@@ -62,6 +66,33 @@ func checkY4M(_ input: Data) {
     } catch {
         expectBadInput(error)
     }
+    if header.pictureSize <= 1 << 16 { writeWithGaps(header, script: [UInt8](input.suffix(48))) }
+}
+
+func writeWithGaps(_ header: Y4MHeader, script: [UInt8]) {
+    guard var writer = try? Y4MWriter(output: ByteOutput(path: "/dev/null"), header: header.bytes) else {
+        fatalError("a parsed Y4M header is refused by the writer, or /dev/null cannot be opened")
+    }
+    var playout = PlayoutBuffer()
+    var output = BoundedOutput(bound: OutputBound(rate: header.frameRate))
+    let start: UInt64 = 1 << 40
+    var now = start, index: UInt64 = 0, received: UInt64 = 0
+    var bytes = script[...]
+    while bytes.count >= 2 {
+        let jump = bytes.removeFirst(), timing = bytes.removeFirst()
+        // Jumps of up to 2^(jump & 63): 1, 65 536, 2^63 pictures ahead.
+        let (next, overflow) = index.addingReportingOverflow(UInt64(1) << UInt64(jump & 63))
+        index = overflow ? .max : next
+        now += UInt64(timing & 0x7F) * 10_000_000
+        // Captured 10 s before the stream began, or now.
+        let capture = timing & 0x80 != 0 ? start - 10_000_000_000 : now
+        let frame = Frame(index: index, isKeyframe: true, captureTime: capture, deadline: .milliseconds(100), payload: Data(count: header.pictureSize))
+        if playout.add(frame) { received += 1 }
+        do { try output.write(playout.release(now: now), elapsed: now - start, to: &writer) } catch { fatalError("writing to /dev/null failed: \(error)") }
+    }
+    precondition(output.picturesFilled <= received, "more pictures repeated than received")
+    precondition(output.picturesFilled <= output.bound.allowance(elapsed: now - start), "pictures repeated past the stream's clock")
+    precondition(writer.picturesWritten <= output.picturesWritten, "the writer wrote more than the output counted")
 }
 
 @_cdecl("LLVMFuzzerTestOneInput")

@@ -14,6 +14,12 @@
 //     A frame the assembler completes is the sent one byte for byte; one whose datagrams all
 //     arrived in time completes (unless enough foreign frames came to push it out); frames in
 //     progress stay within the configured bound.
+//  3  a stream hello, then frames whose picture numbers jump ahead of the stream's clock (issue 66
+//     §3): the hello's rate and each frame's number, capture time and arrival time come from the
+//     input; both go through the wire encoding and MessageDecoder, then PlayoutBuffer and
+//     BoundedOutput into a sink that fills gaps as Y4M does. Pictures repeated never outnumber
+//     the ones received nor exceed the bound's allowance at the end; every picture number the
+//     playout passed is written, repeated or counted as left out.
 import Foundation
 
 struct Cursor {
@@ -175,13 +181,72 @@ func reassembly(_ cursor: inout Cursor) {
     if !lost && onTime && injected < configuration.maximumFramesInProgress / 2 { precondition(completed, "every datagram arrived in time, yet the frame did not complete") }
 }
 
+/// Counts what the output asked for, filling gaps as Y4MWriter does.
+struct FillingSink: FrameSink {
+    var received: UInt64 = 0, filled: UInt64 = 0, leftOut: UInt64 = 0
+    var fillsGaps: Bool { true }
+    mutating func write(_ frame: Frame) throws { received += 1 }
+    mutating func skip(_ index: UInt64) throws { filled += 1 }
+    mutating func leaveOut(_ index: UInt64) throws { leftOut += 1 }
+    mutating func close() throws {}
+}
+
+func gapsAfterHello(_ cursor: inout Cursor) {
+    let numerator = UInt32(cursor.u16() ?? 30) << UInt32((cursor.byte() ?? 0) % 17)
+    let denominator = UInt32(cursor.u16() ?? 1) | 1
+    let hello = StreamHello(
+        mode: .reliable, repair: .none, frameRate: FrameRate(numerator: max(numerator, 1), denominator: denominator),
+        deadlineMilliseconds: UInt32(cursor.byte() ?? 100) * 4, container: .y4m, containerHeader: Data("YUV4MPEG2 W1 H1 Cmono\n".utf8))
+    var decoder = MessageDecoder()
+    decoder.append(ControlMessage.hello(hello).encoded())
+    guard case .hello(let decoded)? = try? decoder.next(), decoded == hello else { fatalError("a hello does not survive the wire") }
+    let start: UInt64 = 1 << 40
+    var now = start, index: UInt64 = 0
+    var playout = PlayoutBuffer()
+    var output = BoundedOutput(bound: OutputBound(rate: decoded.frameRate))
+    var sink = FillingSink()
+    var steps = 0
+    while !cursor.isAtEnd, steps < 256 {
+        steps += 1
+        guard let jump = cursor.u16(), let shift = cursor.byte(), let timing = cursor.byte() else { break }
+        // Picture numbers that jump ahead (up to 2^63 and back to the end of the range).
+        let (next, overflow) = index.addingReportingOverflow(UInt64(jump) << UInt64(shift % 48))
+        index = overflow ? .max - UInt64(jump) : next
+        now += UInt64(timing & 0x3F) * 10_000_000  // up to 630 ms between frames
+        // Captured on time, long ago, or near the end of time.
+        let capture: UInt64 = switch timing >> 6 {
+        case 0: now
+        case 1: now - min(now, 10_000_000_000)
+        case 2: .max - UInt64(jump)
+        default: 0
+        }
+        let frame = Frame(index: index, isKeyframe: true, captureTime: capture, deadline: .milliseconds(Int64(decoded.deadlineMilliseconds)), payload: Data([1]))
+        decoder.append(ControlMessage.frame(frame).encoded())
+        guard case .frame(let arrived)? = try? decoder.next(), arrived == frame else { fatalError("a frame does not survive the wire") }
+        playout.add(arrived)
+        do { try output.write(playout.release(now: now), elapsed: now - start, to: &sink) } catch { fatalError("the sink does not throw") }
+    }
+    let end = index == .max ? index : index + 1
+    do { try output.write(playout.release(now: now, through: end), elapsed: now - start, to: &sink) } catch { fatalError("the sink does not throw") }
+    output.finish(through: playout.nextIndex, sink: sink)
+    precondition(sink.filled <= sink.received, "more pictures repeated (\(sink.filled)) than received (\(sink.received))")
+    precondition(sink.filled <= output.bound.allowance(elapsed: now - start), "pictures repeated past the stream's clock")
+    precondition(output.picturesWritten == sink.received + sink.filled, "the output's count is not the sink's")
+    if playout.nextIndex < .max && output.picturesNotFilled < .max {
+        precondition(
+            output.picturesWritten + output.picturesNotFilled == playout.nextIndex,
+            "picture numbers passed (\(playout.nextIndex)) are not all written, repeated or counted as left out")
+    }
+}
+
 @_cdecl("LLVMFuzzerTestOneInput")
 public func qxferFuzzStreamWire(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int32 {
     var cursor = Cursor(bytes: size == 0 || data == nil ? [] : Array(UnsafeBufferPointer(start: data!, count: size)))
-    switch (cursor.byte() ?? 0) % 3 {
+    switch (cursor.byte() ?? 0) % 4 {
     case 0: controlStream(&cursor)
     case 1: oneDatagram(&cursor)
-    default: reassembly(&cursor)
+    case 2: reassembly(&cursor)
+    default: gapsAfterHello(&cursor)
     }
     return 0
 }

@@ -54,8 +54,11 @@ write("media", "420.y4m", b"YUV4MPEG2 W4 H2 F30:1 Ip A1:1 C420jpeg\n" + (b"FRAME
 write("media", "444.y4m", b"YUV4MPEG2 W2 H2 F25:1 C444\nFRAME Ixyz\n" + bytes(12))
 write("media", "mono.y4m", b"YUV4MPEG2 W3 H1 F1:1 Cmono\nFRAME\n" + b"abc")
 write("media", "10bit.y4m", b"YUV4MPEG2 W2 H2 F60000:1001 C420p10 XYSCSS=420P10\nFRAME\n" + bytes(12))
+# Issue 66 §3: a 4x4 C444 picture whose 48 bytes, the input's tail, are the writer's script: pairs of
+# (log2 of the number jump, timing: 10 ms steps, top bit captured 10 s in the past).
+write("media", "gaps.y4m", b"YUV4MPEG2 W4 H4 F30:1 C444\nFRAME\n" + bytes([0, 3, 0, 3, 16, 0x83, 0, 3, 63, 0x80] + [0, 1] * 19))
 
-# streamwire: byte 0 the mode (0 control stream, 1 one datagram, 2 reassembly).
+# streamwire: byte 0 the mode (0 control stream, 1 one datagram, 2 reassembly, 3 gaps after a hello).
 def message(kind, body):
     return struct.pack(">BI", kind, len(body)) + body
 
@@ -78,6 +81,12 @@ write("streamwire", "padding", bytes([1, 0x12]) + bytes(64))
 write("streamwire", "reassembly-fec", bytes([2, 0, 0x10, 0x00, 200]) + bytes([0, 5, 5, 2, 3, 0x85, 5, 5]))
 write("streamwire", "reassembly-nack", bytes([2, 1, 0x20, 0x00, 100]) + bytes([0, 0, 5, 0x90, 5, 5, 2, 3, 5]))
 write("streamwire", "reassembly-own", bytes([2, 2, 0x01, 0x00, 255, 4, 20]) + shard(9, 10, 1157, 0, 1, 0, 1, 2, bytes(10))[:120])
+# streamwire mode 3, issue 66 §3: a hello (rate numerator u16, its shift, denominator u16, deadline / 4 ms), then
+# frames (number jump u16, its shift, timing: 10 ms steps in the low 6 bits, capture kind in the top 2):
+# pictures 0 and 65 536 captured 10 s in the past; then jumps of 2^40 and to the end of the range.
+write("streamwire", "gaps-after-hello", bytes([3, 0, 30, 0, 0, 1, 25]) + bytes([0, 0, 0, 0x01, 0, 1, 16, 0x41, 0, 1, 40, 0x7F, 0xFF, 0xFF, 47, 0xC0]))
+# ... the same at 4·10⁹ frames a second (30 << 27 ≈ 4·10⁹), many small jumps over a second.
+write("streamwire", "gaps-fast-rate", bytes([3, 0, 30, 27, 0, 1, 25]) + bytes([0, 2, 0, 0x02] * 20 + [0xFF, 0xFF, 0, 0x45]))
 
 # quic: byte 0 the mode (even: before the handshake, odd: after); then u16-length datagrams.
 def datagrams(items):
