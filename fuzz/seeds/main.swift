@@ -95,9 +95,9 @@ write("paths", "slashes", Array("a//b/".utf8))
 // MARK: journal: byte 0 odd = body (the harness appends the check line), even = whole file
 
 let journals = [
-    Journal(algorithm: .xxh3_128, size: 1 << 20, modificationTime: 1_700_000_000_000_000_000, offset: 524_288, prefixDigest: digest16),
+    Journal(algorithm: .xxh3_128, size: 1 << 20, modificationTime: 1_700_000_000_000_000_000, offset: 524_288, prefixDigest: digest16, partialInode: 1_234_567),
     Journal(algorithm: .sha256, size: 10, modificationTime: -1, offset: 0, prefixDigest: []),
-    Journal(algorithm: .sha256, size: 1 << 40, modificationTime: 0, offset: 16 << 20, prefixDigest: digest32),
+    Journal(algorithm: .sha256, size: 1 << 40, modificationTime: 0, offset: 16 << 20, prefixDigest: digest32, partialInode: .max),
 ]
 for (index, journal) in journals.enumerated() {
     write("journal", "body-\(index)", [1] + Array(journal.body.utf8))

@@ -24,6 +24,16 @@ public final class Descriptor: Sendable {
     deinit { if owned { close(fd) } }
 }
 
+/// A file's identity on this machine: its device and inode numbers.
+struct FileIdentity: Hashable, Sendable {
+    var device: UInt64
+    var inode: UInt64
+    init(_ info: stat) {
+        device = UInt64(info.st_dev)
+        inode = UInt64(info.st_ino)
+    }
+}
+
 /// The directory files are received into, with every operation done relative to an open
 /// descriptor through `openat`/`mkdirat`/`symlinkat`/`renameat` and `O_NOFOLLOW` on every
 /// component: a symlink planted inside the directory (by a previous transfer or by another
@@ -59,6 +69,21 @@ public final class TargetDirectory {
     private var openedDirectories: [[String]: Descriptor] = [:]
     private static let openedDirectoryLimit = 64
 
+    /// The folders and symlinks this instance made (one transfer's store): only these take a
+    /// mode or time from the network. One offered over a folder the user had would loosen or
+    /// re-date it (issue 66). Bounded by the offer, which names every one of them.
+    private var made: Set<FileIdentity> = []
+    /// Existing folders of ours that ``createDirectory(_:)`` gave their owner's bits, with the
+    /// mode to put back when the folders are settled.
+    private var loosened: [FileIdentity: mode_t] = [:]
+
+    /// Remembers the entry `name` in `parent` as made here, if it is still there and ours.
+    private func noteMade(_ name: String, in parent: Int32) {
+        var info = stat()
+        guard fstatat(parent, name, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_uid == geteuid() else { return }
+        made.insert(FileIdentity(info))
+    }
+
     func openDirectory(_ components: ArraySlice<String>, create: Bool, shown: String) throws(TransferError) -> Descriptor {
         guard let opened = try openDirectoryIfPresent(components, create: create, shown: shown) else {
             throw TransferError.posix("cannot open directory for", shown, errno: ENOENT)
@@ -85,7 +110,9 @@ public final class TargetDirectory {
         for component in components {
             var fd = openat(current.fd, component, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
             if fd < 0 && errno == ENOENT && create {
-                if mkdirat(current.fd, component, 0o700) != 0 && errno != EEXIST {
+                if mkdirat(current.fd, component, 0o700) == 0 {
+                    noteMade(component, in: current.fd)
+                } else if errno != EEXIST {
                     throw TransferError.posix("cannot create directory for", shown, errno: errno)
                 }
                 fd = openat(current.fd, component, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
@@ -107,10 +134,12 @@ public final class TargetDirectory {
     /// anything else at that name is ``TransferError/Code/exists``. An existing directory of
     /// ours that its owner may not read, write into or enter (a read-only folder, as an earlier
     /// transfer of the same tree left it) gets those bits until
-    /// ``setDirectoryAttributes(_:mode:modificationTime:)`` applies the offered mode, as rsync does.
+    /// ``setDirectoryAttributes(_:mode:modificationTime:)`` puts its own mode back.
     public func createDirectory(_ path: SafePath) throws(TransferError) {
         let parent = try openParent(of: path, create: true)
-        if mkdirat(parent.fd, path.name, 0o700) != 0 {
+        if mkdirat(parent.fd, path.name, 0o700) == 0 {
+            noteMade(path.name, in: parent.fd)
+        } else {
             let err = errno
             guard err == EEXIST else { throw TransferError.posix("cannot create directory", path.description, errno: err) }
             guard case .directory = try kind(of: path.name, in: parent) else {
@@ -122,8 +151,9 @@ public final class TargetDirectory {
             guard fd >= 0 else { return }
             defer { close(fd) }
             var info = stat()
-            if fstat(fd, &info) == 0, info.st_uid == geteuid(), info.st_mode & S_IRWXU != S_IRWXU {
-                _ = chmod("/proc/self/fd/\(fd)", (info.st_mode & 0o7777) | S_IRWXU)  // if refused, writing into it says why
+            if fstat(fd, &info) == 0, info.st_uid == geteuid(), info.st_mode & S_IRWXU != S_IRWXU,
+               chmod("/proc/self/fd/\(fd)", (info.st_mode & 0o7777) | S_IRWXU) == 0 {  // if refused, writing into it says why
+                loosened[FileIdentity(info)] = info.st_mode & 0o7777
             }
         }
     }
@@ -148,7 +178,7 @@ public final class TargetDirectory {
 
     /// Creates the file `name` in `parent` for writing (mode 0600); nil when anything is at that
     /// name already (a symlink included: `O_EXCL` never follows one), to be opened with
-    /// ``openFile(_:in:flags:mode:shown:)`` and its checks.
+    /// ``openOwnFile(_:in:flags:)`` or replaced with ``replaceFile(_:in:shown:)``.
     func createFile(_ name: String, in parent: Descriptor, shown: String) throws(TransferError) -> Descriptor? {
         let fd = openat(parent.fd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else {
@@ -157,6 +187,48 @@ public final class TargetDirectory {
             throw TransferError.posix("cannot create", shown, errno: err)
         }
         return Descriptor(fd)
+    }
+
+    /// Whether `info` is a file only this receiver can have made as a partial or journal: a
+    /// regular file of its user, with one name and no bits beyond the owner's (as
+    /// ``createFile(_:in:shown:)`` makes them). Another local user who can write into the
+    /// folder can plant a hard link to a file of ours elsewhere (written through, it would
+    /// change that file), or a file of their own open in their hands (they would read what
+    /// arrives, and own the final file): neither passes.
+    static func isOwnPrivateFile(_ info: stat) -> Bool {
+        info.st_mode & S_IFMT == S_IFREG && info.st_uid == geteuid() && info.st_nlink == 1 && info.st_mode & 0o7077 == 0
+    }
+
+    /// Opens the file `name` in `parent` when it is one of ours (``isOwnPrivateFile(_:)``),
+    /// never through a symlink; nil when absent, anything else, or not to be opened.
+    static func openOwnFile(_ name: String, in parent: Descriptor, flags: Int32) -> Descriptor? {
+        // Looked at before it is opened, so nothing else (a device) is ever opened; and after,
+        // so what was opened is what was looked at.
+        var before = stat(), after = stat()
+        guard fstatat(parent.fd, name, &before, AT_SYMLINK_NOFOLLOW) == 0, isOwnPrivateFile(before) else { return nil }
+        let fd = openat(parent.fd, name, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        let file = Descriptor(fd)
+        guard fstat(fd, &after) == 0, isOwnPrivateFile(after), FileIdentity(after) == FileIdentity(before) else { return nil }
+        return file
+    }
+
+    /// Creates the file `name` in `parent` afresh (as ``createFile(_:in:shown:)``), removing what
+    /// is at that name first: never written through, never followed. Throws when it cannot be
+    /// removed (a folder; another user's file in a sticky folder) or keeps coming back.
+    func replaceFile(_ name: String, in parent: Descriptor, shown: String) throws(TransferError) -> Descriptor {
+        for _ in 0..<4 {
+            if let created = try createFile(name, in: parent, shown: shown) { return created }
+            if unlinkat(parent.fd, name, 0) != 0 {
+                let err = errno
+                if err == ENOENT { continue }
+                if err == EISDIR || err == EPERM {
+                    throw TransferError(.exists, "'\(shown)': '\(name)' is in the way and cannot be removed; not writing into it")
+                }
+                throw TransferError.posix("cannot remove '\(name)' for", shown, errno: err)
+            }
+        }
+        throw TransferError(.exists, "'\(shown)': something keeps reappearing at '\(name)'; not writing into it")
     }
 
     /// What the file system here does with the files written into this folder, asked of one
@@ -207,7 +279,9 @@ public final class TargetDirectory {
     public func createSymlink(_ path: SafePath, target: String) throws(TransferError) {
         try path.validateLinkTarget(target)
         let parent = try openParent(of: path, create: true)
-        if symlinkat(target, parent.fd, path.name) != 0 {
+        if symlinkat(target, parent.fd, path.name) == 0 {
+            noteMade(path.name, in: parent.fd)
+        } else {
             let err = errno
             guard err == EEXIST else { throw TransferError.posix("cannot create symlink", path.description, errno: err) }
             guard linkTarget(of: path.name, in: parent).map(ExactString.init) == ExactString(target) else { throw TransferError(.exists, "'\(path)' exists and is not the same symlink") }
@@ -265,24 +339,61 @@ public final class TargetDirectory {
         }
     }
 
-    /// Applies permission bits (`mode & 0o777`) and the modification time to a directory, after
-    /// its contents are written (writing into it would change its mtime again).
+    /// Applies permission bits (``permittedMode(_:)``) and the modification time to a directory
+    /// this instance made, after its contents are written (writing into it would change its
+    /// mtime again). A directory that was there before keeps its mode and time (one it made
+    /// writable for its owner gets its own mode back): an offer does not change the user's
+    /// folders.
     public func setDirectoryAttributes(_ path: SafePath, mode: UInt32, modificationTime: Int64) throws(TransferError) {
         let fd = try openDirectory(path.components[...], create: false, shown: path.description)
-        try applyAttributes(fd, mode: mode, modificationTime: modificationTime, shown: path.description)
+        var info = stat()
+        guard fstat(fd.fd, &info) == 0 else { throw TransferError.posix("cannot stat", path.description, errno: errno) }
+        let identity = FileIdentity(info)
+        if made.contains(identity) {
+            try applyAttributes(fd, mode: mode, modificationTime: modificationTime, shown: path.description)
+        } else if let original = loosened.removeValue(forKey: identity), fchmod(fd.fd, original) != 0 {
+            throw TransferError.posix("cannot restore the mode of", path.description, errno: errno)
+        }
     }
 
-    /// Sets a symlink's own modification time (its mode is meaningless on Linux).
+    /// Sets the modification time of a symlink this instance made (its mode is meaningless on
+    /// Linux); one that was there before keeps its own.
     public func setSymlinkTime(_ path: SafePath, modificationTime: Int64) throws(TransferError) {
         let parent = try openParent(of: path, create: false)
+        var info = stat()
+        guard fstatat(parent.fd, path.name, &info, AT_SYMLINK_NOFOLLOW) == 0, made.contains(FileIdentity(info)) else { return }
         var times = [timespec(nanoseconds: modificationTime), timespec(nanoseconds: modificationTime)]
         guard utimensat(parent.fd, path.name, &times, AT_SYMLINK_NOFOLLOW) == 0 else {
             throw TransferError.posix("cannot set the time of", path.description, errno: errno)
         }
     }
 
+    /// Bits a mode from the network never keeps: group and other write, and whatever else the
+    /// user's umask takes away, as a program creating the file here would have it.
+    static let maskedBits: mode_t = 0o022 | (processUmask() ?? 0o022)
+
+    /// The umask, read from `/proc/self/status` (umask(2) reads it only by setting it, which
+    /// races other threads creating files); nil where the kernel does not say.
+    private static func processUmask() -> mode_t? {
+        let fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        guard n > 0 else { return nil }
+        for line in String(decoding: buffer[0..<n], as: UTF8.self).split(separator: "\n") where line.hasPrefix("Umask:") {
+            return mode_t(line.dropFirst("Umask:".count).trimmingPrefix(while: \.isWhitespace), radix: 8)
+        }
+        return nil
+    }
+
+    /// The permission bits an offered `mode` gives what the receiver made: `mode & 0o777`
+    /// (never setuid, setgid or sticky) less ``maskedBits``.
+    static func permittedMode(_ mode: UInt32) -> mode_t { mode_t(mode & 0o777) & ~maskedBits }
+
+    /// Applies ``permittedMode(_:)`` and the modification time to a file or folder the receiver made.
     func applyAttributes(_ file: Descriptor, mode: UInt32, modificationTime: Int64, shown: String) throws(TransferError) {
-        guard fchmod(file.fd, mode_t(mode & 0o777)) == 0 else { throw TransferError.posix("cannot set the mode of", shown, errno: errno) }
+        guard fchmod(file.fd, Self.permittedMode(mode)) == 0 else { throw TransferError.posix("cannot set the mode of", shown, errno: errno) }
         var times = [timespec(nanoseconds: modificationTime), timespec(nanoseconds: modificationTime)]
         guard futimens(file.fd, &times) == 0 else { throw TransferError.posix("cannot set the time of", shown, errno: errno) }
     }

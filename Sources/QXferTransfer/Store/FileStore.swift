@@ -45,10 +45,20 @@ public struct ResumePoint {
     /// plans every file of an offer when it accepts it, and a state made then for each (640
     /// bytes for XXH3) was held until the file was written: 6.4 MiB of the peak for 10 000 files.
     let hasher: (any StreamingHasher)?
+    /// The partial that was hashed (nil at 0): the writer resumes only that file.
+    let partial: FileIdentity?
+
+    init(offset: UInt64, prefixDigest: [UInt8], algorithm: DigestAlgorithm, hasher: (any StreamingHasher)?, partial: FileIdentity? = nil) {
+        self.offset = offset
+        self.prefixDigest = prefixDigest
+        self.algorithm = algorithm
+        self.hasher = hasher
+        self.partial = partial
+    }
 
     /// Start from nothing.
     public static func start(_ algorithm: DigestAlgorithm) -> ResumePoint {
-        ResumePoint(offset: 0, prefixDigest: [], algorithm: algorithm, hasher: nil)
+        ResumePoint(offset: 0, prefixDigest: [], algorithm: algorithm, hasher: nil, partial: nil)
     }
 }
 
@@ -140,8 +150,10 @@ public final class FileStore {
 
     /// Reads the journal, re-hashes the prefix of the partial file it covers and returns the
     /// offset it vouches for, or offset 0 when there is no journal, when it is damaged or
-    /// describes another version of the file (size, mtime, algorithm), or when the partial does
-    /// not hash to what the journal recorded.
+    /// describes another version of the file (size, mtime, algorithm), when the journal or the
+    /// partial is not one this receiver made (``TargetDirectory/isOwnPrivateFile(_:)``) or the
+    /// partial is not the one the journal was written beside, or when the partial does not hash
+    /// to what the journal recorded.
     public func resumeOffset(for target: FileTarget) throws(TransferError) -> ResumePoint {
         // A file too small for a journal has none to resume from: no lookup for each of many.
         guard let size = target.size, keepsJournal(size: size) else { return .start(target.algorithm) }
@@ -155,18 +167,16 @@ public final class FileStore {
         guard let journal = Journal.read(names.journal, in: parent), journal.matches(target), journal.offset > 0 else {
             return .start(target.algorithm)
         }
-        let partial: Descriptor
-        do {
-            partial = try directory.openFile(names.partial, in: parent, flags: O_RDONLY, shown: target.path.description)
-        } catch {
-            return .start(target.algorithm)
-        }
+        var info = stat()
+        guard let partial = TargetDirectory.openOwnFile(names.partial, in: parent, flags: O_RDONLY),
+              fstat(partial.fd, &info) == 0, UInt64(info.st_ino) == journal.partialInode
+        else { return .start(target.algorithm) }
         let hasher = target.algorithm.makeHasher()
         let hashed = try FileStore.hash(partial, upTo: journal.offset, into: hasher, shown: target.path.description)
         guard hashed == journal.offset else { return .start(target.algorithm) }
         let digest = hasher.digest()
         guard digest == journal.prefixDigest else { return .start(target.algorithm) }
-        return ResumePoint(offset: journal.offset, prefixDigest: digest, algorithm: target.algorithm, hasher: hasher)
+        return ResumePoint(offset: journal.offset, prefixDigest: digest, algorithm: target.algorithm, hasher: hasher, partial: FileIdentity(info))
     }
 
     /// Opens the partial file for writing from `resume` (truncating anything after it), or
@@ -192,15 +202,28 @@ public final class FileStore {
         default: throw TransferError(.exists, "'\(target.path)' exists and is not a regular file")
         }
         let names = FileStore.tempNames(for: target.path.name)
+        let shown = target.path.description
         // Never O_TRUNC before holding the lock: the partial may be another transfer's. A
-        // partial this call creates is empty and has no journal of its own beside it.
-        let created = start.offset == 0 ? try directory.createFile(names.partial, in: parent, shown: target.path.description) : nil
+        // partial this call creates is empty and has no journal of its own beside it. One that
+        // is there is used only if this receiver made it; anything else at the name (another
+        // user's file, a hard link, a symlink) is removed and the partial made afresh.
+        let created = start.offset == 0 ? try directory.createFile(names.partial, in: parent, shown: shown) : nil
+        var replaced = false
         let file: Descriptor
         if let created {
             file = created
+        } else if let own = TargetDirectory.openOwnFile(names.partial, in: parent, flags: O_RDWR) {
+            file = own
+        } else if start.offset == 0 {
+            file = try directory.replaceFile(names.partial, in: parent, shown: shown)
+            replaced = true
         } else {
-            let flags = start.offset == 0 ? (O_RDWR | O_CREAT) : O_RDWR
-            file = try directory.openFile(names.partial, in: parent, flags: flags, mode: 0o600, shown: target.path.description)
+            throw TransferError(.io, "'\(shown)': its partial is gone or no longer this receiver's; not resuming into it")
+        }
+        var info = stat()
+        guard fstat(file.fd, &info) == 0 else { throw TransferError.posix("cannot stat the partial of", shown, errno: errno) }
+        if start.offset > 0, start.partial != FileIdentity(info) {
+            throw TransferError(.io, "'\(shown)': its partial was replaced since its resume offset was read; not resuming into it")
         }
         // One writer per partial: a second transfer of the same name (another sender, or the
         // same one again while the first connection lingers) must not write into a file the
@@ -209,23 +232,32 @@ public final class FileStore {
             throw TransferError(.busy, "'\(target.path)' is being received by another transfer right now")
         }
         // A new partial is empty already: no truncation (an inode update) for each small file.
-        var info = stat()
-        guard created != nil || (fstat(file.fd, &info) == 0 && info.st_size == startOffset) || ftruncate(file.fd, startOffset) == 0 else {
-            throw TransferError.posix("cannot truncate the partial of", target.path.description, errno: errno)
+        let fresh = created != nil || replaced
+        guard fresh || info.st_size == startOffset || ftruncate(file.fd, startOffset) == 0 else {
+            throw TransferError.posix("cannot truncate the partial of", shown, errno: errno)
         }
+        let partialInode = UInt64(info.st_ino)
         // Only a file longer than 1 MiB (or one checkpoint interval, if shorter) gets a journal:
         // re-sending a smaller one whole after an interruption costs less than creating,
         // syncing and removing a journal for each of many small files (~2 ms each).
         var journalFile: Descriptor?
         if let size = target.size, keepsJournal(size: size) || start.offset > 0 {
-            let journal = try directory.openFile(names.journal, in: parent, flags: O_RDWR | O_CREAT, mode: 0o600, shown: target.path.description)
+            // The journal is written to as the partial is: only one this receiver made.
+            let journal: Descriptor
+            if let own = TargetDirectory.openOwnFile(names.journal, in: parent, flags: O_RDWR) {
+                journal = own
+            } else if start.offset == 0 {
+                journal = try directory.replaceFile(names.journal, in: parent, shown: shown)
+            } else {
+                throw TransferError(.io, "'\(shown)': its journal is gone or no longer this receiver's; not resuming from it")
+            }
             if start.offset == 0 {
                 // Replaces any journal of an older attempt (it must not vouch for the new data)
                 // and allocates its block now, so a disk that fills up later can still take
                 // the checkpoint that makes the partial resumable. Not synced: until the first
                 // checkpoint an older journal that survived a crash vouches only for bytes the
                 // partial hashes to, and the sync held the first data up to 0.26 s on a busy disk.
-                try Journal(target: target, offset: 0, prefixDigest: []).write(to: journal, shown: target.path.description, durable: false)
+                try Journal(target: target, offset: 0, prefixDigest: [], partialInode: partialInode).write(to: journal, shown: shown, durable: false)
             }
             journalFile = journal
         } else if created == nil {
@@ -235,7 +267,7 @@ public final class FileStore {
             // vouches for nothing its partial's bytes do not hash to.
             unlinkat(parent.fd, names.journal, 0)
         }
-        return FileWriter(store: self, target: target, parent: parent, names: names, file: file, journal: journalFile, start: start)
+        return FileWriter(store: self, target: target, parent: parent, names: names, file: file, partialInode: partialInode, journal: journalFile, start: start)
     }
 
     /// Whether a file of `size` bytes is written with a journal: longer than 1 MiB (or one
@@ -294,14 +326,20 @@ public final class FileWriter {
     private var file: Descriptor?
     /// Nil for a file no longer than a checkpoint interval (see ``FileStore/openWriter(for:resumingAt:)``).
     private let journal: Descriptor?
+    /// The partial's inode, recorded in each journal record.
+    private let partialInode: UInt64
     /// The checkpoint being made durable on a thread of its own while writing goes on.
     private var checkpointInFlight: CheckpointInFlight?
     private let hasher: any StreamingHasher
     /// Whether ``verify(size:digest:)`` succeeded: the next step is ``commit()``.
     private var verified = false
 
-    init(store: FileStore, target: FileTarget, parent: Descriptor, names: (partial: String, journal: String), file: Descriptor, journal: Descriptor?, start: ResumePoint) {
+    init(
+        store: FileStore, target: FileTarget, parent: Descriptor, names: (partial: String, journal: String), file: Descriptor,
+        partialInode: UInt64, journal: Descriptor?, start: ResumePoint
+    ) {
         self.store = store
+        self.partialInode = partialInode
         self.target = target
         self.parent = parent
         self.names = names
@@ -479,7 +517,7 @@ public final class FileWriter {
     private func startCheckpoint(on run: (@escaping @Sendable () -> Void) -> Void = DetachedThread.run) throws(TransferError) {
         guard let file, let journal else { return }
         try extendOverTrailingHole(file)
-        let record = Journal(target: target, offset: offset, prefixDigest: hasher.digest())
+        let record = Journal(target: target, offset: offset, prefixDigest: hasher.digest(), partialInode: partialInode)
         let inFlight = CheckpointInFlight(offset: offset)
         let (start, shown, sync) = (vouchedOffset, target.path.description, store.syncData)
         checkpointInFlight = inFlight

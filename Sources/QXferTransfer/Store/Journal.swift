@@ -15,31 +15,37 @@ import Musl
 /// mtime 1700000000000000000
 /// offset 524288
 /// prefix 0123456789abcdef0123456789abcdef
+/// inode 1234567
 /// check 89abcdef01234567
 /// ```
+///
+/// `inode` is the partial's: a journal vouches only for the partial it was written beside.
 struct Journal: Equatable {
     var algorithm: DigestAlgorithm
     var size: UInt64
     var modificationTime: Int64
     var offset: UInt64
     var prefixDigest: [UInt8]
+    var partialInode: UInt64
 
     static let maximumSize = 1024
 
-    init(algorithm: DigestAlgorithm, size: UInt64, modificationTime: Int64, offset: UInt64, prefixDigest: [UInt8]) {
+    init(algorithm: DigestAlgorithm, size: UInt64, modificationTime: Int64, offset: UInt64, prefixDigest: [UInt8], partialInode: UInt64 = 0) {
         self.algorithm = algorithm
         self.size = size
         self.modificationTime = modificationTime
         self.offset = offset
         self.prefixDigest = prefixDigest
+        self.partialInode = partialInode
     }
 
-    init(target: FileTarget, offset: UInt64, prefixDigest: [UInt8]) {
+    init(target: FileTarget, offset: UInt64, prefixDigest: [UInt8], partialInode: UInt64) {
         self.algorithm = target.algorithm
         self.size = target.size ?? 0
         self.modificationTime = target.modificationTime
         self.offset = offset
         self.prefixDigest = prefixDigest
+        self.partialInode = partialInode
     }
 
     /// Whether the journal was written for this version of the file.
@@ -48,7 +54,7 @@ struct Journal: Equatable {
     }
 
     var body: String {
-        "qxfer-journal 1\nalgorithm \(algorithm.name)\nsize \(size)\nmtime \(modificationTime)\noffset \(offset)\nprefix \(hexString(prefixDigest))\n"
+        "qxfer-journal 1\nalgorithm \(algorithm.name)\nsize \(size)\nmtime \(modificationTime)\noffset \(offset)\nprefix \(hexString(prefixDigest))\ninode \(partialInode)\n"
     }
 
     static func check(_ body: String) -> String {
@@ -66,13 +72,13 @@ struct Journal: Equatable {
         }
     }
 
-    /// Reads and checks a journal; nil if absent, too large, damaged or unknown.
+    /// Reads and checks a journal; nil if absent, not the receiver's own
+    /// (``TargetDirectory/isOwnPrivateFile(_:)``: another local user's would vouch for what they
+    /// planted), too large, damaged or unknown.
     static func read(_ name: String, in parent: Descriptor) -> Journal? {
-        let fd = openat(parent.fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
+        guard let file = TargetDirectory.openOwnFile(name, in: parent, flags: O_RDONLY) else { return nil }
         var buffer = [UInt8](repeating: 0, count: maximumSize + 1)
-        let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
+        let n = buffer.withUnsafeMutableBytes { pread(file.fd, $0.baseAddress, $0.count, 0) }
         guard n > 0, n <= maximumSize, let text = String(validating: buffer[0..<n], as: UTF8.self) else { return nil }
         return parse(text)
     }
@@ -94,9 +100,10 @@ struct Journal: Equatable {
               let size = fields["size"].flatMap({ UInt64($0) }),
               let mtime = fields["mtime"].flatMap({ Int64($0) }),
               let offset = fields["offset"].flatMap({ UInt64($0) }),
-              let prefix = fields["prefix"].flatMap(parseHex), prefix.count == (offset == 0 ? 0 : algorithm.digestLength)
+              let prefix = fields["prefix"].flatMap(parseHex), prefix.count == (offset == 0 ? 0 : algorithm.digestLength),
+              let inode = fields["inode"].flatMap({ UInt64($0) })
         else { return nil }
-        return Journal(algorithm: algorithm, size: size, modificationTime: mtime, offset: offset, prefixDigest: prefix)
+        return Journal(algorithm: algorithm, size: size, modificationTime: mtime, offset: offset, prefixDigest: prefix, partialInode: inode)
     }
 }
 
