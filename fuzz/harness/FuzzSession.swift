@@ -13,10 +13,12 @@
 // one) with a one-line message; every Verified/Failed names an offered entry, files only for
 // Verified; a Complete counts every entry of the offer exactly once (succeeded + failed =
 // count); nothing but final names and hidden partials/journals is left in the folder; the
-// sender's ledger accepts a Complete only when every file had its verdict.
+// sender's ledger accepts a Complete only when every file had its verdict. An input whose first
+// byte is 0xF0 or more is a Continuation-only stream fed to the MessageAssembler instead.
 #if canImport(Glibc)
 import Glibc
 #endif
+import FoundationEssentials
 
 /// Reads the script: one byte at a time, 0 once exhausted.
 struct Script {
@@ -316,11 +318,51 @@ func fuzzSender(_ script: inout Script) {
     }
 }
 
+/// A stream of Continuations only (issue 66: a drip that never sends the Offer's last part):
+/// parts of every size from the smallest allowed up, naming an Offer, an Accept or neither,
+/// sometimes broken by another frame. Oracles: no message comes out of Continuations alone;
+/// the assembler stays partial after each one it takes; every refusal is a one-line
+/// TransferError, after which the stream is over (the receiver closes).
+func fuzzContinuationOnly(_ script: inout Script) {
+    var assembler = MessageAssembler()
+    var taken = 0
+    while !script.isEmpty {
+        let type: UInt32
+        var part: [UInt8] = []
+        switch script.byte() % 8 {
+        case 0: type = MessageType.fileData.rawValue  // a frame other than a part, in between
+        case 1: type = MessageCodec.continuationType; part = [0, 0, 0, UInt8(script.byte() % 14)]  // any inner type
+        default: type = MessageCodec.continuationType; part = [0, 0, 0, script.byte() & 1 == 0 ? 1 : 2]
+        }
+        if type == MessageCodec.continuationType {
+            // Mostly the 5-byte drip; sometimes longer, up to a few KiB.
+            let extra = script.byte() < 200 ? Int(script.byte() % 4) : Int(script.number32() % 4096)
+            part += Array(repeating: script.byte(), count: 1 + extra)
+        }
+        do {
+            let message = try assembler.take(type: type, body: Data(part))
+            if type == MessageCodec.continuationType {
+                precondition(message == nil, "a message out of a Continuation alone")
+                precondition(assembler.isPartial, "a Continuation taken but no message under way")
+                taken += 1
+            }
+        } catch {
+            precondition(!error.message.contains("\n"), "a multi-line error: \(error.message)")
+            return
+        }
+    }
+    precondition(taken == 0 || assembler.isPartial, "parts taken but nothing under way at the end")
+}
+
 @_cdecl("LLVMFuzzerTestOneInput")
 public func qxferFuzzSession(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int32 {
     guard let data, size > 0 else { return 0 }
     var script = Script(Array(UnsafeBufferPointer(start: data, count: size)))
-    if script.byte() & 1 == 0 {
+    let first = script.byte()
+    if first >= 0xF0 {
+        // Seeds and corpus from before begin with 0 or 1: their meaning does not change.
+        fuzzContinuationOnly(&script)
+    } else if first & 1 == 0 {
         fuzzReceiver(&script)
     } else {
         fuzzSender(&script)

@@ -32,8 +32,19 @@ public struct TransferReceiver: Sendable {
     public var overwrite: Bool
     /// The most entries accepted in one offer.
     public var maximumEntries: Int
-    /// How long the sender has to make its offer after connecting.
+    /// How long the sender has to make its offer after connecting, and the longest silence
+    /// between the parts of an Offer in parts; the whole Offer must also be in by this plus 1 s
+    /// per ``minimumRate`` bytes of it, however its parts are spaced (docs/PROTOCOL.md §1,
+    /// "Timeouts").
     public var offerTimeout: Duration
+    /// How long a message the receiver sends on the control stream (Accept, Decline, verdicts,
+    /// Complete) may take to leave, plus 1 s per ``minimumRate`` bytes of it: a sender that
+    /// reads it slower is cut off and what it claimed is let go (docs/PROTOCOL.md §1).
+    public var sendTimeout: Duration = .seconds(10)
+    /// The slowest average rate, in bytes per second, at which a sender may deliver its Offer
+    /// or take what the receiver sends, beyond ``offerTimeout`` and ``sendTimeout`` (128 KiB/s,
+    /// 1 Mbit/s).
+    public var minimumRate: Int = 128 << 10
     /// How long an accepted transfer waits for the sender's next message before it ends with
     /// an error and lets go of its partial files (docs/PROTOCOL.md §1, "Timeouts").
     public var idleTimeout: Duration
@@ -139,7 +150,8 @@ public struct TransferReceiver: Sendable {
             }
         }
         session.expect(plans)
-        try await connection.send(.accept(Accept(answers: plans.map(\.answer))))
+        // Bounded: a sender reading a large Accept slowly would hold the claims taken above.
+        try await connection.send(.accept(Accept(answers: plans.map(\.answer))), within: sendPace)
         progress.report(.accepted(
             bytes: session.bytesToReceive, resumed: session.resumedBytes,
             present: plans.count(where: { if case .present = $0 { true } else { false } }),
@@ -234,7 +246,7 @@ public struct TransferReceiver: Sendable {
                 if let failure = await beforeComplete() { throw failure }
                 let replies = try session.finishTree()
                 do {
-                    for reply in replies { try await connection.send(reply) }
+                    for reply in replies { try await connection.send(reply, within: sendPace) }
                 } catch is QXferError {
                     // Every file is verified and durable and the tree is done: a sender gone
                     // before it heard Complete (interrupted while beforeComplete held it back)
@@ -271,6 +283,9 @@ public struct TransferReceiver: Sendable {
         }
     }
 
+    /// The bound on each message sent on the control stream.
+    var sendPace: PeerPace { PeerPace(allowance: sendTimeout, bytesPerSecond: minimumRate) }
+
     /// The most verified files that wait for the committer, holding their partials open: half
     /// of the descriptors this process may open beyond those its streams' files (up to 128 at
     /// once), the folders it keeps open and the network take; at least 16.
@@ -286,14 +301,14 @@ public struct TransferReceiver: Sendable {
     /// Sends the verdicts of one step: in Batches when the offer allows them, else one by one.
     private func send<Stack: TLVStack>(_ replies: [Message], on connection: NetworkConnection<Stack>, batching: Bool) async throws {
         guard batching, replies.count > 1 else {
-            for reply in replies { try await connection.send(reply) }
+            for reply in replies { try await connection.send(reply, within: sendPace) }
             return
         }
         // A Batch of at most a commit group's verdicts stays far below the 16 MiB frame limit.
         var start = 0
         while start < replies.count {
             let end = min(start + ReceivingSession.maximumCommitGroup, replies.count)
-            try await connection.send(.batch(Array(replies[start..<end])))
+            try await connection.send(.batch(Array(replies[start..<end])), within: sendPace)
             start = end
         }
     }
@@ -353,18 +368,27 @@ public struct TransferReceiver: Sendable {
         from connection: NetworkConnection<Stack>, reservation: OfferMemory.Reservation
     ) async throws -> Offer {
         let timeout = offerTimeout
-        // Counted again from each part of an Offer in parts, which may take long on a slow path.
-        let watchdog = IdleWatchdog(limit: timeout)
+        // The silence is counted again from each part of an Offer in parts, which may take long
+        // on a slow path; the whole Offer's deadline is not, so a drip of parts cannot hold the
+        // connection.
+        let deadline = ArrivalDeadline(silence: timeout, pace: PeerPace(allowance: timeout, bytesPerSecond: minimumRate))
         let message = try await withThrowingTaskGroup(of: Message?.self) { group in
             group.addTask {
-                try await connection.receiveMessageInParts { bytes in
-                    watchdog.idle()
+                defer { deadline.stop() }
+                return try await connection.receiveMessageInParts(arrived: deadline.arrived) { bytes in
                     do throws(TransferError) { try reservation.add(offerBytes: bytes) } catch { throw OfferNotHeld(reason: error) }
                 }
             }
             group.addTask {
-                guard await watchdog.waitForSilence() != nil else { throw CancellationError() }
-                throw TransferError(.protocolViolation, "the sender made no offer within \(timeout)")
+                switch await deadline.waitForExpiry() {
+                case nil: throw CancellationError()
+                case .silent(_, bytes: 0)?:
+                    throw TransferError(.protocolViolation, "the sender made no offer within \(timeout.shownInSeconds)")
+                case .silent(let silence, _)?:
+                    throw TransferError(.protocolViolation, "the sender made no offer: it was silent for \(silence.shownInSeconds) between its parts")
+                case .tooSlow(let bytes, let elapsed)?:
+                    throw TransferError(.protocolViolation, "the sender made no offer within \(elapsed.shownInSeconds): \(bytes) bytes of one arrived, slower than \(deadline.pace.rateDescription)")
+                }
             }
             defer { group.cancelAll() }
             return try await group.next()!
@@ -379,7 +403,7 @@ public struct TransferReceiver: Sendable {
 
     private func decline<Stack: TLVStack>(_ error: any Error, on connection: NetworkConnection<Stack>) async throws -> Never {
         let error = error as? TransferError ?? TransferError(.internal, "\(error)")
-        try? await connection.send(.decline(Refusal(error)))
+        try? await connection.send(.decline(Refusal(error)), within: sendPace)
         try? await connection.finish()
         throw AlreadyCommunicated(error: error)
     }

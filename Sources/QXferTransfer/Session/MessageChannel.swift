@@ -13,6 +13,37 @@ extension NetworkConnection where Stack: TLVStack {
         }
     }
 
+    /// Sends one message, as ``send(_:)`` does, within `pace.limit(for:)` its length in frames.
+    /// A peer that takes it slower — reading a little at a time, so that its window moves and
+    /// TCP_USER_TIMEOUT never fires — has the connection closed with a `cancelled` error, which
+    /// is thrown; nothing of this connection then waits on it any longer.
+    func send(_ message: Message, within pace: PeerPace) async throws {
+        let frames = MessageCodec.frames(of: message)
+        let bytes = frames.reduce(0) { $0 + MessageCodec.headerSize + $1.body.count }
+        let limit = pace.limit(for: bytes)
+        let name = "\(message.type)"
+        let late = TransferError(
+            .cancelled,
+            "the peer did not take the \(name.prefix(1).uppercased() + name.dropFirst()) (\(bytes) bytes) within \(limit.shownInSeconds): it reads slower than \(pace.rateDescription)")
+        try await withThrowingTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                for frame in frames { try await self.send(frame.body, type: frame.type) }
+                return true
+            }
+            group.addTask {
+                try await Task.sleep(for: limit)
+                return false
+            }
+            defer { group.cancelAll() }
+            guard try await group.next()! else {
+                // At once, not once what was sent is delivered (that is what the peer holds
+                // back): over QUIC the peer learns why; the blocked send then fails.
+                await close(errorCode: UInt64(late.code.rawValue), reason: late.message, within: .zero)
+                throw late
+            }
+        }
+    }
+
     /// Sends one FileData frame of `entry` at `offset`: up to `capacity` bytes of `file` read
     /// straight into the buffer the transport takes (no copy of the chunk on its way out);
     /// `payload` sees them before they go (the sender's digest). Returns how many were read: 0
@@ -53,11 +84,13 @@ extension NetworkConnection where Stack: TLVStack {
     /// before the frame is kept; once it throws, the message's other parts are read and
     /// dropped, and its error is thrown when the message ends (a sender sends every part before
     /// it reads an answer, so it hears the refusal instead of a connection cut off). The peer
-    /// finishing the stream between parts is `malformed`.
-    func receiveMessageInParts(admit: (Int) throws -> Void = { _ in }) async throws -> Message? {
+    /// finishing the stream between parts is `malformed`. `arrived` is told each frame's length,
+    /// refused or not (the receiver's clock for the whole message).
+    func receiveMessageInParts(arrived: (Int) -> Void = { _ in }, admit: (Int) throws -> Void = { _ in }) async throws -> Message? {
         var assembler = MessageAssembler()
         var refusal: (any Error)?
         while let frame = try await receiveFrame() {
+            arrived(frame.content.count)
             if refusal == nil {
                 do { try admit(frame.content.count) } catch { refusal = error }
             }
