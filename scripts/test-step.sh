@@ -8,6 +8,9 @@
 #   lines (every loopback handshake of every test: a test that fails says why in its own
 #   issue) and the gold linker's "Cannot export local symbol" warnings of sanitized builds.
 #   The whole output stays in a file (its path is printed when the step fails).
+# - With STEP_TIMES set, appends the step's time, status and command to that file, so that
+#   `scripts/step-table.sh` can print every step of a run and its time at the end (and the
+#   steps so far when one fails).
 # - A step that overruns LIMIT_SECONDS is a failure with its cause, not a silent wait until
 #   CI's own limit: the processes it left (with what each waits in), and the tests that
 #   started but never finished, are printed before the step's processes are killed.
@@ -78,10 +81,36 @@ else
 fi
 wait "$printer" 2>/dev/null
 elapsed=$((SECONDS - start))
+if [[ -n "${STEP_TIMES:-}" ]]; then
+    printf '%s\t%s\t%s\n' "$elapsed" "$status" "$*" >>"$STEP_TIMES"
+fi
+# The slowest tests of a swift test step (suites left out), where a step's time goes.
+if [[ -s "$events" ]]; then
+    python3 - "$events" <<'PYTHON'
+import json, sys
+started, took = {}, []
+for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
+    try:
+        payload = json.loads(line)["payload"]
+        kind, test, at = payload["kind"], payload.get("testID"), payload["instant"]["absolute"]
+    except (ValueError, KeyError, TypeError):
+        continue
+    if kind == "testStarted" and "/" in (test or ""):
+        started[test] = at
+    elif kind == "testEnded" and test in started:
+        took.append((at - started.pop(test), test))
+took.sort(reverse=True)
+if took:
+    print("== slowest of %d tests: " % len(took) + "; ".join(
+        "%s %.1f s" % (test.split("/")[0].rsplit(".", 1)[-1] + "." + test.split("/")[1].split("(")[0], seconds)
+        for seconds, test in took[:5]))
+PYTHON
+fi
 if (( status == 0 )); then
     echo "== done in ${elapsed} s"
     rm -f "$log" "$events"
 else
     echo "== failed (exit ${status}) after ${elapsed} s; the whole output: ${log}"
+    [[ -n "${STEP_TIMES:-}" ]] && "$(dirname "$0")/step-table.sh" "$STEP_TIMES"
 fi
 exit "$status"
