@@ -41,7 +41,8 @@ public struct FirstOf: SecureTransport {
     /// Once every stack that answered refused, how long (from the race's start) the silent ones
     /// still get before the attempt ends with "nothing listens".
     public var refusalGrace: Duration = .seconds(1)
-    /// Where the winner for each host is remembered; nil remembers nothing.
+    /// Where a host whose first stack was refused or silent is remembered with the winner; nil
+    /// remembers nothing.
     public var memory: StackMemory?
     /// How long a first stack that sends early data alone waits for the peer's answer; nil
     /// (the default) always races.
@@ -52,8 +53,9 @@ public struct FirstOf: SecureTransport {
         self.stacks = stacks()
     }
 
-    /// Remembers per host which stack won when it was not the first, so the next connection to
-    /// that host starts with it at once, until the memory's entry expires (see ``StackMemory``).
+    /// Remembers per host which stack won when the first was refused or stayed silent (not when
+    /// it merely lost a close race), so the next connection to that host starts with the winner
+    /// at once, until the memory's entry expires (see ``StackMemory``).
     public func remembering(_ memory: StackMemory?) -> FirstOf {
         var copy = self
         copy.memory = memory

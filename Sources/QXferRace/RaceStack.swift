@@ -23,6 +23,11 @@ struct RaceStack: TransportStack {
     /// holds the next stack back, from its start: its handshake needs about one more round trip,
     /// the next stack's at least as many, so starting that one would only race the preference.
     static let answeredAttemptPatience = Duration.seconds(1)
+    /// How long, from its start, the first stack must stay silent (or be refused) before a race
+    /// it lost counts as "its protocol is blocked" for the memory. Past the race its attempt is
+    /// watched that long: a loaded machine answers a QUIC handshake late, and a lost close race
+    /// is no evidence about the network (it once forced TCP+TLS on loopback for an hour).
+    var silenceProof: Duration = .seconds(3)
     private static var logger: Logger { Logger(label: "qxfer.race") }
 
     var name: String { candidates.map(\.name).joined(separator: " or ") }
@@ -46,12 +51,26 @@ struct RaceStack: TransportStack {
                 Self.logger.info("\(leader.name) alone got no answer (\(error.message)); racing")
             }
         }
-        let race = Race(order: order, endpoint: endpoint, attemptDelay: attemptDelay, refusalGrace: refusalGrace)
-        let (winner, stack) = try await race.run(timeout: timeout, peerAnswered: peerAnswered) { stack, remaining, answered in
+        let preferred = candidates[0].name
+        var race = Race(order: order, endpoint: endpoint, attemptDelay: attemptDelay, refusalGrace: refusalGrace)
+        race.preferred = preferred
+        race.silenceProof = silenceProof
+        let memory = self.memory
+        let (winner, stack) = try await race.run(timeout: timeout, peerAnswered: peerAnswered, evidence: { evidence, winner in
+            switch evidence {
+            case .won, .answered:
+                // It reaches the host: a memory of the other stack is dropped.
+                memory?.record(winner: preferred, preferred: preferred, for: endpoint)
+            case .blocked:
+                Self.logger.info("\(preferred) got no answer from \(endpoint) (refused, or silent for \(silenceProof)): \(winner) first there for a while")
+                memory?.record(winner: winner, preferred: preferred, for: endpoint)
+            case .untried:
+                break  // the remembered stack won before the other started: nothing learnt
+            }
+        }) { stack, remaining, answered in
             try await stack.connect(to: endpoint, parameters: parameters, timeout: remaining, peerAnswered: answered)
         }
         Self.logger.info("\(stack.name) won the race to \(endpoint)")
-        memory?.record(winner: stack.name, preferred: candidates[0].name, for: endpoint)
         return RacedTransport(winner, stack: stack)
     }
 
@@ -134,6 +153,22 @@ struct Race: Sendable {
     let endpoint: Endpoint
     let attemptDelay: Duration
     let refusalGrace: Duration
+    /// The stack whose reachability the race reports (``Evidence``); nil reports nothing.
+    var preferred: String? = nil
+    /// See ``RaceStack/silenceProof``.
+    var silenceProof: Duration = .seconds(3)
+
+    /// What a won race says about the preferred stack's path to the peer.
+    enum Evidence: Sendable, Equatable {
+        /// It won.
+        case won
+        /// Its peer answered (or its attempt ended with an answer): it lost a close race only.
+        case answered
+        /// Refused (ICMP unreachable, its connect failed) or silent for ``silenceProof`` from its start.
+        case blocked
+        /// It had not started when another stack won.
+        case untried
+    }
 
     private enum Event: Sendable {
         case connected(Int, any ByteStreamTransport)
@@ -150,8 +185,13 @@ struct Race: Sendable {
     /// Runs `attempt` for each stack in order until one returns a transport within `timeout`;
     /// `attempt` gets the time left and what to call when its peer answers. `peerAnswered` is
     /// called once, when the first attempt's peer answers.
+    /// `evidence` hears, once and only after a win, what the race learnt of ``preferred`` (and
+    /// the winner's name); for a preferred stack still silent when another won, that is after
+    /// its attempt answered, failed or stayed silent for ``silenceProof``, which may be after
+    /// this returns: the attempt goes on alone until then, and is closed.
     func run(
         timeout: Duration, peerAnswered: @escaping @Sendable () -> Void = {},
+        evidence: @escaping @Sendable (Evidence, String) -> Void = { _, _ in },
         _ attempt: @escaping @Sendable (any TransportStack, Duration, @escaping @Sendable () -> Void) async throws -> any ByteStreamTransport
     ) async throws -> (any ByteStreamTransport, any TransportStack) {
         let clock = ContinuousClock()
@@ -159,16 +199,25 @@ struct Race: Sendable {
         let deadline = start + timeout
         let (events, continuation) = AsyncStream.makeStream(of: Event.self)
         let tasks = Locked<[Task<Void, Never>]>([])
-        func spawn(_ body: @escaping @Sendable () async -> Event?) {
+        // What each attempt learnt of its peer, also after the race: the preferred one's, if
+        // still silent at the win, decides the evidence.
+        let (signals, signal) = AsyncStream.makeStream(of: (Int, Evidence).self)
+        // The attempt watched past the race (not cancelled by its end), and its task.
+        let watched = Locked<(index: Int?, task: Task<Void, Never>?)>((nil, nil))
+        @discardableResult
+        func spawn(_ body: @escaping @Sendable () async -> Event?) -> Task<Void, Never> {
             let task = Task {
                 guard let event = await body() else { return }
                 if case .terminated = continuation.yield(event), case .connected(_, let late) = event { late.close() }
             }
             tasks.withLock { $0.append(task) }
+            return task
         }
-        @Sendable func end() {
+        @Sendable func end(keepingWatched: Bool = false) {
             continuation.finish()
-            for task in tasks.withLock({ $0 }) { task.cancel() }
+            let keep = keepingWatched ? watched.withLock { $0.task } : nil
+            for task in tasks.withLock({ $0 }) where task != keep { task.cancel() }
+            if keep == nil { signal.finish() }
         }
 
         var started = 0
@@ -186,16 +235,25 @@ struct Race: Sendable {
             running += 1
             startTimes.append(clock.now)
             @Sendable func answer() {
+                signal.yield((index, .answered))
                 continuation.yield(.answered(index))
                 if !reportedAnswer.withLock({ reported in defer { reported = true }; return reported }) { peerAnswered() }
             }
-            spawn {
+            let attemptTask = spawn {
                 do {
-                    return .connected(index, try await attempt(stack, deadline - clock.now, answer))
+                    let transport = try await attempt(stack, deadline - clock.now, answer)
+                    signal.yield((index, .answered))
+                    return .connected(index, transport)
                 } catch {
-                    return .failed(index, (error as? QXferError) ?? stack.describe(error, during: "the connection"))
+                    let failure = (error as? QXferError) ?? stack.describe(error, during: "the connection")
+                    // Cancelled (it lost, or the race ended) is no word on its path.
+                    if failure.code != .cancelled && !Task.isCancelled {
+                        signal.yield((index, failure.code == .connectFailed ? .blocked : .answered))
+                    }
+                    return .failed(index, failure)
                 }
             }
+            if stack.name == preferred { watched.withLock { $0.task = attemptTask } }
             if started < order.count {
                 let next = started
                 spawn {
@@ -205,12 +263,46 @@ struct Race: Sendable {
             }
         }
 
+        // What the win says of the preferred stack: at once where the race knows, else once its
+        // attempt, left running, answers, fails or stays silent long enough.
+        func judge(winner: Int) {
+            let winnerName = order[winner].name
+            guard let index = order.firstIndex(where: { $0.name == preferred }) else { return }
+            if index == winner { return evidence(.won, winnerName) }
+            if index >= started { return evidence(.untried, winnerName) }
+            if let failure = failures.first(where: { $0.name == order[index].name }) {
+                return evidence(failure.error.code == .connectFailed ? .blocked : .answered, winnerName)
+            }
+            if answered.contains(index) { return evidence(.answered, winnerName) }
+            watched.withLock { $0.index = index }
+            let proofEnds = startTimes[index] + silenceProof
+            let watchedTask = watched.withLock { $0.task }
+            Task {
+                let verdict = await withTaskGroup(of: Evidence?.self) { group in
+                    group.addTask {
+                        for await (from, said) in signals where from == index { return said }
+                        return nil
+                    }
+                    group.addTask {
+                        try? await Task.sleep(until: proofEnds, clock: .continuous)
+                        return Task.isCancelled ? nil : .blocked
+                    }
+                    defer { group.cancelAll() }
+                    return await group.next() ?? nil
+                }
+                watchedTask?.cancel()
+                signal.finish()
+                if let verdict { evidence(verdict, winnerName) }
+            }
+        }
+
         var iterator = events.makeAsyncIterator()
         func decide() async throws -> (any ByteStreamTransport, any TransportStack) {
             startNext()
             while let event = await iterator.next() {
                 switch event {
                 case .connected(let index, let transport):
+                    judge(winner: index)
                     return (transport, order[index])
                 case .answered(let index):
                     answered.insert(index)
@@ -254,11 +346,11 @@ struct Race: Sendable {
         }
         let outcome: Result<(any ByteStreamTransport, any TransportStack), any Error>
         do {
-            outcome = .success(try await withTaskCancellationHandler(operation: decide, onCancel: end))
+            outcome = .success(try await withTaskCancellationHandler(operation: decide, onCancel: { end() }))
         } catch {
             outcome = .failure(error)
         }
-        end()
+        end(keepingWatched: (try? outcome.get()) != nil && watched.withLock { $0.index } != nil)
         // Established after the winner but before the end: closed, never leaked.
         while let event = await iterator.next() {
             if case .connected(_, let late) = event { late.close() }

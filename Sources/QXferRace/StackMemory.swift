@@ -3,10 +3,12 @@ import Glibc
 @_spi(Stacks) import QXferCore
 import QXferIdentity
 
-/// Which stack won the last race to each host, when it was not the preferred one: a network
+/// Which stack won the last race to each host, when the preferred one could not: a network
 /// that drops UDP is remembered, so the next connection there starts TCP+TLS at once instead of
-/// after the attempt delay. Entries expire (an hour by default): a later network that lets UDP
-/// through gets QUIC back. A race the preferred stack wins forgets the host.
+/// after the attempt delay. Only evidence counts — the preferred stack refused, or silent for
+/// ``RaceStack/silenceProof`` — not a close race it lost while its peer answered. Entries
+/// expire (an hour by default): a later network that lets UDP through gets QUIC back. A race
+/// the preferred stack wins, or one where its peer answered, forgets the host.
 ///
 /// Kept in `stacks` in the configuration folder beside `known_hosts`, one line per host:
 /// `host:port stack expiry` (expiry in seconds since 1970), written atomically with mode 0600.

@@ -70,9 +70,9 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
 
             --stack auto (the default) starts QUIC at once and TCP+TLS 250 ms later or as \
             soon as QUIC fails, and sends over whichever completes its handshake first; the \
-            summary (and --json) names it. A host where TCP+TLS won (UDP blocked) is \
-            remembered for an hour ('stacks' in the configuration folder) and gets TCP+TLS \
-            first. Where nothing listens (TCP refused; UDP refused or silent) it says so within \
+            summary (and --json) names it. A host where TCP+TLS won while QUIC was refused \
+            or got no answer for 3 s (UDP blocked) is remembered for an hour ('stacks' in the \
+            configuration folder) and gets TCP+TLS first; a race QUIC merely lost is not. Where nothing listens (TCP refused; UDP refused or silent) it says so within \
             about a second. To a receiver seen before (a session ticket kept, its fingerprint \
             trusted) a send of less than 16 MiB lets QUIC lead alone, the offer and small \
             files as 0-RTT early data; if nothing answers within a second, the send connects \

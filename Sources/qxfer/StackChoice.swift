@@ -4,8 +4,9 @@ import QXfer
 /// Which transport carries a connection this tool makes (`--stack auto|quic|tls`).
 enum StackChoice: String, ExpressibleByArgument, CaseIterable {
     /// QUIC and TCP+TLS raced (`FirstOf { QUIC(); TLS() }`): QUIC at once, TCP+TLS 250 ms
-    /// later or as soon as QUIC fails; the winner per host is remembered in the configuration
-    /// folder (`stacks`), so a network that drops UDP starts with TCP+TLS next time.
+    /// later or as soon as QUIC fails; a host where QUIC was refused or silent while TCP+TLS won
+    /// is remembered in the configuration folder (`stacks`), so a network that drops UDP starts
+    /// with TCP+TLS next time (a race QUIC merely lost is not remembered).
     case auto
     case quic, tls
 
