@@ -80,7 +80,14 @@ enum QUICConnector {
             throw lastError ?? QXferError(.connectFailed, "cannot connect to \(endpoint)")
         }
         let (transport, verifier) = winner
-        logger.info("QUIC connection to \(endpoint) ready: ALPN \(transport.peer.applicationProtocol), peer \(transport.peer.fingerprint?.description ?? "-") trusted as \(transport.peer.trust)")
+        let checked = verifier.result
+        if checked.fingerprint != nil, checked.failure == nil {
+            logger.info("QUIC connection to \(endpoint) ready: ALPN \(transport.peer.applicationProtocol), peer \(checked.fingerprint?.description ?? "-") trusted as \(checked.trust)")
+        } else {
+            // Early data: the ticket names the receiver, but its certificate is checked only as
+            // the handshake completes; trust is logged then (earlyTransport), not before.
+            logger.info("QUIC connection to \(endpoint) open for early data: ALPN \(transport.peer.applicationProtocol), the receiver's identity not yet checked")
+        }
         do {
             try verifier.recordAfterHandshake(peer: transport.peer.fingerprint)
         } catch {
@@ -266,7 +273,8 @@ enum QUICConnector {
                 let outcome = !engine.isResumed ? "the receiver refused the ticket; the early bytes went again after a full handshake"
                     : engine.earlyData == .accepted ? "the receiver took the early data"
                     : "the receiver refused the early data; the bytes went again"
-                logger.info("QUIC handshake after early data done: \(outcome)")
+                let checked = verifier.result
+                logger.info("QUIC handshake after early data done: peer \(checked.fingerprint?.description ?? "-") trusted as \(checked.trust); \(outcome)")
             case .failure(let error):
                 // As a failed handshake with a ticket: the next connection starts afresh.
                 resumption.forget()

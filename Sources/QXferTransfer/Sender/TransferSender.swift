@@ -418,6 +418,8 @@ public struct TransferSender: Sendable {
                     continue
                 }
                 let want = Int(min(UInt64(ProtocolLimits.maximumChunkSize), min(size ?? .max, dataEnd) - offset))
+                // A pipe may stay idle for long: waited on here, where Ctrl-C reaches, not in the read.
+                if case .standardInput = job.source { try await ReadableWait.untilReadable(file.fd) }
                 let count = try await stream.sendFileData(
                     entry: job.index, offset: offset, from: file, shown: path, capacity: want, sequential: size == nil
                 ) { hasher.update($0) }
