@@ -39,9 +39,11 @@ BIN = $$($(SWIFT) build --show-bin-path)
 # measure the code, not a starved machine (CI runs 30, 50 and 58 failed on time beside them).
 # transfer.sh sends a 256 MiB file (E2E_BIG_MIB): what it proves does not depend on the size
 # (its kills fall at 10-90 % of the bytes still to move, measured on the partial file).
-define TEST_STEPS
+define TEST_BUILD
 $(STEP) 60 scripts/check-architecture.py
 $(STEP) 1500 $(SWIFT) build --build-tests
+endef
+define TEST_RUN
 $(STEP) 600 $(SWIFT) test --skip-build --filter QUICEngineTests
 $(STEP) 600 $(SWIFT) test --skip-build --filter QXferStreamTests
 $(STEP) 600 $(SWIFT) test --skip-build --filter LongMessageTests
@@ -52,42 +54,56 @@ QXFER=$(BIN)/qxfer $(STEP) 600 Tests/e2e/race.sh
 QXFER=$(BIN)/qxfer $(STEP) 600 Tests/e2e/terminal.sh
 endef
 
+# The long tier's three other builds (the fuzz targets, compiled outside SwiftPM by fuzz/run.sh;
+# the AddressSanitizer and ThreadSanitizer trees, each in its own build folder) start once the
+# debug build is done and run at idle priority beside the tests (scripts/idle-build.sh), one
+# after the other; the steps that need one wait for it.
+define IDLE_BUILDS
+@scripts/idle-build.sh start fuzz $$PPID fuzz/run.sh build
+@scripts/idle-build.sh start asan $$PPID sh -c 'scripts/idle-build.sh wait fuzz >/dev/null; $(SWIFT) build --build-tests --sanitize=address --scratch-path .build-asan'
+@scripts/idle-build.sh start tsan $$PPID sh -c 'scripts/idle-build.sh wait asan >/dev/null; $(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan'
+endef
+
 # The fuzz targets compile the sources they exercise into one module of their own, outside
 # SwiftPM (fuzz/run.sh): built and run for FUZZ_SMOKE_SECONDS each, so a new import or a
 # crash on the committed corpus is caught. faults.sh kills either side 20 times at random
 # instants of a 256 MiB transfer (FAULTS_BIG_MIB; what it proves holds at any size that a kill
 # interrupts: the kill falls between 10 % and 90 % of the measured undisturbed transfer).
-# The sanitizer runs: each in its own build folder, one test at a time (with ~270 sanitized tests
-# at once on two cores, TLS handshakes outlasted the listener's 10 s limit); RaceTests,
-# QUICEngineTests and QXferStreamTests are left out of both (docs/SECURITY.md, "Sanitizers").
-# ASan runs with leak checking off (XCTest's runner leaks a few bytes of its own at exit);
-# a TSan report fails the run (exit 66) after it has shown them all, and is shown again,
-# shortened, after the test run, where a log's tail shows it.
+# The sanitizer runs go one test at a time (with ~270 sanitized tests at once on two cores,
+# TLS handshakes outlasted the listener's 10 s limit); RaceTests, QUICEngineTests and
+# QXferStreamTests are left out of both (docs/SECURITY.md, "Sanitizers"). ASan runs with leak
+# checking off (XCTest's runner leaks a few bytes of its own at exit); a TSan report fails the
+# run (exit 66) after it has shown them all, and is shown again, shortened, after the test run,
+# where a log's tail shows it.
 FUZZ_SMOKE_SECONDS ?= 10
 SANITIZED_SUITES = --no-parallel --skip QUICEngineTests --skip QXferStreamTests --skip RaceTests
 define LONG_STEPS
-FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) $(STEP) 900 fuzz/run.sh
+$(STEP) 900 scripts/idle-build.sh wait fuzz
+FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) $(STEP) 600 fuzz/run.sh
 LINKEMU_BIN=$(BIN)/qxfer-linkemu $(STEP) 600 bench/netns/selftest.sh
 FAULTS_BIG_MIB=256 QXFER=$(BIN)/qxfer $(STEP) 1200 Tests/e2e/faults.sh
 QXFER=$(BIN)/qxfer $(STEP) 600 Tests/e2e/pairing.sh
 QXFER=$(BIN)/qxfer $(STEP) 600 Tests/e2e/paths.sh
 QXFER=$(BIN)/qxfer $(STEP) 600 Tests/e2e/hostile.sh
 QXFER=$(BIN)/qxfer $(STEP) 300 Tests/e2e/memory.sh
-$(STEP) 2400 $(SWIFT) build --build-tests --sanitize=address --scratch-path .build-asan
+$(STEP) 2400 scripts/idle-build.sh wait asan
 ASAN_OPTIONS=detect_leaks=0 $(STEP) 1800 $(SWIFT) test --skip-build --sanitize=address --scratch-path .build-asan $(SANITIZED_SUITES)
-$(STEP) 2400 $(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan
+$(STEP) 2400 scripts/idle-build.sh wait tsan
 rm -rf .build-tsan/reports && mkdir -p .build-tsan/reports
 TSAN_OPTIONS=halt_on_error=0:exitcode=66:log_path=$(CURDIR)/.build-tsan/reports/tsan:suppressions=$(CURDIR)/Tests/tsan-suppressions.txt $(STEP) 2400 $(SWIFT) test --skip-build --sanitize=thread --scratch-path .build-tsan $(SANITIZED_SUITES) || { status=$$?; scripts/tsan-summary.sh .build-tsan/reports; exit $$status; }
 endef
 
 test: deps
 	@: >$(STEP_TIMES)
-	$(TEST_STEPS)
+	$(TEST_BUILD)
+	$(TEST_RUN)
 	@scripts/step-table.sh $(STEP_TIMES)
 
 check: deps
 	@: >$(STEP_TIMES)
-	$(TEST_STEPS)
+	$(TEST_BUILD)
+	$(IDLE_BUILDS)
+	$(TEST_RUN)
 	$(LONG_STEPS)
 	@scripts/step-table.sh $(STEP_TIMES)
 
