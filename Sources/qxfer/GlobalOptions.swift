@@ -4,8 +4,8 @@ import Glibc
 import Logging
 import QXfer
 
-/// Options every subcommand takes.
-struct GlobalOptions: ParsableArguments {
+/// Options every subcommand that connects takes.
+struct GlobalOptions: ParsableArguments, ConfigurationFolder {
     @Flag(
         name: .shortAndLong,
         help: ArgumentHelp(
@@ -21,6 +21,41 @@ struct GlobalOptions: ParsableArguments {
             valueName: "dir"))
     var configDirectory: String?
 
+    /// Quiet by default: warnings only; -v info, -vv debug, -vvv trace.
+    func bootstrapLogging() {
+        let level: Logger.Level = switch verbose {
+        case 0: .warning
+        case 1: .info
+        case 2: .debug
+        default: .trace
+        }
+        LoggingSystem.bootstrap { label in LineLogHandler(label: label, logLevel: level) }
+    }
+}
+
+/// Options of the subcommands that only read or write the configuration folder (`id`,
+/// `devices`, `unpair`): no `-v`, which would have nothing to log there.
+struct LocalOptions: ParsableArguments, ConfigurationFolder {
+    @Option(
+        name: .customLong("config-dir"),
+        help: ArgumentHelp(
+            "Folder holding the identity and known hosts.",
+            discussion: "Default: $XDG_CONFIG_HOME/qxfer, or ~/.config/qxfer.",
+            valueName: "dir"))
+    var configDirectory: String?
+
+    /// Warnings only, as the connecting commands without -v.
+    func bootstrapLogging() {
+        LoggingSystem.bootstrap { label in LineLogHandler(label: label, logLevel: .warning) }
+    }
+}
+
+/// The configuration folder a command was given (`--config-dir`), and the identity in it.
+protocol ConfigurationFolder {
+    var configDirectory: String? { get }
+}
+
+extension ConfigurationFolder {
     var config: ConfigDirectory {
         configDirectory.map { ConfigDirectory(path: $0) } ?? .standard
     }
@@ -34,17 +69,6 @@ struct GlobalOptions: ParsableArguments {
         } catch let error as QXferError where !HostIdentity.exists(in: config) {
             throw QXferError(error.code, "\(error.message); choose a folder you can write with --config-dir DIR (or XDG_CONFIG_HOME)")
         }
-    }
-
-    /// Quiet by default: warnings only; -v info, -vv debug, -vvv trace.
-    func bootstrapLogging() {
-        let level: Logger.Level = switch verbose {
-        case 0: .warning
-        case 1: .info
-        case 2: .debug
-        default: .trace
-        }
-        LoggingSystem.bootstrap { label in LineLogHandler(label: label, logLevel: level) }
     }
 }
 

@@ -16,7 +16,7 @@ struct IdentityCommand: AsyncParsableCommand, JSONOutput {
             """
     )
 
-    @OptionGroup var global: GlobalOptions
+    @OptionGroup var global: LocalOptions
 
     @Flag(help: "Print JSON: fingerprint, folder and whether it was just created.")
     var json = false

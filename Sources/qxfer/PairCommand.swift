@@ -235,18 +235,20 @@ struct DevicesCommand: AsyncParsableCommand {
         abstract: "List the machines paired with 'qxfer pair'."
     )
 
-    @OptionGroup var global: GlobalOptions
+    @OptionGroup var global: LocalOptions
 
     @Flag(help: "Print JSON (an array of devices) on standard output.")
     var json = false
 
     func run() async throws {
+        global.bootstrapLogging()
         let identity = try global.identity()
         let devices = try PairedDevices(in: global.config, identity: identity).devices()
         if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
             encoder.dateEncodingStrategy = .iso8601
+            encoder.keyEncodingStrategy = .convertToSnakeCase  // as every JSON event is: paired_at, last_seen
             StandardStream.output.write(String(decoding: try encoder.encode(devices), as: UTF8.self) + "\n")
             return
         }
@@ -269,12 +271,13 @@ struct UnpairCommand: AsyncParsableCommand {
         abstract: "Forget a paired machine: it is trusted no more."
     )
 
-    @OptionGroup var global: GlobalOptions
+    @OptionGroup var global: LocalOptions
 
     @Argument(help: ArgumentHelp("The device's name or fingerprint, as 'qxfer devices' lists it.", valueName: "name|fingerprint"))
     var device: String
 
     func run() async throws {
+        global.bootstrapLogging()
         let identity = try global.identity()
         let store = PairedDevices(in: global.config, identity: identity)
         let removed = try store.remove(device)

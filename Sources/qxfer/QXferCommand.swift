@@ -20,7 +20,7 @@ struct QXferCommand: AsyncParsableCommand {
             network unavailable or the peer went away, 73 target exists or is being received by another sender (not overwritten) or is too large for the receiving side, \
             74 local I/O error or disk full, 76 protocol error (malformed or unexpected data \
             from the peer), 77 untrusted, refused or unsafe (peer refused, offer declined, \
-            path refused), 78 identity or configuration.
+            path refused), 78 identity or configuration, 130 interrupted (Ctrl-C or SIGTERM).
             """,
         version: QXferVersion.string,
         subcommands: [
@@ -43,6 +43,11 @@ struct QXferCommand: AsyncParsableCommand {
             fail(
                 "the argument '\(argument)' is not valid UTF-8, and qxfer takes paths and names in UTF-8 only (a folder so named can be given as '.' from inside it)",
                 code: "usage", status: 64)
+        }
+        if CommandLine.arguments.count <= 1 {
+            // No command at all is a usage error, as a missing argument is: 64, usage on stderr.
+            StandardStream.error.write(helpMessage() + "\n")
+            Glibc.exit(64)
         }
         do {
             var command = try parseAsRoot()

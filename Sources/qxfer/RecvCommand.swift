@@ -20,9 +20,9 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             interrupted file is resumed by sending it again. Blocks of zeros are left as holes, \
             so a sparse disk image takes only the space of its data.
 
-            An existing file of the same size is compared by digest and left alone; one of \
-            another size is kept and reported (use --overwrite to replace it once the new one \
-            is verified). Into a file system that does not tell upper from lower case (exFAT, \
+            An existing file of the same size is compared by digest and left alone (reported \
+            when its content differs); one of another size is kept and reported. --overwrite \
+            replaces either once the new one is verified (a same-size file is then sent in full). Into a file system that does not tell upper from lower case (exFAT, \
             FAT), of two offered names that differ only in case the first is received and the \
             later reported.
 
@@ -56,7 +56,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     @Flag(help: "Exit after one transfer, with its result as the exit code (a connection closed before any offer is none).")
     var once = false
 
-    @Flag(help: "Replace existing files of another size (after the new one is verified).")
+    @Flag(help: "Replace existing files, of another size or of the same size and other content (after the new one is verified).")
     var overwrite = false
 
     @Flag(help: "Print JSON event lines on standard output (on standard error with --stdout).")

@@ -129,9 +129,6 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
     }
 
     func validate() throws {
-        guard !arguments.isEmpty else {
-            throw ValidationError("name what to send and the receiving host: qxfer send FILE… HOST[:PORT]")
-        }
         if let host { _ = try parseDestination(host, defaultPort: defaultTransferPort) }
         if let host, !host.contains(":"), FileManager.default.fileExists(atPath: host) {
             // Resolving a file name as a host would only fail, seconds later.
@@ -151,6 +148,11 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
     }
 
     func run() async throws {
+        // Here, not in validate(): ArgumentParser validates before it reports an unknown
+        // option, and 'send --bogus' said "name what to send" instead of naming '--bogus'.
+        guard !arguments.isEmpty else {
+            throw ValidationError("name what to send and the receiving host: qxfer send FILE… HOST[:PORT]")
+        }
         global.bootstrapLogging()
         // Ctrl-C closes the connection properly, so the receiver keeps its partial at once.
         try await cancellingOnInterrupt { try await transfer() }

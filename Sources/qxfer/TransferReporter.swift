@@ -92,7 +92,7 @@ final class TransferReporter: Sendable {
             if style == .json {
                 emit("failed", ["path": path, "code": error.code.name, "message": error.message])
             } else {
-                printLine("'\(path)' not transferred: \(error.message)")
+                printLine("'\(path)' not transferred: \(error.message)\(overwriteHint(error))")
             }
         case .changed(let path, let sent):
             logger.info("file '\(path)' changed while it was being sent; \(sent) bytes sent as read")
@@ -221,8 +221,8 @@ final class TransferReporter: Sendable {
         let eta: String? = totalKnown && total > done && rate > 0 ? formatDuration(Double(total - done) / rate) : nil
         switch style {
         case .json:
-            var object: [String: Any] = ["bytes": done, "total": total, "rate_bytes_per_s": wholeNumber(rate), "seconds": seconds]
-            if let srtt = metrics.smoothedRTT { object["rtt_ms"] = srtt.seconds * 1000 }
+            var object: [String: Any] = ["bytes": done, "total": total, "rate_bytes_per_s": wholeNumber(rate), "seconds": rounded(seconds, places: 3)]
+            if let srtt = metrics.smoothedRTT { object["rtt_ms"] = rounded(srtt.seconds * 1000, places: 3) }
             if let stack = metrics.stack { object["stack"] = stack }
             emit("progress", object)
         case .lines:
@@ -285,6 +285,28 @@ final class TransferReporter: Sendable {
     /// moved; `reconnects` counts the connections lost and replaced on the way.
     /// `stack` names what carried this transfer where one reporter serves several connections
     /// (a receiver); a sender's comes from ``connected(over:)``.
+    /// Below this a rate says more about the start and the last round trip than about the
+    /// bytes' speed ("73.5 kB in 0.00 s (387.4 MB/s)"): the summary gives milliseconds and no rate.
+    static let shortestRatedTransfer = 0.1
+
+    /// How long a transfer took, for its summary: "1.25 s (45.6 MB/s)"; "4 ms" or "under 1 ms"
+    /// below ``shortestRatedTransfer``; no rate when nothing moved (files already there).
+    static func timing(bytes: UInt64, seconds: Double) -> String {
+        if seconds < shortestRatedTransfer {
+            let milliseconds = seconds * 1000
+            return milliseconds < 1 ? "under 1 ms" : "\(TextFormat.fixed(milliseconds, places: 0)) ms"
+        }
+        let time = "\(TextFormat.fixed(seconds, places: 2)) s"
+        return bytes > 0 ? time + " (\(formatRate(Double(bytes) / seconds)))" : time
+    }
+
+    /// For a file refused because the receiver holds another of its name ("…; not overwriting
+    /// it": another size, or the same size and other content), what would replace it.
+    private func overwriteHint(_ error: TransferError) -> String {
+        guard error.code == .exists, error.message.hasSuffix("not overwriting it") else { return "" }
+        return role == .sender ? " (a receiver run with --overwrite replaces it)" : " (run 'qxfer recv --overwrite' to replace it)"
+    }
+
     func finish(_ summary: TransferSummary, clock: TransferClock, reconnects: Int = 0, over stack: String? = nil) {
         let carrier = stack ?? self.carrier.withLock { $0 }
         let seconds = max(clock.elapsed.seconds, 0.000_001)
@@ -294,7 +316,7 @@ final class TransferReporter: Sendable {
         if style == .json {
             var object: [String: Any] = [
                 "succeeded": summary.succeeded, "failed": summary.failures.count,
-                "bytes": bytes, "resumed_bytes": summary.resumedBytes, "hole_bytes": holes, "seconds": seconds,
+                "bytes": bytes, "resumed_bytes": summary.resumedBytes, "hole_bytes": holes, "seconds": rounded(seconds, places: 6),
                 "rate_bytes_per_s": wholeNumber(rate), "algorithm": summary.algorithm.name, "reconnects": reconnects,
             ]
             if let checksum { object["digest"] = checksum }
@@ -304,8 +326,7 @@ final class TransferReporter: Sendable {
             return
         }
         let verb = role == .sender ? "sent" : "received"
-        var line = "\(verb) \(TextFormat.bytes(bytes)) in \(TextFormat.fixed(seconds, places: 2)) s"
-        if bytes > 0 { line += " (\(formatRate(rate)))" }  // nothing moved (files already there): no rate to speak of
+        var line = "\(verb) \(TextFormat.bytes(bytes)) in \(Self.timing(bytes: bytes, seconds: seconds))"
         if let carrier { line += " over \(carrier)" }
         if summary.resumedBytes > 0 { line += ", \(TextFormat.bytes(summary.resumedBytes)) resumed" }
         if holes > 0 { line += ", plus \(TextFormat.bytes(holes)) of holes" }  // not counted in the rate
@@ -431,6 +452,14 @@ func formatSize(_ bytes: UInt64, filesOfUnknownSize: Int) -> String {
 
 func formatRate(_ bytesPerSecond: Double) -> String {
     TextFormat.fixed(bytesPerSecond / 1e6, places: 1) + " MB/s"
+}
+
+/// `value` rounded to `places` decimals, for JSON: "49.142", not "49.141898000000005".
+func rounded(_ value: Double, places: Int) -> Double {
+    guard value.isFinite else { return value }
+    var scale = 1.0
+    for _ in 0..<places { scale *= 10 }
+    return (value * scale).rounded() / scale
 }
 
 /// A Double as an Int, rounded and clamped: rates and times computed from a peer's sizes may be

@@ -1,6 +1,7 @@
 import Foundation
 import Subprocesses
 import Testing
+@testable import qxfer
 
 #if canImport(Glibc)
 import Glibc
@@ -119,5 +120,82 @@ struct HonestyTests {
         #expect(changed.stderr.contains("REFUSED"), "\(changed.stderr)")
         let beforeRefusal = changed.stderr.components(separatedBy: "REFUSED").first ?? ""
         #expect(!beforeRefusal.contains("trusted as"), "trust claimed before the check: \(changed.stderr)")
+    }
+}
+
+/// §9: the small things a user reads.
+extension HonestyTests {
+    @Test("A bare 'qxfer' is a usage error: usage on standard error, exit 64")
+    func bareCommandIsUsageError() async throws {
+        let run = try await CLITests.qxfer([], home: Scratch())
+        #expect(run.status == 64)
+        #expect(run.stderr.contains("USAGE: qxfer"), "\(run.stderr)")
+        #expect(run.stdout.isEmpty)
+    }
+
+    @Test("send --bogus names the unknown option, in one line (64)")
+    func unknownSendOptionIsNamed() async throws {
+        let run = try await CLITests.qxfer(["send", "--bogus"], home: Scratch())
+        #expect(run.status == 64)
+        #expect(run.stderrLines.count == 1 && run.stderr.contains("'--bogus'"), "\(run.stderr)")
+    }
+
+    @Test("qxfer --help lists exit 130 with the others")
+    func helpListsInterruptedExit() async throws {
+        let run = try await CLITests.qxfer(["--help"], home: Scratch())
+        let help = run.stdout.split(whereSeparator: \.isWhitespace).joined(separator: " ")
+        #expect(help.contains("130 interrupted (Ctrl-C or SIGTERM)"), "\(run.stdout)")
+    }
+
+    @Test("id, devices and unpair have no -v: not in their help, refused as an option", arguments: [["id"], ["devices"], ["unpair", "x"]])
+    func noVerboseWhereNothingIsLogged(command: [String]) async throws {
+        let home = Scratch()
+        let help = try await CLITests.qxfer([command[0], "--help"], home: home)
+        #expect(help.status == 0)
+        #expect(!help.stdout.contains("--verbose"), "\(help.stdout)")
+        let run = try await CLITests.qxfer(command + ["-v"], home: home)
+        #expect(run.status == 64)
+        #expect(run.stderr.contains("'-v'"), "\(run.stderr)")
+    }
+
+    @Test("recv --help: --overwrite also replaces a same-size file of other content")
+    func overwriteHelpSaysSameSize() async throws {
+        let run = try await CLITests.qxfer(["recv", "--help"], home: Scratch())
+        let help = run.stdout.split(whereSeparator: \.isWhitespace).joined(separator: " ")
+        #expect(help.contains("--overwrite Replace existing files, of another size or of the same size and other content"), "\(run.stdout)")
+    }
+
+    @Test("A same-size file of other content is refused with a hint naming --overwrite, on both sides")
+    func sameSizeOtherContentNamesOverwrite() async throws {
+        let home = Scratch()
+        let receiver = try await Receiver(home: home)
+        defer { Task { await receiver.stop() } }
+        let file = home.file("same.bin")
+        try Data(repeating: 1, count: 5000).write(to: URL(fileURLWithPath: file))
+        let executable = try #require(CLITests.executable)
+        let arguments = ["send", file, "127.0.0.1:\(receiver.port)", "--config-dir", home.file("send-config")]
+        let first = try await CLITests.run(executable, arguments, environment: Self.environment(home))
+        #expect(first.status == 0, "\(first.stderr)")
+        try Data(repeating: 2, count: 5000).write(to: URL(fileURLWithPath: file))
+        let second = try await CLITests.run(executable, arguments, environment: Self.environment(home))
+        #expect(second.status == 73, "\(second.stderr)")
+        #expect(second.stderr.contains("same size but other content; not overwriting it (a receiver run with --overwrite replaces it)"), "\(second.stderr)")
+    }
+
+    @Test("The summary gives no rate over a time too short to measure one, and milliseconds instead of '0.00 s'")
+    func shortTransferHasNoRate() {
+        #expect(TransferReporter.timing(bytes: 73_500, seconds: 0.000_2) == "under 1 ms")
+        #expect(TransferReporter.timing(bytes: 73_500, seconds: 0.004_4) == "4 ms")
+        #expect(TransferReporter.timing(bytes: 73_500, seconds: 0.099) == "99 ms")
+        #expect(TransferReporter.timing(bytes: 2_000_000, seconds: 1.25) == "1.25 s (1.6 MB/s)")
+        #expect(TransferReporter.timing(bytes: 0, seconds: 1.25) == "1.25 s")
+    }
+
+    @Test("JSON times are rounded: rtt_ms 49.142, not 49.141898000000005")
+    func jsonTimesAreRounded() throws {
+        #expect(rounded(49.141898000000005, places: 3) == 49.142)
+        let line = Console.jsonLine("progress", ["rtt_ms": rounded(49.141898000000005, places: 3)])
+        #expect(line.contains("\"rtt_ms\":49.142"), "\(line)")
+        #expect(rounded(.infinity, places: 3) == .infinity)
     }
 }

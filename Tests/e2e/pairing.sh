@@ -130,8 +130,8 @@ for stack in quic tls; do
 done
 cat "$WORK/recv.out" "$WORK/recv.err" | grep -q "offer from 'alice' (paired" || fail "the receiver does not name the paired sender: $(cat "$WORK/recv.out" "$WORK/recv.err")"
 [ ! -e "$WORK/alice/known_hosts" ] || fail "sending to a paired receiver wrote a known host (trust on first use)"
-[ "$(devices_json alice | jq -r '.[0].lastSeen')" != null ] || fail "alice did not record when she last saw bob"
-[ "$(devices_json bob | jq -r '.[0].lastSeen')" != null ] || fail "bob did not record when he last saw alice"
+[ "$(devices_json alice | jq -r '.[0].last_seen')" != null ] || fail "alice did not record when she last saw bob"
+[ "$(devices_json bob | jq -r '.[0].last_seen')" != null ] || fail "bob did not record when he last saw alice"
 ok "recv --paired-only admits the paired sender without --fingerprint or known hosts, refuses an unpaired one (exit 77: $(tail -1 "$WORK/unpaired-quic.out"))"
 
 # stream send to the paired receiver: no --fingerprint, no known host either.

@@ -216,7 +216,9 @@ public struct TransferSender: Sendable {
         case .accept(let accept):
             return accept.answers  // checked by SenderLedger
         case .decline(let refusal):
-            throw AlreadyCommunicated(error: TransferError(refusal.code, "the receiver declined: \(refusal.message)"))
+            // A reason that only says "declined" is not quoted: "the receiver declined: the offer was declined".
+            let bare = ["", "declined", "the offer was declined"].contains(refusal.message.lowercased())
+            throw AlreadyCommunicated(error: TransferError(refusal.code, bare ? "the receiver declined the offer" : "the receiver declined: \(refusal.message)"))
         case .error(let refusal) where long && (refusal.code == .malformed || refusal.code == .unsupported):
             // docs/PROTOCOL.md §3.9, version rule: an older receiver refuses the first part or the flag.
             throw AlreadyCommunicated(error: TransferError(.unsupported, "the receiver runs an older qxfer, which takes an offer of at most 16 MiB (about 135 000 items; this one has \(count)) (it said: \(refusal.message)); update it, or send fewer items at once"))
