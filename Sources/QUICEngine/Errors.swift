@@ -33,6 +33,10 @@ public struct QUICEngineError: Error, Hashable, Sendable, CustomStringConvertibl
         public static let invalidPacket = Code("invalidPacket")
         /// A connection ID or path operation could not be performed (e.g. no spare connection ID to migrate).
         public static let pathError = Code("pathError")
+        /// The peer broke the QUIC protocol (past a stream limit, a flow-control window or a final
+        /// size, a DATAGRAM over the negotiated size, …); the connection closes with the matching
+        /// transport error, named in ``QUICEngineError/message``.
+        public static let peerViolation = Code("peerViolation")
 
         public var description: String { name }
     }
@@ -53,6 +57,31 @@ public struct QUICEngineError: Error, Hashable, Sendable, CustomStringConvertibl
 
     static func library(_ function: String, _ rv: Int32) -> QUICEngineError {
         QUICEngineError(.libraryError, "\(function): \(String(cString: ngtcp2_strerror(rv)))", libraryErrorCode: rv)
+    }
+
+    /// The error for a received packet that shows the peer breaking the protocol, or nil when
+    /// `rv` is not such a failure.
+    static func peerViolation(_ rv: Int32) -> QUICEngineError? {
+        peerViolationReason(rv).map { QUICEngineError(.peerViolation, $0, libraryErrorCode: rv) }
+    }
+
+    /// The transport error's name (RFC 9000 §20.1) and what the peer did, for an
+    /// `ngtcp2_conn_read_pkt` failure that is the peer's doing; nil for any other failure.
+    static func peerViolationReason(_ rv: Int32) -> String? {
+        switch rv {
+        case NGTCP2_ERR_STREAM_LIMIT: "STREAM_LIMIT_ERROR: the peer used a stream beyond the MAX_STREAMS limit"
+        case NGTCP2_ERR_FLOW_CONTROL: "FLOW_CONTROL_ERROR: the peer sent past its flow-control window"
+        case NGTCP2_ERR_FINAL_SIZE: "FINAL_SIZE_ERROR: the peer's stream data contradicts the stream's final size"
+        case NGTCP2_ERR_STREAM_STATE: "STREAM_STATE_ERROR: the peer sent a frame its stream's state forbids"
+        case NGTCP2_ERR_PROTO:
+            "PROTOCOL_VIOLATION: the peer sent a frame QUIC forbids here (such as a DATAGRAM over max_datagram_frame_size)"
+        case NGTCP2_ERR_FRAME_ENCODING, NGTCP2_ERR_ACK_FRAME: "FRAME_ENCODING_ERROR: the peer sent a malformed frame"
+        case NGTCP2_ERR_CONNECTION_ID_LIMIT: "CONNECTION_ID_LIMIT_ERROR: the peer issued more connection IDs than allowed"
+        case NGTCP2_ERR_TRANSPORT_PARAM, NGTCP2_ERR_REQUIRED_TRANSPORT_PARAM, NGTCP2_ERR_MALFORMED_TRANSPORT_PARAM:
+            "TRANSPORT_PARAMETER_ERROR: the peer's transport parameters are invalid"
+        case NGTCP2_ERR_CRYPTO_BUFFER_EXCEEDED: "CRYPTO_BUFFER_EXCEEDED: the peer sent too much handshake data ahead"
+        default: nil
+        }
     }
 
     static func gnutls(_ function: String, _ rv: Int32) -> QUICEngineError {

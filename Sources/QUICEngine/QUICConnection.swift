@@ -316,11 +316,17 @@ public final class QUICConnection {
             terminate(QUICCloseReason(kind: .versionNegotiation, code: 0, reason: "no common QUIC version",
                                       initiatedByPeer: true))
             throw .library("ngtcp2_conn_read_pkt", rv)
+        case NGTCP2_ERR_RETRY:
+            // A server's first Initial that needs address validation: dropped; the client sends it again.
+            return
         default:
-            if ngtcp2_err_is_fatal(rv) == 0 && rv != NGTCP2_ERR_CRYPTO && rv != NGTCP2_ERR_CALLBACK_FAILURE {
-                return // packet-local problem: dropped
-            }
+            // ngtcp2 has already dropped, returning 0, what QUIC drops silently (undecryptable,
+            // malformed or stray packets). Anything else is a connection error (RFC 9000 §11.1):
+            // a peer past its stream limit, its flow-control window or a stream's final size, or
+            // with a DATAGRAM over max_datagram_frame_size, is answered with CONNECTION_CLOSE
+            // carrying the matching transport error, never left to resend forever.
             failConnection(libraryError: rv, now: now)
+            if let violation = QUICEngineError.peerViolation(rv) { throw violation }
             throw .library("ngtcp2_conn_read_pkt", rv)
         }
     }
@@ -1247,8 +1253,10 @@ public final class QUICConnection {
         } else {
             ngtcp2_connection_close_error_set_transport_error_liberr(&ccerr, rv, nil, 0)
         }
-        let message = String(cString: ngtcp2_strerror(rv))
-        pendingClose = (ccerr.type.rawValue, ccerr.error_code, [])
+        // A peer's violation is named on the wire too, so its side can tell what it did.
+        let explanation = QUICEngineError.peerViolationReason(rv)
+        let message = explanation ?? String(cString: ngtcp2_strerror(rv))
+        pendingClose = (ccerr.type.rawValue, ccerr.error_code, explanation.map { Array($0.utf8) } ?? [])
         reportClose(QUICCloseReason(kind: .transport, code: ccerr.error_code, reason: message, initiatedByPeer: false))
     }
 
