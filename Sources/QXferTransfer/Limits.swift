@@ -6,6 +6,12 @@ public enum ProtocolLimits {
     /// The largest body of an Offer or Accept sent in parts (Continuations, docs/PROTOCOL.md
     /// §3.9), in bytes (256 MiB).
     public static let maximumLongMessageSize = 256 << 20
+    /// The most frames one Batch may carry (docs/PROTOCOL.md §3.6): the receiver handles a
+    /// Batch in one go, so this bounds the work one message of one connection can make it do
+    /// before others have their turn (a 16 MiB Batch of one-byte FileData held some 800 000).
+    /// The reference sender puts at most 256 files (513 frames) in one; a receiver's verdicts
+    /// come in Batches of at most 4096.
+    public static let maximumBatchFrames = 4096
     /// The largest FileData payload, in bytes (1 MiB).
     public static let maximumChunkSize = 1 << 20
     /// The longest run of zeros one Zeros message stands for, in bytes (1 GiB: hashing it takes

@@ -46,7 +46,12 @@ public struct TransferReceiver: Sendable {
     /// 1 Mbit/s).
     public var minimumRate: Int = 128 << 10
     /// How long an accepted transfer waits for the sender's next message before it ends with
-    /// an error and lets go of its partial files (docs/PROTOCOL.md §1, "Timeouts").
+    /// an error and lets go of its partial files (docs/PROTOCOL.md §1, "Timeouts"). Only the
+    /// time the receiver waits for the sender counts, not time it holds the sender's messages.
+    /// From the Accept on, the sender must also deliver ``minimumRate`` bytes a second of that
+    /// time on average beyond ``sendTimeout`` (and the time to hash what it resumes), until
+    /// the files' bytes are in; a sender that falls behind by more than a second's worth may be
+    /// cut off at once to make room for another sender's offer (docs/PROTOCOL.md §4).
     public var idleTimeout: Duration
     /// Counters and events for a progress display.
     public var progress: TransferProgress
@@ -162,14 +167,35 @@ public struct TransferReceiver: Sendable {
         let funnel = InboundFunnel()
         var inbound = funnel.makeIterator()
         let superseded = Locked(false)
-        let watchdog = IdleWatchdog(limit: idleTimeout)
-        watchdog.idle(allowance: session.hashingAllowance)
+        let clock = SenderClock(
+            idle: idleTimeout, pace: sendPace, expected: incoming.filesOfUnknownSize > 0 ? nil : session.bytesToReceive,
+            hashingAllowance: session.hashingAllowance)
+        let (evictions, evict) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        reservation.yieldable(shortfall: { [sendTimeout] in clock.shortfall(grace: .seconds(1) - sendTimeout) }) {
+            evict.yield()
+        }
         return try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await funnel.pump(.control) { try await connection.receiveMessage() } }
+            group.addTask { await funnel.pump(.control, handled: clock.handedBack) { try await connection.receiveMessage(arrived: clock.arrived) } }
+            group.addTask { [minimumRate] in
+                let unfinished = "with files unfinished; their partials are kept for resuming"
+                switch await clock.waitForExpiry(transportBytes: { await connection.metrics.bytesReceived }) {
+                case nil: return
+                case .silent(let silence)?:
+                    await funnel.interrupt(with: TransferError(.cancelled, "the sender sent nothing for \(silence.components.seconds) s \(unfinished)"))
+                case .tooSlow(let bytes, let waited)?:
+                    await funnel.interrupt(with: TransferError(
+                        .cancelled,
+                        "the sender delivered \(bytes) bytes in \(waited.shownInSeconds) since the Accept, slower than \(clock.pace.rateDescription) (\(minimumRate) B/s beyond \(clock.pace.allowance.shownInSeconds)), \(unfinished)"))
+                }
+            }
             group.addTask {
-                guard let silence = await watchdog.waitForSilence() else { return }
-                await funnel.interrupt(with: TransferError(
-                    .cancelled, "the sender sent nothing for \(silence.components.seconds) s with files unfinished; their partials are kept for resuming"))
+                for await _ in evictions {
+                    let (bytes, waited) = clock.standing
+                    await funnel.interrupt(with: TransferError(
+                        .cancelled,
+                        "cut off to make room for another sender's offer: this sender delivered \(bytes) bytes in \(waited.shownInSeconds), slower than \(clock.pace.rateDescription); its partials are kept for resuming"))
+                    return
+                }
             }
             group.addTask { [localFailure] in
                 guard let failure = await localFailure() else { return }
@@ -190,7 +216,7 @@ public struct TransferReceiver: Sendable {
                             for try await stream in connection.incomingStreams {
                                 number += 1
                                 let source = InboundFunnel.Source.data(number)
-                                streams.addTask { await funnel.pump(source) { try await stream.receiveMessage() } }
+                                streams.addTask { await funnel.pump(source, handled: clock.handedBack) { try await stream.receiveMessage(arrived: clock.arrived) } }
                             }
                         } catch {
                             // The connection ended; the control stream's reader reports why.
@@ -221,7 +247,6 @@ public struct TransferReceiver: Sendable {
                         delivery = next
                     }
                     defer { delivery.handled.resume() }
-                    watchdog.busy()
                     if case .committed = delivery.event { commit = nil }
                     try await send(session.handle(delivery.event, from: delivery.source, usesStreams: usesStreams), on: connection, batching: session.usesBatches)
                     if !waitsForReason, let lost = session.lostDataStream {
@@ -239,9 +264,11 @@ public struct TransferReceiver: Sendable {
                         group.addTask { await funnel.post(committed: await task.value) }
                     }
                     // Time spent committing is the receiver's, not the sender's silence.
-                    if commit == nil { watchdog.idle(allowance: session.hashingAllowance) }
+                    clock.update(committing: commit != nil, zeros: session.summary.zeroBytes, hashingAllowance: session.hashingAllowance)
+                    // A Batch is up to 4096 messages of work: other connections' turn now.
+                    if case .message(.batch) = delivery.event { await Task.yield() }
                 }
-                watchdog.stop()
+                clock.stop()
                 release(&heldBack)
                 if let failure = await beforeComplete() { throw failure }
                 let replies = try session.finishTree()

@@ -33,8 +33,9 @@ final class InboundFunnel: Sendable {
     /// The consumer's side; take it once.
     func makeIterator() -> AsyncStream<Delivery>.AsyncIterator { stream.makeAsyncIterator() }
 
-    /// Reads `next` until the stream ends or fails, handing over one message at a time.
-    func pump(_ source: Source, _ next: () async throws -> Message?) async {
+    /// Reads `next` until the stream ends or fails, handing over one message at a time;
+    /// `handled` is called once each message was.
+    func pump(_ source: Source, handled: () -> Void = {}, _ next: () async throws -> Message?) async {
         while true {
             let event: Event
             do {
@@ -43,7 +44,9 @@ final class InboundFunnel: Sendable {
                 event = .failed(error)
             }
             await deliver(source, event)
-            guard case .message = event, !Task.isCancelled else { return }
+            guard case .message = event else { return }
+            handled()
+            guard !Task.isCancelled else { return }
         }
     }
 

@@ -73,9 +73,11 @@ extension NetworkConnection where Stack: TLVStack {
 
     /// The next message, or nil when the peer finished the stream between messages. A frame
     /// longer than the limit is `limit-exceeded`, which the caller reports to the peer in an
-    /// Error before closing (docs/PROTOCOL.md §2).
-    func receiveMessage() async throws -> Message? {
+    /// Error before closing (docs/PROTOCOL.md §2). `arrived` is told the frame's length as it
+    /// comes, before it is decoded (the receiver's clock of the sender).
+    func receiveMessage(arrived: (Int) -> Void = { _ in }) async throws -> Message? {
         guard let frame = try await receiveFrame() else { return nil }
+        arrived(frame.content.count + MessageCodec.headerSize)
         return try MessageCodec.decode(type: frame.metadata.type, body: frame.content)
     }
 

@@ -188,13 +188,16 @@ public enum MessageCodec {
         return count
     }
 
-    /// The frames of a Batch body: at least one, each complete, none a Batch itself. The list
-    /// is bounded by the body's length (an inner frame is at least a header) before it grows.
+    /// The frames of a Batch body: at least one, each complete, none a Batch itself, at most
+    /// ``ProtocolLimits/maximumBatchFrames``. The list is bounded before it grows.
     static func decodeBatch(_ r: inout ByteReader) throws(TransferError) -> [Message] {
         guard r.remaining > 0 else { throw TransferError(.malformed, "empty Batch") }
         var messages: [Message] = []
-        messages.reserveCapacity(min(r.remaining / headerSize, 4096))
+        messages.reserveCapacity(min(r.remaining / headerSize, ProtocolLimits.maximumBatchFrames))
         while r.remaining > 0 {
+            guard messages.count < ProtocolLimits.maximumBatchFrames else {
+                throw TransferError(.limitExceeded, "a Batch of more than \(ProtocolLimits.maximumBatchFrames) frames")
+            }
             let type = try r.u32()
             let length = Int(try r.u32())
             guard length <= r.remaining else {
