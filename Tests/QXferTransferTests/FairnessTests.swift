@@ -19,7 +19,7 @@ struct FairnessTests {
         defer { scratch.cleanup() }
         var receiver = TransferReceiver(directory: scratch.path, idleTimeout: .seconds(30))
         receiver.sendTimeout = .milliseconds(500)
-        receiver.minimumRate = 64 << 10
+        receiver.minimumDataRate = 64 << 10
         let outcome = try await withDialedReceiver(kind, receiver) { dial in
             try await drip(dial.framed(as: clientIdentity), files: 1, size: 1 << 20, prefix: "dripped", for: .seconds(10))
         }
@@ -48,7 +48,7 @@ struct FairnessTests {
 
         var receiver = TransferReceiver(directory: dst, idleTimeout: .seconds(30))
         receiver.sendTimeout = .seconds(20)
-        receiver.minimumRate = 64 << 10
+        receiver.minimumDataRate = 64 << 10
         let dripOffer = offer(files: 2000, size: 1, prefix: "a")
         let dripCost = MessageCodec.encodeFrame(.offer(dripOffer)).count * OfferMemory.bytesHeldPerOfferByte
         receiver.offerMemory = OfferMemory(limit: 2 * dripCost)
@@ -94,7 +94,7 @@ struct FairnessTests {
         defer { scratch.cleanup() }
         var receiver = TransferReceiver(directory: scratch.path, idleTimeout: .seconds(2))
         receiver.sendTimeout = .seconds(1)
-        receiver.minimumRate = 16 << 10
+        receiver.minimumDataRate = 16 << 10
         let content = pattern(1 << 20, seed: 8)
         let outcome = try await withDialedReceiver(.tls, receiver) { dial in
             let peer = try await dial.raw()
@@ -229,4 +229,41 @@ private func drip(
         group.cancelAll()
     }
     return (clock.now - started, answer.withLock { $0 })
+}
+
+/// The sender's clock on its own: a transfer of unknown size (standard input) is paced by its
+/// source, so the rate alone never cuts it off, while it still counts as behind when another
+/// sender needs room; a transfer of known size is cut off.
+@Suite("The sender's clock")
+struct SenderClockTests {
+    static let pace = PeerPace(allowance: .milliseconds(50), bytesPerSecond: 1 << 20)
+    static let framePace = PeerPace(allowance: .zero, bytesPerSecond: 1 << 20)
+
+    /// What the clock says after 300 ms with nothing delivered (silence limit 10 s).
+    static func verdict(expected: UInt64?) async -> (expiry: SenderClock.Expiry?, shortfall: UInt64?) {
+        let clock = SenderClock(idle: .seconds(10), pace: pace, framePace: framePace, expected: expected, hashingAllowance: .zero)
+        let expiry = await withTaskGroup(of: SenderClock.Expiry?.self) { group in
+            group.addTask { await clock.waitForExpiry(transportBytes: { nil }) }
+            group.addTask {
+                try? await Task.sleep(for: .milliseconds(300))
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
+        return (expiry, clock.shortfall(grace: .zero))
+    }
+
+    @Test("A known size behind the rate is cut off; an unknown size is not, but counts as behind")
+    func unknownSizeIsPacedByItsSource() async {
+        let known = await Self.verdict(expected: 1 << 30)
+        guard case .tooSlow(bytes: 0, _)? = known.expiry else {
+            Issue.record("a known-size transfer behind the rate was not cut off: \(String(describing: known.expiry))")
+            return
+        }
+        let unknown = await Self.verdict(expected: nil)
+        #expect(unknown.expiry == nil, "a transfer of unknown size was cut off by the rate: \(String(describing: unknown.expiry))")
+        #expect((unknown.shortfall ?? 0) > 0, "a transfer of unknown size behind the rate is not offered up to make room")
+    }
 }

@@ -48,11 +48,16 @@ public struct TransferReceiver: Sendable {
     /// How long an accepted transfer waits for the sender's next message before it ends with
     /// an error and lets go of its partial files (docs/PROTOCOL.md §1, "Timeouts"). Only the
     /// time the receiver waits for the sender counts, not time it holds the sender's messages.
-    /// From the Accept on, the sender must also deliver ``minimumRate`` bytes a second of that
-    /// time on average beyond ``sendTimeout`` (and the time to hash what it resumes), until
+    /// From the Accept on, the sender must also deliver ``minimumDataRate`` bytes a second of
+    /// that time on average beyond ``sendTimeout`` (and the time to hash what it resumes), until
     /// the files' bytes are in; a sender that falls behind by more than a second's worth may be
     /// cut off at once to make room for another sender's offer (docs/PROTOCOL.md §4).
     public var idleTimeout: Duration
+    /// The slowest average rate, in bytes per second, at which an accepted sender may deliver
+    /// its files' bytes (16 KiB/s, 128 kbit/s): far below any link a transfer is worth making
+    /// on, far above a drip. A transfer with a file of unknown size (standard input, paced by
+    /// whatever feeds it) is held to it only when another sender's offer needs its memory.
+    public var minimumDataRate: Int = 16 << 10
     /// Counters and events for a progress display.
     public var progress: TransferProgress
     /// Decides whether to accept an offer (asks the user, or applies a policy): true accepts,
@@ -168,7 +173,8 @@ public struct TransferReceiver: Sendable {
         var inbound = funnel.makeIterator()
         let superseded = Locked(false)
         let clock = SenderClock(
-            idle: idleTimeout, pace: sendPace, expected: incoming.filesOfUnknownSize > 0 ? nil : session.bytesToReceive,
+            idle: idleTimeout, pace: PeerPace(allowance: sendTimeout, bytesPerSecond: minimumDataRate), framePace: sendPace,
+            expected: incoming.filesOfUnknownSize > 0 ? nil : session.bytesToReceive,
             hashingAllowance: session.hashingAllowance)
         let (evictions, evict) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         reservation.yieldable(shortfall: { [sendTimeout] in clock.shortfall(grace: .seconds(1) - sendTimeout) }) {
@@ -176,7 +182,7 @@ public struct TransferReceiver: Sendable {
         }
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await funnel.pump(.control, handled: clock.handedBack) { try await connection.receiveMessage(arrived: clock.arrived) } }
-            group.addTask { [minimumRate] in
+            group.addTask { [minimumDataRate] in
                 let unfinished = "with files unfinished; their partials are kept for resuming"
                 switch await clock.waitForExpiry(transportBytes: { await connection.metrics.bytesReceived }) {
                 case nil: return
@@ -185,7 +191,7 @@ public struct TransferReceiver: Sendable {
                 case .tooSlow(let bytes, let waited)?:
                     await funnel.interrupt(with: TransferError(
                         .cancelled,
-                        "the sender delivered \(bytes) bytes in \(waited.shownInSeconds) since the Accept, slower than \(clock.pace.rateDescription) (\(minimumRate) B/s beyond \(clock.pace.allowance.shownInSeconds)), \(unfinished)"))
+                        "the sender delivered \(bytes) bytes in \(waited.shownInSeconds) since the Accept, slower than \(clock.pace.rateDescription) (\(minimumDataRate) B/s beyond \(clock.pace.allowance.shownInSeconds)), \(unfinished)"))
                 }
             }
             group.addTask {

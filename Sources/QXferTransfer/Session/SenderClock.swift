@@ -13,7 +13,9 @@ internal import LinuxSystem
 /// - **rate**: since the Accept, fewer bytes arrived than `pace` asks of the time waited —
 ///   `pace.bytesPerSecond` per second beyond `pace.allowance` — while fewer than `expected`
 ///   (the file bytes the transfer needs) did. A Zeros counts for the bytes it stands for.
-///   A drip that keeps the silence limit from firing is cut off by this one.
+///   A drip that keeps the silence limit from firing is cut off by this one. A transfer of
+///   unknown size is paced by its source, not its sender: the rate only tells how far behind
+///   it is when another sender needs room (``shortfall(grace:)``).
 final class SenderClock: Sendable {
     /// Why the clock expired.
     enum Expiry: Sendable, Equatable {
@@ -62,13 +64,14 @@ final class SenderClock: Sendable {
     let pace: PeerPace
     private let expected: UInt64?
 
-    /// `expected` is nil when the transfer has files of unknown size (the rate then applies
-    /// to the end); `hashingAllowance` is added to both limits (the sender hashes a resumed
-    /// prefix or a `present` file before it sends it).
-    init(idle: Duration, pace: PeerPace, expected: UInt64?, hashingAllowance: Duration) {
+    /// `expected` is nil when the transfer has files of unknown size (the rate then only
+    /// counts for ``shortfall(grace:)``); `hashingAllowance` is added to both limits (the sender
+    /// hashes a resumed prefix or a `present` file before it sends it); `framePace` bounds how
+    /// long bytes at the transport may stand for one frame in progress.
+    init(idle: Duration, pace: PeerPace, framePace: PeerPace, expected: UInt64?, hashingAllowance: Duration) {
         self.idle = idle
         self.pace = PeerPace(allowance: pace.allowance + hashingAllowance, bytesPerSecond: pace.bytesPerSecond)
-        self.frameAllowance = PeerPace(allowance: .zero, bytesPerSecond: pace.bytesPerSecond).limit(for: ProtocolLimits.maximumMessageSize)
+        self.frameAllowance = PeerPace(allowance: .zero, bytesPerSecond: framePace.bytesPerSecond).limit(for: ProtocolLimits.maximumMessageSize)
         self.expected = expected
         self.state = Locked(State(since: .now, hashingAllowance: hashingAllowance))
     }
@@ -132,7 +135,7 @@ final class SenderClock: Sendable {
         if waited - lastSign >= quiet || waited - state.lastFrame >= quiet + frameAllowance {
             return .silent(waited - lastSign)
         }
-        if state.credited < required(after: waited) { return .tooSlow(bytes: state.credited, waited: waited) }
+        if expected != nil, state.credited < required(after: waited) { return .tooSlow(bytes: state.credited, waited: waited) }
         return nil
     }
 
