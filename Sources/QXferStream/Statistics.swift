@@ -109,7 +109,11 @@ public struct StreamStatistics: Sendable {
     }
 
     /// The figures since the last call (and resets the interval).
-    public mutating func takeInterval(seconds: Double, clock: ClockOffsetEstimator) -> IntervalReport {
+    ///
+    /// - Parameter framesSent: for the stream's last interval, the frames the sender said it
+    ///   sent: those that never arrived, after the highest index seen too, are lost in it, so
+    ///   the intervals together account for every frame sent.
+    public mutating func takeInterval(seconds: Double, clock: ClockOffsetEstimator, framesSent: Int? = nil) -> IntervalReport {
         defer {
             interval.reset()
             intervalDelivered = 0
@@ -117,7 +121,7 @@ public struct StreamStatistics: Sendable {
             intervalBytes = 0
         }
         // Frames below the highest index that have not arrived: lost, unless they still come.
-        let missing = max(0, Int(framesSeen) - framesDelivered - framesLate)
+        let missing = max(0, max(Int(framesSeen), framesSent ?? 0) - framesDelivered - framesLate)
         defer { missingReported = max(missingReported, missing) }
         return IntervalReport(
             framesDelivered: intervalDelivered, framesLate: intervalLate, framesLost: max(0, missing - missingReported),
@@ -319,22 +323,31 @@ public struct StreamTotals: Sendable, Hashable, Codable {
         let blocksRecovered, shardsRequested, retransmissionsReceived, picturesNotFilled: Int?
     }
 
-    /// A few lines for a terminal.
+    /// A few lines for a terminal, none over ``StreamReportText/width`` columns: what ran
+    /// (mode, stack, repair, clock offset), the frames, the latency and rate, then any note.
+    /// The peer's words (mode, stack, repair, note) are shown escaped.
     public func text() -> String {
-        func pct(_ n: Int) -> String { TextFormat.fixed(framesSent > 0 ? Double(n) * 100 / Double(framesSent) : 0, places: 2) + "%" }
-        var lines = [
-            "\(mode) over \(stack)\(repair.isEmpty ? "" : " (repair: \(repair))"): \(framesSent) frames sent, "
-                + "\(framesDelivered) on time (\(pct(framesDelivered))), \(framesLate) late (\(pct(framesLate))), "
-                + "\(framesLost) lost (\(pct(framesLost)))",
-            "latency p50 \(TextFormat.fixed(latency.p50, places: 1)) p95 \(TextFormat.fixed(latency.p95, places: 1)) "
-                + "p99 \(TextFormat.fixed(latency.p99, places: 1)) max \(TextFormat.fixed(latency.max, places: 1)) ms, "
-                + "jitter \(TextFormat.fixed(jitterMilliseconds, places: 2)) ms, \(TextFormat.fixed(bitsPerSecond / 1e6, places: 2)) Mbit/s, "
-                + "clock offset \(TextFormat.fixed(clockOffsetMilliseconds, places: 2, width: 0, signed: true)) ms"
-                + (roundTripMilliseconds.map { " (rtt \(TextFormat.fixed($0, places: 1)) ms)" } ?? ""),
-        ]
-        if !note.isEmpty { lines.append("note: \(note)") }
+        typealias T = TextFormat
+        func pct(_ n: Int) -> String { T.fixed(framesSent > 0 ? Double(n) * 100 / Double(framesSent) : 0, places: 2) + "%" }
+        func said(_ text: String) -> String { TerminalText.escaped(text) }
+        var lines = StreamReportText.lines([
+            "\(said(mode)) over \(said(StreamReportText.stackName(stack)))\(repair.isEmpty ? "" : " (repair: \(said(repair)))")",
+            "clock offset \(T.fixed(clockOffsetMilliseconds, places: 2, width: 0, signed: true)) ms"
+                + (roundTripMilliseconds.map { " (rtt \(T.fixed($0, places: 1)) ms)" } ?? ""),
+        ])
+        lines += StreamReportText.lines([
+            "\(framesSent) frames sent", "\(framesDelivered) on time (\(pct(framesDelivered)))",
+            "\(framesLate) late (\(pct(framesLate)))", "\(framesLost) lost (\(pct(framesLost)))",
+        ])
+        lines += StreamReportText.lines([
+            "latency p50 \(T.fixed(latency.p50, places: 1)) p95 \(T.fixed(latency.p95, places: 1)) "
+                + "p99 \(T.fixed(latency.p99, places: 1)) max \(T.fixed(latency.max, places: 1)) ms",
+            "jitter \(T.fixed(jitterMilliseconds, places: 2)) ms", "\(T.fixed(bitsPerSecond / 1e6, places: 2)) Mbit/s",
+        ])
+        if !note.isEmpty { lines += StreamReportText.wrapped("note: \(said(note))") }
         if picturesNotFilled > 0 {
-            lines.append("output: \(picturesNotFilled) missing pictures left out, not repeated (picture numbers ran ahead of the stream's clock and rate)")
+            lines += StreamReportText.wrapped(
+                "output: \(picturesNotFilled) missing pictures left out, not repeated (picture numbers ran ahead of the stream's clock and rate)")
         }
         return lines.joined(separator: "\n")
     }

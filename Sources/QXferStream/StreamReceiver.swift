@@ -69,6 +69,7 @@ public enum StreamReceiver {
         let carriage = Carriage.choose(mode: hello.mode, hasQUICExtras: hasExtras)
         let deadline = UInt64(hello.deadlineMilliseconds) * 1_000_000
         let core = Locked(ReceiverCore(hello: hello, carriage: carriage, startedAt: WallClock.now()))
+        let intervals = Locked(IntervalClock(started: ContinuousClock.now))
         try core.withLock { try $0.openSink(options.makeSink) }
         let controlReader = reader  // the rest of the control stream, after the hello
 
@@ -161,18 +162,9 @@ public enum StreamReceiver {
                 case .ordered: break
                 }
                 group.addTask {
-                    let started = ContinuousClock.now
-                    var last = started
                     while !Task.isCancelled {
                         try await Task.sleep(for: options.reportInterval)
-                        let now = ContinuousClock.now
-                        let seconds = Double((now - last).components.attoseconds) / 1e18 + Double((now - last).components.seconds)
-                        last = now
-                        let (report, ended) = core.withLock { ($0.stats.takeInterval(seconds: seconds, clock: $0.clock), $0.framesSent != nil) }
-                        // After the sender's end, an interval without frames is no figure at all.
-                        if ended && report.framesDelivered + report.framesLate == 0 { continue }
-                        let elapsed = now - started
-                        options.onInterval(report, Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+                        if !intervals.withLock({ $0.report(core, options.onInterval) }) { return }
                     }
                 }
 
@@ -211,6 +203,8 @@ public enum StreamReceiver {
                         }
                     }
                     totals = try core.withLock { try $0.finish() }
+                    // The last interval, however short: its frames belong in a row too.
+                    intervals.withLock { $0.finish(core, options.onInterval) }
                 } catch {
                     if let failure = core.withLock({ $0.outputFailure ?? $0.idleFailure }) {
                         // The sender hears why and closes (it would otherwise report a connection
@@ -260,6 +254,47 @@ extension StreamReceiver {
 }
 
 /// The receiver's state: clock estimate, statistics, reassembly, playout and the sink.
+/// When the interval reports fall due: one each ``StreamReceiverOptions/reportInterval``, then
+/// one last for what arrived since (a stream of 5 s gets rows for seconds 1 to 4 and for the
+/// rest), after which there are no more. Reports are made and handed on under its lock, so
+/// they leave in order.
+struct IntervalClock {
+    let started: ContinuousClock.Instant
+    var last: ContinuousClock.Instant
+    var finished = false
+
+    init(started: ContinuousClock.Instant) {
+        self.started = started
+        last = started
+    }
+
+    /// The interval just past, to `deliver`, unless the stream finished; false once it has.
+    mutating func report(_ core: Locked<ReceiverCore>, _ deliver: (IntervalReport, Double) -> Void) -> Bool {
+        guard !finished else { return false }
+        let now = ContinuousClock.now
+        let (report, ended) = core.withLock { ($0.stats.takeInterval(seconds: seconds(last, now), clock: $0.clock), $0.framesSent != nil) }
+        last = now
+        // After the sender's end, an interval without frames is no figure at all.
+        if !(ended && report.framesDelivered + report.framesLate + report.framesLost == 0) { deliver(report, seconds(started, now)) }
+        return true
+    }
+
+    /// The last interval, with every frame the sender sent and that never came counted lost:
+    /// delivered only if it holds a frame, once.
+    mutating func finish(_ core: Locked<ReceiverCore>, _ deliver: (IntervalReport, Double) -> Void) {
+        guard !finished else { return }
+        finished = true
+        let now = ContinuousClock.now
+        let report = core.withLock { $0.stats.takeInterval(seconds: seconds(last, now), clock: $0.clock, framesSent: $0.framesSent) }
+        if report.framesDelivered + report.framesLate + report.framesLost > 0 { deliver(report, seconds(started, now)) }
+    }
+
+    private func seconds(_ from: ContinuousClock.Instant, _ to: ContinuousClock.Instant) -> Double {
+        let span = to - from
+        return Double(span.components.seconds) + Double(span.components.attoseconds) / 1e18
+    }
+}
+
 struct ReceiverCore {
     let hello: StreamHello
     let carriage: Carriage

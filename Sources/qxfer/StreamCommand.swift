@@ -145,7 +145,7 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
             if summary.framesDroppedAtSender > 0 { extras.append("\(summary.framesDroppedAtSender) frames dropped at the sender (past their deadline)") }
             if summary.streamsReset > 0 { extras.append("\(summary.streamsReset) frame streams reset at their deadline") }
             if summary.shardsRetransmitted > 0 { extras.append("\(summary.shardsRetransmitted) shards retransmitted on request") }
-            if !extras.isEmpty { StandardStream.output.write("sender: " + extras.joined(separator: ", ") + "\n") }
+            if !extras.isEmpty { StandardStream.output.write(StreamReportText.lines(["sender: " + extras[0]] + extras.dropFirst()).joined(separator: "\n") + "\n") }
         }
     }
 
@@ -306,10 +306,8 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
                 if let stack = metrics.stack { fields["stack"] = stack }
                 Console.emit("progress", fields)
             } else {
-                let line = "sending: \(TextFormat.fixed(seconds, places: 1, width: 6))s  \(TextFormat.bytes(UInt64(max(0, sent)))) sent  "
-                    + "\(TextFormat.fixed(rate / 1e6, places: 2, width: 7)) Mbit/s"
-                    + (rtt.map { "  RTT \(TextFormat.fixed($0, places: 1)) ms" } ?? "")
-                    + (metrics.stack.map { "  \($0)" } ?? "")
+                let line = StreamReportText.senderProgress(
+                    seconds: seconds, bytesSent: UInt64(max(0, sent)), bitsPerSecond: rate, roundTripMilliseconds: rtt, stack: metrics.stack)
                 StandardStream.error.write("qxfer: \(line)\n")
             }
         }
@@ -405,8 +403,8 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
                 defer { shown = true }
                 return !shown
             }
-            if first { say(IntervalRow.header) }
-            say(IntervalRow.text(report, elapsed: elapsed))
+            if first { say(StreamReportText.rowHeader) }
+            say(StreamReportText.row(report, elapsed: elapsed))
         }
         if let output {
             options.makeSink = { hello in try makeSink(for: hello, output: ByteOutput(path: output)) }
@@ -490,22 +488,6 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
         }
         let totals = try result.get()
         say(json ? Console.jsonLine("totals", totals.jsonFields()) : totals.text())
-    }
-}
-
-/// The receiver's line a second: fixed columns under a header, 82 columns wide (wider only for
-/// latencies past 10⁶ ms); an interval without frames shows no latencies rather than zeros.
-enum IntervalRow {
-    static let header = "  time  frames  late  lost   p50 ms   p95 ms   p99 ms   max ms  jitter ms   Mbit/s"
-
-    static func text(_ report: IntervalReport, elapsed: Double) -> String {
-        let latency = report.framesDelivered + report.framesLate == 0
-            ? String(repeating: "        -", count: 4)
-            : [report.latency.p50, report.latency.p95, report.latency.p99, report.latency.max]
-                .map { TextFormat.fixed($0, places: 1, width: 9) }.joined()
-        return TextFormat.fixed(elapsed, places: 1, width: 6) + TextFormat.rightAligned(report.framesDelivered, width: 8)
-            + TextFormat.rightAligned(report.framesLate, width: 6) + TextFormat.rightAligned(report.framesLost, width: 6) + latency
-            + TextFormat.fixed(report.jitterMilliseconds, places: 2, width: 11) + TextFormat.fixed(report.bitsPerSecond / 1e6, places: 2, width: 9)
     }
 }
 
