@@ -11,13 +11,13 @@ struct BrowseCommand: AsyncParsableCommand, JSONOutput {
         commandName: "browse",
         abstract: "List receivers on the local network as they appear and disappear.",
         discussion: """
-            Receivers ('qxfer recv') advertise themselves with DNS-SD over multicast DNS \
-            (service type _qxfer._udp): instance name, port, and their identity fingerprint \
-            in the TXT record. Each line starts with '+' when a receiver appears or changes \
-            and '-' when it leaves (a goodbye, or its records expire). The advertised \
-            fingerprint is a hint: trust still comes from pinning or known hosts when you \
-            connect. Works beside avahi-daemon; avahi-browse and python-zeroconf see the \
-            same services.
+            EXAMPLES:
+              qxfer browse                   # '+' as a receiver appears, '-' as it leaves
+              qxfer browse --timeout 5 --json
+              qxfer browse --interface eth0
+
+            The fingerprint shown is a hint, never trusted as such. docs/COMMANDS.md and \
+            docs/DISCOVERY.md tell more.
             """
     )
 

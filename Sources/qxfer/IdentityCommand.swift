@@ -8,11 +8,13 @@ struct IdentityCommand: AsyncParsableCommand, JSONOutput {
         commandName: "id",
         abstract: "Show this host's identity fingerprint, creating the identity on first run.",
         discussion: """
-            The identity is a P-256 key and a self-signed certificate in the configuration \
-            folder (host-key.pem, host-cert.pem; files 0600, folder 0700). Peers pin the \
-            SHA-256 fingerprint of the certificate printed here. A damaged identity is an \
-            error, never silently replaced: replacing it would change the fingerprint every \
-            peer has pinned.
+            EXAMPLES:
+              qxfer id                       # the SHA-256 fingerprint peers pin
+              qxfer id --json
+              qxfer id --config-dir /etc/qxfer
+
+            The identity is host-key.pem and host-cert.pem in the configuration folder; a \
+            damaged one is an error, never replaced (docs/COMMANDS.md).
             """
     )
 

@@ -18,17 +18,14 @@ struct PairCommand: AsyncParsableCommand {
               qxfer pair <host>[:<port>] [--code <code>] [--stack auto|quic|tls]  (the other one)
             """,
         discussion: """
-            The waiting machine prints a fresh code and waits for one attempt; on the other, \
-            type the code when asked (or pass --code). Both prove they know the code with a \
-            password-authenticated key exchange (SPAKE2, RFC 9382) bound to the encrypted \
-            connection, so a man in the middle gets a single guess, one in a million, and a \
-            failed attempt teaches him nothing. On success each side stores the other's name \
-            and certificate fingerprint in paired-devices.json in the configuration folder: \
-            'qxfer send' to a paired machine needs no --fingerprint and never trusts on first \
-            use, and 'qxfer recv --paired-only' admits only paired senders. The waiting side \
-            exits after that one attempt, right or wrong.
+            EXAMPLES:
+              qxfer pair                    # on one machine: prints a code and waits
+              qxfer pair laptop.local       # on the other: asks for that code
+              qxfer send notes.txt laptop.local    # from then on, no fingerprint to check
+              qxfer recv --paired-only      # and receivers can admit paired senders only
 
-            See 'qxfer devices' and 'qxfer unpair'.
+            docs/COMMANDS.md tells how the code is checked (SPAKE2) and what is stored; see \
+            'qxfer devices' and 'qxfer unpair'.
             """
     )
 
@@ -232,7 +229,12 @@ final class WaitingAttempt: Sendable {
 struct DevicesCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "devices",
-        abstract: "List the machines paired with 'qxfer pair'."
+        abstract: "List the machines paired with 'qxfer pair'.",
+        discussion: """
+            EXAMPLES:
+              qxfer devices
+              qxfer devices --json           # an array of devices, for scripts
+            """
     )
 
     @OptionGroup var global: LocalOptions
@@ -268,7 +270,11 @@ struct DevicesCommand: AsyncParsableCommand {
 struct UnpairCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "unpair",
-        abstract: "Forget a paired machine: it is trusted no more."
+        abstract: "Forget a paired machine: it is trusted no more.",
+        discussion: """
+            EXAMPLES:
+              qxfer unpair laptop            # by the name 'qxfer devices' lists
+            """
     )
 
     @OptionGroup var global: LocalOptions

@@ -13,8 +13,15 @@ struct QXferCommand: AsyncParsableCommand {
         commandName: "qxfer",
         abstract: "Move files and live frames between two machines over TCP+TLS or QUIC.",
         discussion: """
-            Every host has an identity (a key and a self-signed certificate) that peers pin by \
-            its SHA-256 fingerprint, like SSH host keys. Run 'qxfer id' to see yours.
+            EXAMPLES:
+              qxfer recv                        # receive into this folder, port 7447
+              qxfer send photos/ notes.txt otherhost
+              qxfer id                          # the fingerprint peers pin
+              qxfer pair                        # then 'qxfer pair thishost' on the other
+              qxfer stream recv --output out.ivf
+              qxfer stream send otherhost --input clip.ivf
+
+            'qxfer COMMAND --help' for each; docs/COMMANDS.md and README.md for the details.
 
             Exit codes: 0 success, 64 usage, 65 verification failed (digest mismatch), 69 \
             network unavailable or the peer went away, 73 target exists or is being received by another sender (not overwritten) or is too large for the receiving side, \
@@ -46,7 +53,7 @@ struct QXferCommand: AsyncParsableCommand {
         }
         if CommandLine.arguments.count <= 1 {
             // No command at all is a usage error, as a missing argument is: 64, usage on stderr.
-            StandardStream.error.write(helpMessage() + "\n")
+            StandardStream.error.write(HelpLayout.examplesAfterUsage(helpMessage()) + "\n")
             Glibc.exit(64)
         }
         do {
@@ -69,9 +76,12 @@ struct QXferCommand: AsyncParsableCommand {
             fail(error.message, code: "pairing-\(error.kind)", status: ExitCodes.code(for: error))
         } catch {
             let code = exitCode(for: error)
-            if code == .success || error is CleanExit {
-                exit(withError: error)  // --help, --version
+            if code == .success {
+                // --help (examples moved after the usage), --version
+                StandardStream.output.write(HelpLayout.examplesAfterUsage(fullMessage(for: error)) + "\n")
+                Glibc.exit(0)
             }
+            if error is CleanExit { exit(withError: error) }
             fail(message(for: error), code: "usage", status: code.rawValue)
         }
     }

@@ -13,23 +13,15 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
         commandName: "recv",
         abstract: "Receive files sent with 'qxfer send', over QUIC and TCP+TLS on one port number.",
         discussion: """
-            Each offer is shown (the sender's fingerprint, the files, the total size) and \
-            accepted only when you answer yes, unless --yes. Names are checked before anything \
-            is written: nothing can land outside the folder. Data goes to a hidden partial file \
-            beside its target and gets the final name only after its digest matches; an \
-            interrupted file is resumed by sending it again. Blocks of zeros are left as holes, \
-            so a sparse disk image takes only the space of its data.
+            EXAMPLES:
+              qxfer recv                         # into this folder, asking for each offer
+              qxfer recv --dir ~/incoming --yes  # accept every offer, no questions
+              qxfer recv --paired-only --once    # paired senders only, one transfer
+              qxfer recv --stdout | tar x        # one file to standard output
+              qxfer recv --port 9000 --json      # JSON event lines on standard output
 
-            An existing file of the same size is compared by digest and left alone (reported \
-            when its content differs); one of another size is kept and reported. --overwrite \
-            replaces either once the new one is verified (a same-size file is then sent in full). Into a file system that does not tell upper from lower case (exFAT, \
-            FAT), of two offered names that differ only in case the first is received and the \
-            later reported.
-
-            The question is asked on the terminal, one offer at a time; keys typed before it \
-            appears are discarded, and it is withdrawn (declined) if its sender goes away \
-            before the answer. A --dir that does not exist is created (its parent must); one \
-            that cannot be written is refused at start.
+            docs/COMMANDS.md tells how offers are checked, resumed and what an existing \
+            file meets (--overwrite).
             """
     )
 

@@ -42,53 +42,17 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
               qxfer send <path>
             """,
         discussion: """
-            Folders are sent whole: empty files and folders, permissions and modification \
-            times; symlinks inside a folder are sent as links (never followed), those pointing \
-            out of it are skipped, as are sockets, FIFOs and devices. A file or folder whose \
-            name qxfer/1 cannot carry (control characters, a reserved suffix, not UTF-8, deeper \
-            than 64 levels, a path over 4095 bytes or beyond what the system opens from the \
-            folder named) is skipped too, and then the command exits 77 once the rest has \
-            arrived; one inside a folder that you may not read (or list) is skipped and the \
-            command exits 74 once the rest has arrived. '-' sends standard input as a file named by --name; a pipe or \
-            device named as a path is an error (pipe it into '-'), as is a path you may not read. \
-            Kernel files (/proc, /sys), whose size is not their content's, are read to their \
-            end; one whose read fails is skipped and the command exits 74, as it does once the \
-            rest has arrived when a file cannot be read to its end during the send (deleted or \
-            truncated meanwhile, a read error).
+            EXAMPLES:
+              qxfer send report.pdf photos/ otherhost  # QUIC (TCP+TLS if UDP blocked)
+              qxfer send disk.img otherhost:7447 --stack tls     # TCP+TLS only
+              qxfer send notes.txt --to office-pc    # found on the network by name
+              qxfer send notes.txt                   # the one receiver on the network
+              tar c src | qxfer send - --name src.tar otherhost  # standard input
+              qxfer send photos/ otherhost --json > events.jsonl # JSON event lines
 
-            A sparse file's holes of 1 MiB or more travel as holes (a few bytes each, not their \
-            length), and every block of zeros stays a hole on the receiver.
-
-            Every file is checked end to end with XXH3-128 (or SHA-256 with --checksum \
-            sha256) and gets its final name on the receiver only once the digests match. \
-            Running the same command again after an interruption resumes each file from \
-            what the receiver holds, after checking it.
-
-            Without a host, the receiver is found on the local network (multicast DNS): \
-            --to NAME picks it by the name 'qxfer recv' advertises; a single path and no \
-            --to sends to the one receiver that answers (several: they are listed).
-
-            --stack auto (the default) starts QUIC at once and TCP+TLS 250 ms later or as \
-            soon as QUIC fails, and sends over whichever completes its handshake first; the \
-            summary (and --json) names it. A host where TCP+TLS won while QUIC was refused \
-            or got no answer for 3 s (UDP blocked) is remembered for an hour ('stacks' in the \
-            configuration folder) and gets TCP+TLS first; a race QUIC merely lost is not. Where nothing listens (TCP refused; UDP refused or silent) it says so within \
-            about a second. To a receiver seen before (a session ticket kept, its fingerprint \
-            trusted) a send of less than 16 MiB lets QUIC lead alone, the offer and small \
-            files as 0-RTT early data; if nothing answers within a second, the send connects \
-            again and races.
-
-            The first connection to a host trusts and records its fingerprint (like ssh); a \
-            changed fingerprint is refused. --fingerprint pins one explicitly; once verified it \
-            is recorded for a host with no entry, so later sends there need no --fingerprint \
-            (an entry is never changed). A fingerprint advertised on the network is only a \
-            hint: the same rules apply.
-
-            Once the receiver has accepted, a network failure (connection reset, closed or \
-            timed out, receiver unreachable) does not end the transfer: the sender reconnects \
-            with backoff and resumes each file from what the receiver holds, for up to \
-            --retry-for seconds after the last attempt that the receiver accepted (0: never). \
-            Refusals and errors the receiver reports are not retried.
+            Run the same command again to resume an interrupted send. docs/COMMANDS.md tells \
+            what is sent and skipped (exit 77, 74), resuming, the QUIC/TCP+TLS race, trust \
+            on first use and reconnecting.
             """
     )
 

@@ -17,11 +17,12 @@ struct StreamCommand: AsyncParsableCommand {
         commandName: "stream",
         abstract: "Stream live frames to another host and measure per-frame latency.",
         discussion: """
-            'qxfer stream recv' waits for one stream (on TCP and UDP port \(defaultStreamPort)) and reports \
-            per-frame one-way latency, delivered, late and lost frames, jitter and bit rate \
-            every second; 'qxfer stream send HOST' sends a synthetic source, an IVF file \
-            (VP8/VP9/AV1) or a Y4M file, paced at its frame rate. docs/STREAMING.md explains \
-            the modes and the figures.
+            EXAMPLES:
+              qxfer stream recv --output out.ivf   # port \(defaultStreamPort), one stream, then exit
+              qxfer stream send otherhost          # 10 s of synthetic 4 Mbit/s frames
+              qxfer stream send otherhost --input clip.ivf --mode stream-per-frame
+
+            docs/COMMANDS.md and docs/STREAMING.md explain the modes and the figures.
             """,
         subcommands: [StreamSendCommand.self, StreamRecvCommand.self]
     )
@@ -36,21 +37,15 @@ struct StreamSendCommand: AsyncParsableCommand, JSONOutput {
         abstract: "Send live frames to a host running 'qxfer stream recv'.",
         usage: "qxfer stream send <host>[:<port>] [--stack auto|quic|tls] [--mode realtime|stream-per-frame|reliable] [--input <file>|-]",
         discussion: """
-            Without --input, a synthetic source sends frames sized like encoded video (a \
-            keyframe every --keyframe-interval frames, six times larger than those between) \
-            at --bitrate and --fps for --duration seconds. With --input, frames come from an \
-            IVF or Y4M file (or standard input), paced at its frame rate.
+            EXAMPLES:
+              qxfer stream send otherhost --duration 30 --fps 60 --bitrate 8M
+              qxfer stream send otherhost --input clip.ivf        # realtime, repaired
+              qxfer stream send otherhost --input clip.y4m --mode reliable --stack tls
+              ffmpeg -i in.mp4 -f yuv4mpegpipe - | qxfer stream send otherhost --input -
+              qxfer stream send otherhost --json > events.jsonl   # JSON event lines
 
-            Modes: reliable (one ordered stream: a loss delays every later frame), \
-            stream-per-frame (a QUIC stream per frame, reset past its deadline), realtime \
-            (QUIC datagrams, late frames dropped, losses repaired by --repair). Over --stack \
-            tls there is one ordered stream: every mode frames its frames on it, and the \
-            report says so. The default, --stack auto, races QUIC against TCP+TLS and says \
-            so when TCP+TLS won (UDP blocked).
-
-            While sending, a line a second on standard error shows the time, the bytes sent, \
-            the rate and the RTT (a 'progress' event with --json); at the end the receiver's \
-            totals go to standard output.
+            docs/COMMANDS.md tells the source, the modes over each stack and the progress \
+            line; docs/STREAMING.md the figures.
             """
     )
 
@@ -319,16 +314,14 @@ struct StreamRecvCommand: AsyncParsableCommand, JSONOutput {
         commandName: "recv",
         abstract: "Receive one stream, report latency every second, and write the frames.",
         discussion: """
-            Listens on TCP and UDP (the sender's --stack picks one) and serves the first \
-            sender, then exits. The report goes to standard output, or to standard error when \
-            frames go to standard output (--output -). Frames are written as the sender's \
-            container: IVF for IVF and synthetic sources (synthetic frames are not decodable \
-            video), Y4M for Y4M. Frames lost in realtime mode leave a gap: IVF resumes at the \
-            next keyframe, Y4M repeats the previous picture (never more pictures than the \
-            stream's time at its declared rate allows, nor more repeated than received). A \
-            stream that sends no frame for --idle-limit seconds ends; if it never sent one, the \
-            receiver goes back to waiting. A second sender waits up to 15 s for the stream in \
-            progress to end that way, else it is refused ("busy").
+            EXAMPLES:
+              qxfer stream recv                        # report only, frames dropped
+              qxfer stream recv --output out.ivf       # and write the frames
+              qxfer stream recv --output - | ffplay -  # play them as they come
+              qxfer stream recv --idle-limit 3 --json  # JSON event lines
+
+            docs/COMMANDS.md tells what is written, when a stream ends and a second sender; \
+            docs/STREAMING.md the report's figures.
             """
     )
 

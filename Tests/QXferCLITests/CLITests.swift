@@ -129,7 +129,7 @@ struct CLITests {
         #expect(help.contains("--stdout Write the one file of one transfer to standard output"), "\(run.stdout)")
         #expect(help.contains("a pipe cannot be un-written"))
         #expect(help.contains("created if missing"))
-        #expect(help.contains("keys typed before it appears are discarded"))
+        // What the offer prompt discards is in docs/COMMANDS.md now (HelpTests.explanationsMoved).
     }
 
     @Test("With --json a usage error is also one JSON event on stdout: event, time, code, exit_code")
