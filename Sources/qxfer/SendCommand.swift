@@ -143,28 +143,33 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         let receiverTrust = try ReceiverTrust(
             fingerprint: fingerprint, endpoint: endpoint, discoveredName: discoveredName, identity: identity, config: global.config)
         let reporter = TransferReporter(json: json, role: .sender)
-        for line in tree.skipped { reporter.warn(line) }
+        reporter.leftOut(tree)
 
         try await stack.run(
             Sending(command: self, tree: tree, endpoint: endpoint, trust: receiverTrust, reporter: reporter),
             identity: identity, trust: receiverTrust.trust, tcp: transferTCP, config: global.config,
             probesPathMTU: tree.totalSize >= Self.pathProbeThreshold || tree.sources.contains(.standardInput), leadsEarly: true)
-        // Everything else arrived, but a script that deletes its source after a send that
-        // exited 0 must not lose the files that could not be read or whose names could not travel.
-        if tree.unreadable > 0 {
-            let one = tree.unreadable == 1
-            throw TransferError(
-                .io,
-                "\(count(tree.unreadable, "file or folder", "files or folders")) named above could not be read and \(one ? "was" : "were") not sent; "
-                    + "everything else arrived")
-        }
-        if tree.unsentForTheirNames > 0 {
-            let one = tree.unsentForTheirNames == 1
-            throw TransferError(
-                .unsafePath,
-                "\(count(tree.unsentForTheirNames, "item", "items")) named above \(one ? "was" : "were") not sent "
-                    + "(qxfer/1 cannot carry \(one ? "it" : "them")); everything else arrived")
-        }
+    }
+
+    /// What the command ends with once the receiver answered: every entry not transferred
+    /// counted on the last line, those left out here (named as they were found) and those the
+    /// receiver did not take alike. The exit status is the first one the receiver did not take,
+    /// else 74 for items that could not be read, else 77 for names qxfer/1 cannot carry: a script
+    /// that deletes its source after a send that exited 0 must not lose them. Sockets, FIFOs,
+    /// devices and links leaving the tree hold nothing qxfer carries: alone, they leave the exit
+    /// status 0, and the summary line counts them.
+    static func notTransferred(_ summary: TransferSummary, leftOut tree: SourceTree) -> TransferError? {
+        let received = summary.failures.dropFirst(tree.notSent.count)
+        // A failure without a path had no line of its own (an older receiver's count): said as it is.
+        if let unnamed = received.first(where: { $0.path.isEmpty }) { return unnamed.error }
+        let code: TransferError.Code? = received.first?.error.code
+            ?? (tree.unreadable > 0 ? .io : tree.unsentForTheirNames > 0 ? .unsafePath : nil)
+        guard let code else { return nil }
+        let total = summary.failures.count
+        return TransferError(
+            code,
+            "\(count(total, "item", "items")) named above \(total == 1 ? "was" : "were") not transferred"
+                + (summary.succeeded > 0 ? "; everything else arrived" : ""))
     }
 
     /// From this many bytes (or from standard input, of unknown length) QUIC first finds the
@@ -198,11 +203,13 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         while true {
             let accepted = OnceFlag()
             do {
-                let summary = try await attempt(
+                var summary = try await attempt(
                     tree, parameters: parameters, endpoint: endpoint, trust: trust, reporter: reporter, clock: moving, accepted: accepted,
                     announce: reconnects == 0)
+                // What was left out here is not transferred either: counted first, as named first.
+                summary.failures = tree.notSent + summary.failures
                 reporter.finish(summary, clock: moving, reconnects: reconnects)
-                if let notTransferred = summary.notTransferred { throw notTransferred }
+                if let notTransferred = Self.notTransferred(summary, leftOut: tree) { throw notTransferred }
                 return
             } catch where !Task.isCancelled && Self.isNetworkFailure(error) {
                 if !accepted.isSet, !racedAfterEarly, let note = earlyDataRetryNote(error, to: endpoint, racing: stack == .auto) {

@@ -38,6 +38,19 @@ final class TransferReporter: Sendable {
         Console.warn(line)
     }
 
+    /// What a sender found and leaves out, before it connects: each entry a line naming it (its
+    /// local path), or with `--json` a `failed` event (its path as the receiver would have named
+    /// it, a code and the reason), as for an entry the receiver does not take; the summary counts
+    /// them with those.
+    func leftOut(_ tree: SourceTree) {
+        guard style == .json else {
+            for line in tree.skipped { warn(line) }
+            return
+        }
+        for (path, error) in tree.notSent { emit("failed", ["path": path, "code": error.code.name, "message": error.message]) }
+        for line in tree.vanished { warn(line) }  // no entries: removed while their folder was read
+    }
+
     /// A line for `-v`: what the connection did that a person need not see otherwise.
     func info(_ line: String) {
         logger.info("\(line)")
@@ -69,13 +82,15 @@ final class TransferReporter: Sendable {
             } else if role == .sender {
                 // Not "0 B to send" for standard input alone (its size is not known yet), nor
                 // when every file is already there (their digests are compared, nothing travels).
+                // Not "in full" before the digests say so: a file of the same size and other
+                // content is refused then (the summary counts those found whole).
                 let unknown = offeredOfUnknownSize.withLock { $0 }
                 let amount = unknown > 0 && bytes == 0 ? "sending, size unknown"
                     : bytes == 0 && holes == 0 && present > 0 ? "nothing to send"
                     : "\(formatSize(bytes, filesOfUnknownSize: unknown)) to send"
                 printLine("accepted: \(amount)" + (holes > 0 ? " (plus \(TextFormat.bytes(holes)) of holes)" : "")
                           + (resumed > 0 ? ", \(TextFormat.bytes(resumed)) already there" : "")
-                          + (present > 0 ? ", \(count(present, "file", "files")) already there in full" : ""))
+                          + (present > 0 ? ", \(count(present, "file", "files")) of the same size already there, to compare by digest" : ""))
             }
         case .started(let path, let size, let offset):
             logger.info("file '\(path)': \(size.map { "\($0) bytes" } ?? "size unknown")\(offset > 0 ? ", resuming at byte \(offset)" : "")")
@@ -320,6 +335,7 @@ final class TransferReporter: Sendable {
                 "rate_bytes_per_s": wholeNumber(rate), "algorithm": summary.algorithm.name, "reconnects": reconnects,
             ]
             if let checksum { object["digest"] = checksum }
+            object["present"] = clock.alreadyThere
             if let carrier { object["stack"] = carrier }
             if summary.senderLeftBeforeComplete { object["sender_left_early"] = true }
             emit("summary", object)
@@ -332,6 +348,8 @@ final class TransferReporter: Sendable {
         if holes > 0 { line += ", plus \(TextFormat.bytes(holes)) of holes" }  // not counted in the rate
         line += "; \(count(summary.digests.count, "file", "files")) verified with \(summary.algorithm.name)"
         if let checksum { line += " \(checksum)" }
+        let present = clock.alreadyThere
+        if present > 0 { line += summary.digests.count == 1 ? ", already there in full" : ", \(present) of them already there in full" }
         if !summary.failures.isEmpty { line += "; \(summary.failures.count) not transferred" }
         if reconnects > 0 { line += "; reconnected \(count(reconnects, "time", "times"))" }
         writeOut(line)
@@ -372,8 +390,27 @@ final class TransferClock: Sendable {
         var lastVerdict: ContinuousClock.Instant?
         var bytes: UInt64 = 0
         var holeBytes: UInt64 = 0
+        /// Files started (sent or received) and not yet verified or failed, by path.
+        var started: Set<String> = []
+        /// Files verified without having started: found already there in full.
+        var alreadyThere = 0
     }
     private let state = Mutex(State())
+
+    /// A file's data started moving.
+    func started(_ path: String) {
+        state.withLock { _ = $0.started.insert(path) }
+    }
+
+    /// A file was verified (`verified`) or failed: one verified with no data moved (a file of
+    /// the same size, its digest compared) was already there in full.
+    func ended(_ path: String, verified: Bool) {
+        state.withLock { if $0.started.remove(path) == nil && verified { $0.alreadyThere += 1 } }
+    }
+
+    /// Files found already there in full (their digests compared, no data moved), over every
+    /// connection: never also counted in ``bytes``.
+    var alreadyThere: Int { state.withLock { $0.alreadyThere } }
 
     /// The receiver accepted: data starts moving.
     func start() {
@@ -414,7 +451,13 @@ final class TransferClock: Sendable {
         TransferProgress { event in
             switch event {
             case .accepted: self.start()
-            case .verified, .failed: self.verdict()
+            case .started(let path, _, _): self.started(path)
+            case .verified(let path, _, _):
+                self.ended(path, verified: true)
+                self.verdict()
+            case .failed(let path, _):
+                self.ended(path, verified: false)
+                self.verdict()
             default: break
             }
             report(event)

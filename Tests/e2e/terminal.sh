@@ -370,7 +370,7 @@ T capture-pane -p -e -t names | grep -qF $'\e[41m' && { screen names >&2; fail "
 [ -f "$WORK/dst-names/names/plain.txt" ] || fail "the plain file beside the skipped names did not arrive"
 # Files left out for their names make the send incomplete: a script must not take it for done.
 screen names | grep -q '^EXIT=77$' \
-    && screen names | grep -qF "4 items named above were not sent (qxfer/1 cannot carry them); everything else arrived" \
+    && screen names | grep -qF "4 items named above were not transferred; everything else arrived" \
     || { screen names >&2; fail "a send that left files out for their names did not exit 77 saying so"; }
 kill -INT "$BG_RECV"; wait "$BG_RECV" 2>/dev/null || true
 ok "names with an escape sequence, a line break or a byte that is not UTF-8, and a link to such a name: skipped, shown escaped ($(screen names | grep -c 'not allowed') warnings), exit 77"
@@ -400,10 +400,10 @@ head -c 300000 /dev/urandom >"$WORK/again.bin"
 send_in_pane again1 $((PORT + 3)) "$WORK/dst-again" "$WORK/again.bin" --once
 wait "$BG_RECV" || fail "recv of the first copy: $(cat "$WORK/again1.err")"
 send_in_pane again2 $((PORT + 3)) "$WORK/dst-again" "$WORK/again.bin" --once
-shows_done again2 "nothing to send, 1 file already there in full" '^sent 0 B in (under 1 ms|[0-9.]+ m?s) over [A-Z+]*; 1 file verified' \
+shows_done again2 "nothing to send, 1 file of the same size already there, to compare by digest" '^sent 0 B in (under 1 ms|[0-9.]+ m?s) over [A-Z+]*; 1 file verified with [^ ]+ [0-9a-f]+, already there in full$' \
     || { screen again2 >&2; fail "a file already there: the accepted line or summary"; }
 wait "$BG_RECV" || fail "recv of the second copy: $(cat "$WORK/again2.err")"
-ok "a file already there: 'accepted: nothing to send, 1 file already there in full', a summary without a rate, exit 0"
+ok "a file already there: 'accepted: nothing to send, 1 file of the same size already there', a summary without a rate saying it was there in full, exit 0"
 
 # --- 7. recv --stdout --------------------------------------------------------------------------
 stdout_recv() {  # stdout_recv OUTPUT-COMMAND: a receiver whose data goes through OUTPUT-COMMAND

@@ -357,7 +357,7 @@ for gone in locked unsearchable private.txt; do
     [ ! -e "$dst/tree/$gone" ] || fail "'$gone', unreadable to the sender, was created on the receiver"
     grep -q "tree/$gone': cannot .*: Permission denied; not sent" "$WORK/unreadable.serr" || fail "'$gone' was not reported: $(cat "$WORK/unreadable.serr")"
 done
-grep -q "3 files or folders named above could not be read and were not sent; everything else arrived" "$WORK/unreadable.serr" \
+grep -q "3 items named above were not transferred; everything else arrived" "$WORK/unreadable.serr" \
     || fail "no closing line for the unread items: $(cat "$WORK/unreadable.serr")"
 set +e; as_nobody "$SOLO/home/tree/private.txt" 127.0.0.1:9 >/dev/null 2>"$WORK/unreadable1.serr"; rc=$?; set -e
 [ "$rc" = 74 ] && grep -q "cannot read '.*private.txt': Permission denied" "$WORK/unreadable1.serr" \

@@ -25,6 +25,12 @@ public struct SourceTree: Sendable {
     public private(set) var sources: [Source] = []
     /// Things found but not sent, one line each (sockets, devices, links leaving the tree…).
     public private(set) var skipped: [String] = []
+    /// The entries among ``skipped`` (all but those removed while their folder was read), each by
+    /// its path as the receiver would have named it and why it is not sent: with the entries the
+    /// receiver did not take, what the send did not transfer (issue 62 §1).
+    public private(set) var notSent: [(path: String, error: TransferError)] = []
+    /// The lines of ``skipped`` that name no entry: things removed while their folder was read.
+    public private(set) var vanished: [String] = []
     /// How many of the skipped items are files, folders or links left out because qxfer/1
     /// cannot carry their names or link targets (or paths: deeper than 64 levels or longer than
     /// 4095 bytes, counted once with what they hold; or beyond what the system opens from the
@@ -107,6 +113,13 @@ public struct SourceTree: Sendable {
         sources.append(source)
     }
 
+    /// Leaves out the entry at `path` (local, shown), `components` as the offer would carry it:
+    /// its line says `reason`, and it counts as not transferred with `code`.
+    private mutating func leaveOut(_ path: String, _ components: [String], _ reason: String, _ code: TransferError.Code) {
+        skipped.append("'\(path)': \(reason); not sent")
+        notSent.append((components.joined(separator: "/"), TransferError(code, reason)))
+    }
+
     /// A file time in nanoseconds since the epoch, clamped to what Int64 holds (about the years
     /// 1678 to 2262): a file can carry a time far outside (`touch -d @99999999999`).
     static func nanoseconds(_ time: timespec) -> Int64 {
@@ -120,7 +133,7 @@ public struct SourceTree: Sendable {
             // qxfer/1 carries paths of at most 64 components: this one and what it holds stay
             // behind, named, and the send fails once the rest has arrived, as for a name it
             // cannot carry (a path named on the command line is one component).
-            skipped.append("'\(path)': nested deeper than \(ProtocolLimits.maximumDepth) levels, which qxfer/1 cannot carry; not sent")
+            leaveOut(path, components, "nested deeper than \(ProtocolLimits.maximumDepth) levels, which qxfer/1 cannot carry", .unsafePath)
             unsentForTheirNames += 1
             return
         }
@@ -134,7 +147,7 @@ public struct SourceTree: Sendable {
                 if let error = Self.firstReadFails(path) {
                     // Named by the user: refused before anything is offered, not skipped.
                     if components.count == 1 { throw TransferError.posix("cannot read", "'\(path)'", errno: error) }
-                    skipped.append("'\(path)': cannot read: \(String(cString: strerror(error))); not sent")
+                    leaveOut(path, components, "cannot read: \(String(cString: strerror(error)))", .io)
                     unreadable += 1
                     return
                 }
@@ -150,7 +163,7 @@ public struct SourceTree: Sendable {
             let (children, undecodable) = try SourceTree.list(path)
             append(OfferEntry(kind: .directory, path: components, mode: mode, modificationTime: mtime), .none)
             for name in undecodable {
-                skipped.append("'\(path)/\(name)': the name is not valid UTF-8, as qxfer/1 names must be; not sent")
+                leaveOut("\(path)/\(name)", components + [name], "the name is not valid UTF-8, as qxfer/1 names must be", .unsafePath)
                 unsentForTheirNames += 1
             }
             // The relative path of each child, as the offer carries it: a `/` after each folder.
@@ -158,14 +171,14 @@ public struct SourceTree: Sendable {
             for name in children {
                 let childPath = path + "/" + name
                 guard (try? SafePath(validating: [name])) != nil else {
-                    skipped.append("'\(childPath)': the name is not allowed in qxfer/1 (control characters or a reserved suffix); not sent")
+                    leaveOut(childPath, components + [name], "the name is not allowed in qxfer/1 (control characters or a reserved suffix)", .unsafePath)
                     unsentForTheirNames += 1
                     continue
                 }
                 // Left behind with what it holds, named, as for a tree nested too deep.
                 let length = folderLength + name.utf8.count
                 guard length <= ProtocolLimits.maximumPathLength else {
-                    skipped.append("'\(Self.shortened(childPath))': a path of \(length) bytes, longer than the \(ProtocolLimits.maximumPathLength) qxfer/1 carries; not sent")
+                    leaveOut(Self.shortened(childPath), components + [name], "a path of \(length) bytes, longer than the \(ProtocolLimits.maximumPathLength) qxfer/1 carries", .unsafePath)
                     unsentForTheirNames += 1
                     continue
                 }
@@ -173,11 +186,15 @@ public struct SourceTree: Sendable {
                 guard lstat(childPath, &childInfo) == 0 else {
                     let error = errno
                     // Gone since the listing: nothing of it can be sent, nothing is lost.
-                    if error == ENOENT { skipped.append("'\(childPath)': removed while the folder was read; not sent"); continue }
+                    if error == ENOENT {
+                        skipped.append("'\(childPath)': removed while the folder was read; not sent")
+                        vanished.append(skipped.last!)
+                        continue
+                    }
                     // Its relative path fits qxfer/1, but the folder named on the command line
                     // adds more than this system opens at once (PATH_MAX).
                     if error == ENAMETOOLONG {
-                        skipped.append("'\(Self.shortened(childPath))': the full path is longer than this system opens (PATH_MAX); send it from a folder nearer to it; not sent")
+                        leaveOut(Self.shortened(childPath), components + [name], "the full path is longer than this system opens (PATH_MAX); send it from a folder nearer to it", .unsafePath)
                         unsentForTheirNames += 1
                         continue
                     }
@@ -186,7 +203,7 @@ public struct SourceTree: Sendable {
                 let kind = childInfo.st_mode & S_IFMT
                 if kind == S_IFREG || kind == S_IFDIR, !Self.isReadable(childPath, childInfo) {
                     let reason = String(cString: strerror(errno))
-                    skipped.append("'\(childPath)': \(kind == S_IFDIR ? "cannot list" : "cannot read"): \(reason); not sent")
+                    leaveOut(childPath, components + [name], "\(kind == S_IFDIR ? "cannot list" : "cannot read"): \(reason)", .io)
                     unreadable += 1
                     continue
                 }
@@ -196,19 +213,19 @@ public struct SourceTree: Sendable {
             let bytes = try SourceTree.readLink(path)
             // Decoded with repair, `caf\xe9` would arrive as a link to another name.
             guard let target = String(validating: bytes, as: UTF8.self) else {
-                skipped.append("'\(path)': symlink to '\(TerminalText.escaped(bytes: bytes))', a target that is not valid UTF-8, which qxfer/1 cannot carry; not sent")
+                leaveOut(path, components, "symlink to '\(TerminalText.escaped(bytes: bytes))', a target that is not valid UTF-8, which qxfer/1 cannot carry", .unsafePath)
                 unsentForTheirNames += 1
                 return
             }
             do {
                 try SafePath(validating: components).validateLinkTarget(target)
             } catch {
-                skipped.append("'\(path)': symlink to '\(target)' leaves the tree; not sent")
+                leaveOut(path, components, "symlink to '\(target)' leaves the tree", .unsafePath)
                 return
             }
             append(OfferEntry(kind: .symlink, path: components, mode: mode, modificationTime: mtime, linkTarget: target), .none)
         default:
-            skipped.append("'\(path)': \(Self.specialKind(info) ?? "not a regular file"), not a file, folder or symlink; not sent")
+            leaveOut(path, components, "\(Self.specialKind(info) ?? "not a regular file"), not a file, folder or symlink", .unsupported)
         }
     }
 

@@ -100,10 +100,6 @@ public struct TransferSender: Sendable {
     ) async throws -> TransferSummary {
         let answers = try await receiveAnswers(to: offer, from: connection)
         var ledger = try SenderLedger(entries: offer.entries, algorithm: algorithm, answers: answers)
-        // Early files the receiver did not want travelled all the same.
-        let earlyUnwanted = zip(offer.entries, answers).reduce(UInt64(0)) { sum, pair in
-            pair.0.flags.contains(.early) && pair.1.disposition != .send ? sum + pair.0.size : sum  // ≤ 4 MiB in all
-        }
         do {
             // Scoped: once in units, the jobs are the sending task's alone.
             let jobs = ledger.jobs.map { FileJob(index: $0.index, entry: offer.entries[Int($0.index)], source: tree.sources[Int($0.index)], answer: $0.answer) }
@@ -111,9 +107,19 @@ public struct TransferSender: Sendable {
             let holesByEntry = holeBytes(of: jobs)
             shared.holesAtAcceptance.withLock { $0 = holesByEntry }
             let holes = holesByEntry.values.reduce(UInt64(0)) { $0.saturatingAdd($1) }
-            progress.report(.accepted(bytes: ledger.bytesToSend.saturatingAdd(earlyUnwanted).saturatingSubtract(holes), resumed: ledger.resumedBytes,
+            progress.report(.accepted(bytes: ledger.bytesToSend.saturatingSubtract(holes), resumed: ledger.resumedBytes,
                                       present: present, skipped: ledger.failures.count, holes: holes))
             for failure in ledger.failures { progress.report(.failed(path: failure.path, error: failure.error)) }
+            // Early files start, and count as sent, once the receiver takes them: one answered
+            // `present` or `skip` travelled and was dropped (docs/PROTOCOL.md §3.7), and is not
+            // counted (what the sender reports as sent is what the receiver took).
+            shared.earlyBytes.withLock { early in
+                for (entry, count) in early.written.sorted(by: { $0.key < $1.key }) where answers[Int(entry)].disposition == .send {
+                    startedEarly(offer.entries[Int(entry)], sent: count)
+                }
+                early.answers = answers.map { $0.disposition == .send }
+                early.written = [:]
+            }
             acceptance.yield(Self.units(of: jobs.filter { !$0.entry.flags.contains(.early) }))
             acceptance.finish()
         }
@@ -329,7 +335,7 @@ public struct TransferSender: Sendable {
         for job in jobs {
             var reached = FileProgress(job)
             do {
-                try append(job, to: &batch, digests: shared.digests, reached: &reached)
+                try append(job, to: &batch, shared: shared, reached: &reached)
             } catch let failure as TransferError where failure.code == .io {
                 batch.append(giveUp(job, failure, reached: reached, shared: shared))
             }
@@ -351,7 +357,8 @@ public struct TransferSender: Sendable {
 
     /// Appends one small file to `batch`: whole (or, when `present`, only its digest), FileData
     /// then FileDone. (Untyped `throws`: typed, Swift 6.3.1's AllocBoxToStack pass crashes on it.)
-    private func append(_ job: FileJob, to batch: inout BatchBody, digests: Locked<[UInt32: [UInt8]]>, reached: inout FileProgress) throws {
+    private func append(_ job: FileJob, to batch: inout BatchBody, shared: SendingState, reached: inout FileProgress) throws {
+        let digests = shared.digests
         let path = job.entry.path.joined(separator: "/")
         let file = try job.open()
         let hasher = algorithm.makeHasher()
@@ -360,19 +367,38 @@ public struct TransferSender: Sendable {
             let hashed = try FileStore.hash(file, upTo: size, into: hasher, shown: path)
             guard hashed == size else { throw Self.changed(path, read: hashed, offered: size) }
         } else {
-            progress.report(.started(path: path, size: size, offset: 0))
-            if size > 0 {
-                let count = try batch.appendFileData(entry: job.index, from: file, shown: path, size: Int(size))  // size <= batchedFileLimit
-                progress.add(transferred: count)  // in the Batch, even when a Failed follows
-                reached.offset = UInt64(count)
-                guard count == size else { throw Self.changed(path, read: UInt64(count), offered: size) }
-                batch.withLastPayload { hasher.update($0) }
-            }
+            let early = job.entry.flags.contains(.early)
+            if !early { progress.report(.started(path: path, size: size, offset: 0)) }
+            let count = size > 0 ? try batch.appendFileData(entry: job.index, from: file, shown: path, size: Int(size)) : 0  // size <= batchedFileLimit
+            // In the Batch, even when a Failed follows.
+            if early { countEarly(count, of: job, shared: shared) } else { progress.add(transferred: count) }
+            reached.offset = UInt64(count)
+            guard count == size else { throw Self.changed(path, read: UInt64(count), offered: size) }
+            if size > 0 { batch.withLastPayload { hasher.update($0) } }
             noteIfChanged(file, job, path: path, sent: size)
         }
         let digest = hasher.digest()
         digests.withLock { $0[job.index] = digest }
         batch.append(.fileDone(FileDone(entry: job.index, size: size, algorithm: algorithm, digest: digest)))
+    }
+
+    /// An early file put in a Batch with `bytes` of data: started and counted as sent once
+    /// Accept says the receiver takes it (at once if Accept came already).
+    private func countEarly(_ bytes: Int, of job: FileJob, shared: SendingState) {
+        let taken = shared.earlyBytes.withLock { early -> Bool? in
+            guard let answers = early.answers else {
+                early.written[job.index] = bytes
+                return nil
+            }
+            return answers[Int(job.index)]
+        }
+        if taken == true { startedEarly(job.entry, sent: bytes) }
+    }
+
+    /// Reports an early file the receiver takes as started, its `sent` bytes as sent.
+    private func startedEarly(_ entry: OfferEntry, sent: Int) {
+        progress.report(.started(path: entry.path.joined(separator: "/"), size: entry.size, offset: 0))
+        progress.add(transferred: sent)
     }
 
     /// Sends one file's FileData from the agreed offset and its FileDone, recording the digest
@@ -472,6 +498,16 @@ private struct SendingState: Sendable {
     let givenUp = Locked<[UInt32: TransferError]>([:])
     /// The holes counted at acceptance in each file that has some.
     let holesAtAcceptance = Locked<[UInt32: UInt64]>([:])
+    /// Early files' bytes, counted as sent only once Accept says the receiver takes them.
+    let earlyBytes = Locked(EarlyBytes())
+}
+
+/// The bytes of early files put in Batches before Accept, and Accept's answers once it came.
+private struct EarlyBytes {
+    /// Bytes by entry, sent before the answers were known.
+    var written: [UInt32: Int] = [:]
+    /// For each entry, whether the receiver takes its data (answered `send`); nil before Accept.
+    var answers: [Bool]?
 }
 
 /// How far the sending of one file got, for the progress total should it be given up.
