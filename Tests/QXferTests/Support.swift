@@ -63,6 +63,16 @@ func withListener<Stack, Result: Sendable>(
     }
 }
 
+/// Runs CPU-bound work on a thread of its own. Swift Testing runs tests on the cooperative
+/// pool, two threads on two cores: a test computing for seconds there holds one of them, and
+/// two at once stall every other test's tasks — a socket test's peer then misses its own
+/// deadlines (the trickling-message test saw its sender stalled past the 4 s idle timeout).
+func offThePool<T: Sendable>(_ work: @escaping @Sendable () -> T) async -> T {
+    await withCheckedContinuation { continuation in
+        Thread { continuation.resume(returning: work()) }.start()
+    }
+}
+
 /// Polls `condition` until it holds or `timeout` passes.
 func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) async -> Bool {
     let deadline = ContinuousClock.now + timeout
