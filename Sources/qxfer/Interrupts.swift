@@ -38,28 +38,58 @@ func cancellingOnInterrupt<T: Sendable>(_ body: @escaping @Sendable () async thr
 enum InterruptNote {
     private struct State {
         var sendingFiles = false
+        /// Standard input is sent beside files: read anew by the next send, it is not resumed.
+        var sendingStandardInput = false
         var receptions = 0
+        /// Of `receptions`, those whose offer holds a file of unknown size (standard input).
+        var receptionsOfUnknownSize = 0
         /// `receptions` when the first signal arrived: the cancelled transfers end after it.
-        var receptionsWhenSignalled: Int?
+        var receptionsWhenSignalled: (all: Int, ofUnknownSize: Int)?
     }
     private static let state = Mutex(State())
 
     /// A send of files began: the same command resumes them (standard input alone starts over).
-    static func sendingFiles() { state.withLock { $0.sendingFiles = true } }
+    static func sendingFiles(withStandardInput: Bool = false) {
+        state.withLock {
+            $0.sendingFiles = true
+            $0.sendingStandardInput = withStandardInput
+        }
+    }
 
     /// A receiver accepted a transfer into its folder: its unfinished files are kept for resuming.
-    static func receptionStarted() { state.withLock { $0.receptions += 1 } }
-    static func receptionEnded() { state.withLock { $0.receptions -= 1 } }
+    /// `ofUnknownSize`: its offer holds a file of unknown size (standard input), which is not
+    /// kept when it stops short: the next send reads it anew.
+    static func receptionStarted(ofUnknownSize: Bool) {
+        state.withLock {
+            $0.receptions += 1
+            if ofUnknownSize { $0.receptionsOfUnknownSize += 1 }
+        }
+    }
+    static func receptionEnded(ofUnknownSize: Bool) {
+        state.withLock {
+            $0.receptions -= 1
+            if ofUnknownSize { $0.receptionsOfUnknownSize -= 1 }
+        }
+    }
 
     /// SIGINT or SIGTERM arrived: what is under way now is what the message speaks of.
     static func signalled() {
-        state.withLock { if $0.receptionsWhenSignalled == nil { $0.receptionsWhenSignalled = $0.receptions } }
+        state.withLock { if $0.receptionsWhenSignalled == nil { $0.receptionsWhenSignalled = ($0.receptions, $0.receptionsOfUnknownSize) } }
     }
 
     static var message: String {
-        let (sendingFiles, receptions) = state.withLock { ($0.sendingFiles, $0.receptionsWhenSignalled ?? $0.receptions) }
+        let (sendingFiles, withStandardInput, receptions) = state.withLock {
+            ($0.sendingFiles, $0.sendingStandardInput, $0.receptionsWhenSignalled ?? ($0.receptions, $0.receptionsOfUnknownSize))
+        }
+        if sendingFiles && withStandardInput { return "interrupted; the same command resumes the files left, and sends standard input from its start" }
         if sendingFiles { return "interrupted; the same command resumes what was left" }
-        if receptions > 0 { return "interrupted; unfinished files are kept, and the same send resumes them" }
+        if receptions.all > 0 && receptions.ofUnknownSize == receptions.all {
+            return "interrupted; what arrived of standard input (a file of unknown size) is not kept: it cannot be resumed, a send starts it over"
+        }
+        if receptions.ofUnknownSize > 0 {
+            return "interrupted; unfinished files are kept and the same send resumes them, except one of unknown size (standard input), which starts over"
+        }
+        if receptions.all > 0 { return "interrupted; unfinished files are kept, and the same send resumes them" }
         return "interrupted"
     }
 }

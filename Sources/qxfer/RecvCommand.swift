@@ -227,11 +227,16 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
         // A reception into a folder keeps its unfinished files for resuming (--stdout resumes
         // nothing): under way from its acceptance until this connection's handling ends.
         let accepted = OnceFlag()
-        defer { if accepted.isSet { InterruptNote.receptionEnded() } }
+        // Standard input (any file of unknown size) is read anew by the next send: not resumed.
+        let ofUnknownSize = OnceFlag()
+        defer { if accepted.isSet { InterruptNote.receptionEnded(ofUnknownSize: ofUnknownSize.isSet) } }
         let offered = OnceFlag()
         receiver.progress = clock.progress { event in
-            if case .offered = event { offered.set() }
-            if case .accepted = event, relay == nil, accepted.setFirst() { InterruptNote.receptionStarted() }
+            if case .offered(_, _, let unknown) = event {
+                offered.set()
+                if unknown > 0 { ofUnknownSize.set() }
+            }
+            if case .accepted = event, relay == nil, accepted.setFirst() { InterruptNote.receptionStarted(ofUnknownSize: ofUnknownSize.isSet) }
             relay?.note(event)
             reporter.handle(event)
         }

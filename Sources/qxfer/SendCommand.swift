@@ -124,7 +124,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
 
     private func transfer() async throws {
         let tree = try SourceTree.scan(paths, standardInputName: name)
-        if paths.contains(where: { $0 != "-" }) { InterruptNote.sendingFiles() }
+        if paths.contains(where: { $0 != "-" }) { InterruptNote.sendingFiles(withStandardInput: paths.contains("-")) }
         let endpoint: Endpoint
         var discoveredName: String?
         if let host {

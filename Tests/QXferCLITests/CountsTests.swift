@@ -232,4 +232,37 @@ struct CountsTests {
         #expect(sent + resumed == large + 30_000 * (10 - present), "sent \(sent) + resumed \(resumed) is not what was missing (\(present) small files there)")
         #expect(FileManager.default.contentsEqual(atPath: folder + "/large.bin", andPath: home.file("received/r/large.bin")))
     }
+
+    // MARK: §7 Promises that can be kept
+
+    @Test("send - interrupted: the receiver does not promise that the same send resumes standard input")
+    func standardInputIsNotPromisedAResume() async throws {
+        let home = Scratch()
+        let receiver = try await Receiver(home: home)
+        defer { Task { await receiver.stop() } }
+        let fifo = home.file("input")
+        #expect(mkfifo(fifo, 0o600) == 0)
+        let writer = open(fifo, O_RDWR)
+        #expect(writer >= 0)
+        defer { close(writer) }
+        let chunk = [UInt8](repeating: 7, count: 30_000)  // within the pipe's buffer: no reader yet
+        #expect(chunk.withUnsafeBytes { Glibc.write(writer, $0.baseAddress, $0.count) } == chunk.count)
+        let executable = try #require(CLITests.executable)
+        let sender = try ChildProcess(
+            executable, ["send", "-", "--name", "s.bin", "127.0.0.1:\(receiver.port)", "--config-dir", home.file("send-config")],
+            environment: HonestyTests.environment(home), stdin: fifo, stderr: home.file("send.err"))
+        _ = await HonestyTests.waitFor("accepted", in: home.file("send.err"))
+        try await Task.sleep(for: .milliseconds(300))
+        sender.send(SIGINT)
+        #expect(await sender.wait(timeout: .seconds(5)))
+        let deadline = ContinuousClock.now + .seconds(10)
+        var failed: [[String: Any]] = []
+        while failed.isEmpty, ContinuousClock.now < deadline {
+            failed = Self.named("transfer_failed", in: Self.receiverEvents(receiver))
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        let message = try #require(failed.first?["message"] as? String, "\(Self.receiverEvents(receiver))")
+        #expect(!message.contains("the same send resumes them"), "\(message)")
+        #expect(message.contains("cannot be resumed"), "\(message)")
+    }
 }

@@ -112,6 +112,18 @@ struct ReceivingSession {
 
     private var unfinished: String { pending.count == 1 ? "1 file" : "\(pending.count) files" }
 
+    /// What running the same send again does with the unfinished files: it resumes a file of
+    /// known size, but standard input (or a kernel file: any file of unknown size) is read anew
+    /// and sent from its start, and what arrived of it is not kept.
+    private var whatResumes: String {
+        let unknownSize = pending.values.count { if case .receive(let target, _, _) = $0 { target.size == nil } else { false } }
+        if unknownSize == 0 { return "the same send resumes them" }
+        let what = unknownSize == 1 ? "1 file of unknown size (such as standard input)" : "\(unknownSize) files of unknown size (such as standard input)"
+        let rest = pending.count - unknownSize
+        return (rest > 0 ? "the same send resumes \(rest == 1 ? "1" : "\(rest)") of them; " : "")
+            + "\(what) cannot be resumed: what arrived of it is not kept, and a send starts it over"
+    }
+
     /// Verified files that hold their partial open until the committer is done with them.
     var filesAwaitingCommit: Int { readyToCommit.count + committing.count }
 
@@ -191,10 +203,10 @@ struct ReceivingSession {
                 lostDataStream = lostDataStream ?? error
                 return []
             }
-            throw TransferError(.cancelled, "the sender stopped with \(unfinished) unfinished (\(error)); the same send resumes them")
+            throw TransferError(.cancelled, "the sender stopped with \(unfinished) unfinished (\(error)); \(whatResumes)")
         case .ended:
             if source == .control {
-                throw TransferError(.cancelled, "the sender stopped with \(unfinished) unfinished (it closed the connection); the same send resumes them")
+                throw TransferError(.cancelled, "the sender stopped with \(unfinished) unfinished (it closed the connection); \(whatResumes)")
             }
             if let entry = streamEntries.removeValue(forKey: source), pending[entry] != nil {
                 throw TransferError(.protocolViolation, "the data stream of '\(paths[Int(entry)])' ended before its FileDone")
