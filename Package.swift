@@ -355,7 +355,10 @@ let package = Package(
         ),
         .testTarget(
             name: "QXferCLITests",
-            dependencies: ["qxfer", "PlainText", "echo-tls", "echo-quic", "Subprocesses"],
+            dependencies: [
+                "qxfer", "PlainText", "echo-tls", "echo-quic", "Subprocesses",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),  // HelpTests parses each example
+            ],
             swiftSettings: strictSwift6
         ),
     ]

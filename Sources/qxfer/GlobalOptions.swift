@@ -13,13 +13,8 @@ struct GlobalOptions: ParsableArguments, ConfigurationFolder {
             discussion: "-v: which stack and address won, the handshake, trust decisions, offers, each file and its resume point, the receiver found or advertised on the local network. -vv adds RTT and congestion window samples every second and every mDNS packet sent and received."))
     var verbose: Int
 
-    @Option(
-        name: .customLong("config-dir"),
-        help: ArgumentHelp(
-            "Folder holding the identity and known hosts.",
-            discussion: "Default: $XDG_CONFIG_HOME/qxfer, or ~/.config/qxfer.",
-            valueName: "dir"))
-    var configDirectory: String?
+    @OptionGroup var folder: LocalOptions
+    var configDirectory: String? { folder.configDirectory }
 
     /// Quiet by default: warnings only; -v info, -vv debug, -vvv trace.
     func bootstrapLogging() {
