@@ -29,8 +29,12 @@ struct HonestyTests {
                  "--config-dir", home.file(config)] + extra,
                 environment: HonestyTests.environment(home), stdout: events, stderr: home.file("recv-\(config).err"))
             var found: UInt16?
-            let deadline = ContinuousClock.now + .seconds(20)
-            while found == nil, ContinuousClock.now < deadline, process.isRunning {
+            // Looked at once more after the deadline: beside hundreds of other tests this task
+            // may first run again only after it, with the line long written.
+            let deadline = ContinuousClock.now + .seconds(30)
+            var last = false
+            while found == nil, !last {
+                last = ContinuousClock.now >= deadline || !process.isRunning
                 for line in ((try? String(contentsOfFile: events, encoding: .utf8)) ?? "").split(separator: "\n") {
                     if let event = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
                        event["event"] as? String == "listening", let number = event["port"] as? Int {
@@ -55,13 +59,12 @@ struct HonestyTests {
     /// Waits until `path` holds `text` (or `timeout` passes); the file's content.
     static func waitFor(_ text: String, in path: String, timeout: Duration = .seconds(20)) async -> String {
         let deadline = ContinuousClock.now + timeout
-        var content = ""
-        while ContinuousClock.now < deadline {
-            content = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
-            if content.contains(text) { return content }
+        while true {
+            let late = ContinuousClock.now >= deadline  // the file is read once more after it
+            let content = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+            if content.contains(text) || late { return content }
             try? await Task.sleep(for: .milliseconds(50))
         }
-        return content
     }
 
     // MARK: §3 Signals while standard input is idle
