@@ -239,17 +239,8 @@ struct CountsTests {
         let home = Scratch()
         let receiver = try await Receiver(home: home)
         defer { Task { await receiver.stop() } }
-        let fifo = home.file("input")
-        #expect(mkfifo(fifo, 0o600) == 0)
-        let writer = open(fifo, O_RDWR)
-        #expect(writer >= 0)
+        let (sender, writer) = try HonestyTests.standardInputSend(home: home, to: receiver, initial: [UInt8](repeating: 7, count: 30_000))
         defer { close(writer) }
-        let chunk = [UInt8](repeating: 7, count: 30_000)  // within the pipe's buffer: no reader yet
-        #expect(chunk.withUnsafeBytes { Glibc.write(writer, $0.baseAddress, $0.count) } == chunk.count)
-        let executable = try #require(CLITests.executable)
-        let sender = try ChildProcess(
-            executable, ["send", "-", "--name", "s.bin", "127.0.0.1:\(receiver.port)", "--config-dir", home.file("send-config")],
-            environment: HonestyTests.environment(home), stdin: fifo, stderr: home.file("send.err"))
         _ = await HonestyTests.waitFor("accepted", in: home.file("send.err"))
         try await Task.sleep(for: .milliseconds(300))
         sender.send(SIGINT)

@@ -49,6 +49,24 @@ struct HonestyTests {
         func stop() async { await process.stop() }
     }
 
+    /// A `send -` to `receiver` whose standard input is a FIFO held open for writing here, as
+    /// `sleep 30 | qxfer send -` holds it: `initial` (within the pipe's buffer) is all it gets.
+    /// Close the returned descriptor at the end.
+    static func standardInputSend(home: Scratch, to receiver: Receiver, initial: [UInt8] = []) throws -> (sender: ChildProcess, writer: Int32) {
+        let fifo = home.file("input")
+        #expect(mkfifo(fifo, 0o600) == 0)
+        let writer = open(fifo, O_RDWR)
+        #expect(writer >= 0)
+        if !initial.isEmpty {
+            #expect(initial.withUnsafeBytes { Glibc.write(writer, $0.baseAddress, $0.count) } == initial.count)
+        }
+        let executable = try #require(CLITests.executable)
+        let sender = try ChildProcess(
+            executable, ["send", "-", "--name", "s.bin", "127.0.0.1:\(receiver.port)", "--config-dir", home.file("send-config")],
+            environment: environment(home), stdin: fifo, stderr: home.file("send.err"))
+        return (sender, writer)
+    }
+
     static func environment(_ home: Scratch) -> [String: String] {
         var environment = ProcessInfo.processInfo.environment
         environment["HOME"] = home.path
@@ -74,16 +92,8 @@ struct HonestyTests {
         let home = Scratch()
         let receiver = try await Receiver(home: home)
         defer { Task { await receiver.stop() } }
-        // A FIFO held open for writing here, and never written: `sleep 30 | qxfer send -`.
-        let fifo = home.file("input")
-        #expect(mkfifo(fifo, 0o600) == 0)
-        let writer = open(fifo, O_RDWR)
-        #expect(writer >= 0)
+        let (sender, writer) = try Self.standardInputSend(home: home, to: receiver)
         defer { close(writer) }
-        let executable = try #require(CLITests.executable)
-        let sender = try ChildProcess(
-            executable, ["send", "-", "--name", "s.bin", "127.0.0.1:\(receiver.port)", "--config-dir", home.file("send-config")],
-            environment: Self.environment(home), stdin: fifo, stderr: home.file("send.err"))
         let before = await Self.waitFor("accepted", in: home.file("send.err"))
         #expect(before.contains("accepted"), "the send was not accepted: \(before)")
         try await Task.sleep(for: .milliseconds(300))  // reading the idle pipe by now
