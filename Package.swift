@@ -246,6 +246,21 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
 
+        // Reach across NATs: transfer codes, the relay (server and client), candidates, hole
+        // punching and the local path agent that carries both stacks' connections over the
+        // relay or a direct path (docs/PROTOCOL.md §9). Raw sockets through NIOPosix; the
+        // connections themselves through the public API.
+        .target(
+            name: "QXferReach",
+            dependencies: [
+                "QXfer", "QXferPairing", "PlainText", "LinuxSystem",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            swiftSettings: strictSwift6
+        ),
+
         // The command-line tool: composition only.
         .executableTarget(
             name: "qxfer",
@@ -256,6 +271,7 @@ let package = Package(
                 "QXferTransfer",
                 "QXferStream",
                 "QXferPairing",
+                "QXferReach",
                 "SafeOutput",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -336,6 +352,11 @@ let package = Package(
         .testTarget(
             name: "QXferPairingTests",
             dependencies: ["QXferPairing", "QXfer"],
+            swiftSettings: strictSwift6
+        ),
+        .testTarget(
+            name: "QXferReachTests",
+            dependencies: ["QXferReach", "QXferPairing", "QXfer", "LinuxSystem"],
             swiftSettings: strictSwift6
         ),
         .testTarget(
