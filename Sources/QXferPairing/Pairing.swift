@@ -29,8 +29,19 @@ public struct PairingCode: Sendable, Hashable, CustomStringConvertible {
     /// "482 913": easier to read aloud and to compare.
     public var description: String { "\(digits.prefix(3)) \(digits.suffix(3))" }
 
-    /// SPAKE2's password scalar for this code.
-    var passwordScalar: [UInt8] { SPAKE2.passwordScalar(Array(digits.utf8), domain: "qxfer pairing code v1") }
+    /// The password the exchange proves knowledge of.
+    public var password: PairingPassword { PairingPassword(Array(digits.utf8), domain: "qxfer pairing code v1") }
+}
+
+/// A low-entropy secret both sides know, and the domain label that keeps one kind of code's
+/// scalars apart from another's (docs/PROTOCOL.md §7, §9.1).
+public struct PairingPassword: Sendable {
+    /// SPAKE2's w.
+    let scalar: [UInt8]
+
+    public init(_ password: [UInt8], domain: String) {
+        scalar = SPAKE2.passwordScalar(password, domain: domain)
+    }
 }
 
 /// Why a pairing failed; nothing was stored on this side.
@@ -106,13 +117,23 @@ public enum Pairing {
         over connection: NetworkConnection<Stack>, code: PairingCode, name: String, address: String?,
         identity: HostIdentity, store: PairedDevices
     ) async throws -> PairedDevices.Device where Stack.Message == PairingMessage {
+        try await initiate(over: connection, password: code.password, context: [], name: name, address: address, identity: identity, store: store)
+    }
+
+    /// Runs the initiating side with any password, bound also to `context` (a fourth AAD field
+    /// when not empty: a transfer code's candidates transcript, §9.6). `store` nil: the peer is
+    /// authenticated and returned, not stored.
+    public static func initiate<Stack: CoderStack>(
+        over connection: NetworkConnection<Stack>, password: PairingPassword, context: [UInt8], name: String, address: String?,
+        identity: HostIdentity, store: PairedDevices?
+    ) async throws -> PairedDevices.Device where Stack.Message == PairingMessage {
         try checkAvailable()
         try await connection.start()
         guard let responderFingerprint = connection.peer?.fingerprint else {
             throw PairingError(.protocolViolation, "the other machine presented no certificate")
         }
-        let binding = try await Binding(connection: connection, initiator: identity.fingerprint, responder: responderFingerprint)
-        var spake = try SPAKE2(role: .a, w: code.passwordScalar, identityA: binding.identityA, identityB: binding.identityB)
+        let binding = try await Binding(connection: connection, initiator: identity.fingerprint, responder: responderFingerprint, context: context)
+        var spake = try SPAKE2(role: .a, w: password.scalar, identityA: binding.identityA, identityB: binding.identityB)
         try await connection.send(.hello(version: version, name: name, share: Data(try spake.start())))
 
         guard case .reply(let peerName, let share, let peerConfirmation) = try await next(from: connection) else {
@@ -134,7 +155,7 @@ public enum Pairing {
             throw PairingError(.protocolViolation, "the other machine answered out of turn")
         }
         let device = PairedDevices.Device(name: responderName, fingerprint: responderFingerprint, pairedAt: Date(), address: address)
-        do { try store.add(device) } catch { throw PairingError(.storage, "paired, but cannot save it: \(error)") }
+        do { try store?.add(device) } catch { throw PairingError(.storage, "paired, but cannot save it: \(error)") }
         return device
     }
 
@@ -143,6 +164,14 @@ public enum Pairing {
     public static func respond<Stack: CoderStack>(
         to hello: PairingMessage, over connection: NetworkConnection<Stack>, code: PairingCode, name: String,
         identity: HostIdentity, store: PairedDevices
+    ) async throws -> PairedDevices.Device where Stack.Message == PairingMessage {
+        try await respond(to: hello, over: connection, password: code.password, context: [], name: name, identity: identity, store: store)
+    }
+
+    /// Runs the waiting side with any password, bound also to `context` (as ``initiate(over:password:context:name:address:identity:store:)``).
+    public static func respond<Stack: CoderStack>(
+        to hello: PairingMessage, over connection: NetworkConnection<Stack>, password: PairingPassword, context: [UInt8], name: String,
+        identity: HostIdentity, store: PairedDevices?
     ) async throws -> PairedDevices.Device where Stack.Message == PairingMessage {
         try checkAvailable()
         guard case .hello(let peerVersion, let peerName, let share) = hello else {
@@ -161,8 +190,8 @@ public enum Pairing {
             try? await connection.send(.refused(reason: "the name is not acceptable"))
             throw error
         }
-        let binding = try await Binding(connection: connection, initiator: initiatorFingerprint, responder: identity.fingerprint)
-        var spake = try SPAKE2(role: .b, w: code.passwordScalar, identityA: binding.identityA, identityB: binding.identityB)
+        let binding = try await Binding(connection: connection, initiator: initiatorFingerprint, responder: identity.fingerprint, context: context)
+        var spake = try SPAKE2(role: .b, w: password.scalar, identityA: binding.identityA, identityB: binding.identityB)
         let ownShare = try spake.start()
         let confirmation: [UInt8]
         do {
@@ -191,7 +220,7 @@ public enum Pairing {
         let device = PairedDevices.Device(
             name: initiatorName, fingerprint: initiatorFingerprint, pairedAt: Date(), address: connection.endpoint?.host)
         do {
-            try store.add(device)
+            try store?.add(device)
         } catch {
             try? await connection.send(.refused(reason: "the other machine cannot save the pairing"))
             throw PairingError(.storage, "cannot save the pairing: \(error)")
@@ -259,8 +288,10 @@ public enum Pairing {
         let identityA: [UInt8]
         let identityB: [UInt8]
         let exporter: [UInt8]
+        let context: [UInt8]
 
-        init<Stack: NetworkProtocolStack>(connection: NetworkConnection<Stack>, initiator: Fingerprint, responder: Fingerprint) async throws {
+        init<Stack: NetworkProtocolStack>(connection: NetworkConnection<Stack>, initiator: Fingerprint, responder: Fingerprint, context: [UInt8]) async throws {
+            self.context = context
             identityA = Array("qxfer-pair initiator ".utf8) + initiator.bytes
             identityB = Array("qxfer-pair responder ".utf8) + responder.bytes
             do {
@@ -270,10 +301,11 @@ public enum Pairing {
             }
         }
 
-        /// The exporter value and both names, length-prefixed, as SPAKE2's additional data.
+        /// The exporter value, both names and the context when there is one, length-prefixed,
+        /// as SPAKE2's additional data.
         func additionalData(initiatorName: String, responderName: String) -> [UInt8] {
             var data: [UInt8] = []
-            for field in [exporter, Array(initiatorName.utf8), Array(responderName.utf8)] {
+            for field in [exporter, Array(initiatorName.utf8), Array(responderName.utf8)] + (context.isEmpty ? [] : [context]) {
                 withUnsafeBytes(of: UInt64(field.count).littleEndian) { data += $0 }
                 data += field
             }

@@ -35,6 +35,14 @@ struct ReceiverTrust {
         }
     }
 
+    /// A receiver authenticated by a transfer code: pinned to the fingerprint the code's
+    /// exchange proved, recorded nowhere (its address is a local port of this run).
+    init(authenticatedByCode fingerprint: Fingerprint, identity: HostIdentity, config: ConfigDirectory) {
+        pairedDevices = PairedDevices(in: config, identity: identity)
+        trust = .pinned(fingerprint)
+        pinRecord = nil
+    }
+
     /// Records "last seen" for a paired receiver once connected; a failure to write it is
     /// not worth failing a transfer for.
     func connected(to peer: PeerIdentity?) {

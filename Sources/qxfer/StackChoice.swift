@@ -20,17 +20,18 @@ enum StackChoice: String, ExpressibleByArgument, CaseIterable {
     /// session tickets (over `--stack quic` a sender resuming with one sends its first bytes as
     /// early data to a receiver it trusts; under `auto` too when `leadsEarly`, for a body that
     /// connects again after ``EarlyDataUnanswered``); `probesPathMTU` lets QUIC spend a round
-    /// trip finding the path's datagram size (``QUIC/probesPathMTU``). The one place the CLI
-    /// turns the choice into a stack.
+    /// trip finding the path's datagram size (``QUIC/probesPathMTU``); `remembers` false keeps
+    /// the race's outcome out of the per-host memory (a code's local port is no host to
+    /// remember). The one place the CLI turns the choice into a stack.
     func run<Body: OverChosenStack>(
         _ body: Body, identity: HostIdentity, trust: PeerTrust, tcp: TCP = TCP(), config: ConfigDirectory, probesPathMTU: Bool = false,
-        leadsEarly: Bool = false
+        leadsEarly: Bool = false, remembers: Bool = true
     ) async throws -> Body.Result {
         let quic = QUIC().identity(identity).peerTrust(trust).sessionTickets(SessionTicketStore(in: config)).pathMTUProbe(probesPathMTU)
         let tls = TLS { tcp }.identity(identity).peerTrust(trust)
         // The last session ticket often arrives just before the answer the command waited for.
         do {
-            let result = try await run(body, quic: quic, tls: tls, config: config, leadsEarly: leadsEarly)
+            let result = try await run(body, quic: quic, tls: tls, config: remembers ? config : nil, leadsEarly: leadsEarly)
             await SessionTicketStore.finishPendingSaves()
             return result
         } catch {
@@ -40,11 +41,11 @@ enum StackChoice: String, ExpressibleByArgument, CaseIterable {
     }
 
     private func run<Body: OverChosenStack>(
-        _ body: Body, quic: QUIC, tls: TLS, config: ConfigDirectory, leadsEarly: Bool
+        _ body: Body, quic: QUIC, tls: TLS, config: ConfigDirectory?, leadsEarly: Bool
     ) async throws -> Body.Result {
         switch self {
         case .auto:
-            let race = FirstOf { quic; tls }.remembering(StackMemory(in: config))
+            let race = FirstOf { quic; tls }.remembering(config.map { StackMemory(in: $0) })
             return try await body.run(over: leadsEarly ? race.sendingEarly() : race)
         case .quic: return try await body.run(over: quic)
         case .tls: return try await body.run(over: tls)
