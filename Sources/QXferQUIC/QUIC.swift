@@ -39,6 +39,11 @@ public struct QUIC: ByteStreamProtocol, Hashable {
     /// are used. Costs one round trip before the handshake (at most 1 s if nothing answers);
     /// not done for loopback peers or in other modes.
     public var probesPathMTU = true
+    /// Whether a peer at a loopback address is on this host (datagrams up to 65 000 bytes,
+    /// windows sized for a path with no delay), or the local end of a tunnel to a peer
+    /// elsewhere, such as a transfer code's path agent (docs/PROTOCOL.md §9.5): datagrams and
+    /// windows then as for any network path, and the datagram-size probe as for one.
+    public var loopbackIsThisHost = true
     /// Client: whether a connection resuming with a ticket from a receiver this client trusts
     /// (by pin, `known_hosts` or pairing: the fingerprint kept with the ticket) is handed to the
     /// program before its handshake completes, so that the first bytes written travel as
@@ -83,6 +88,9 @@ public struct QUIC: ByteStreamProtocol, Hashable {
     /// Turns the probe for the path's datagram size on or off (``probesPathMTU``): off where a
     /// round trip matters more than 2 % more data per packet, as for a few small files.
     public func pathMTUProbe(_ enabled: Bool) -> QUIC { with { $0.probesPathMTU = enabled } }
+
+    /// Treats a peer at a loopback address as the local end of a tunnel (``loopbackIsThisHost``).
+    public func tunnelledThroughLoopback() -> QUIC { with { $0.loopbackIsThisHost = false } }
 
     private func with(_ change: (inout QUIC) -> Void) -> QUIC {
         var copy = self

@@ -11,6 +11,7 @@ enum QUICStackConfiguration {
         _ quic: QUIC, identity: HostIdentity, parameters: NetworkParameters<Stack>, verifier: PeerVerifier, isServer: Bool,
         peerIsLoopback: Bool, resetSecret: [UInt8]? = nil
     ) -> QUICConfiguration {
+        let peerIsLoopback = peerIsLoopback && quic.loopbackIsThisHost
         var configuration = QUICConfiguration(
             certificateChainPEM: identity.certificatePEM, privateKeyPEM: identity.privateKeyPEM,
             verifyPeer: { verifier.evaluate(certificateDER: $0) })
@@ -47,6 +48,7 @@ enum QUICStackConfiguration {
             configuration.idleTimeout = .seconds(30)
             configuration.keepAliveInterval = .seconds(10)
         }
+        if !quic.loopbackIsThisHost { configuration.loopbackUDPPayloadSize = nil }
         if parameters.performanceMode == .bulk { configuration.applyBulkTransferLimits(overLoopback: peerIsLoopback) }
         if let resetSecret {
             configuration.statelessResetSecret = resetSecret

@@ -122,7 +122,7 @@ enum QUICConnector {
             configuration.resumption = resumption.ticket
             configuration.sessionTicketReceiver = { ticket in resumption.keep(ticket, verifier.result.fingerprint, remote.ipAddress) }
         }
-        if parameters.performanceMode == .bulk, quic.probesPathMTU, remoteAddress?.isLoopback == false,
+        if parameters.performanceMode == .bulk, quic.probesPathMTU, remoteAddress?.isLoopback == false || !quic.loopbackIsThisHost,
            let size = await PathMTUProbe.largestDatagram(to: remote, within: timeout / 4, answered: peerAnswered) {
             configuration.maxUDPPayloadSize = size
             logger.info("QUIC datagrams of \(size) bytes reach \(remote)")
