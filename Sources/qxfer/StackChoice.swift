@@ -20,18 +20,20 @@ enum StackChoice: String, ExpressibleByArgument, CaseIterable {
     /// session tickets (over `--stack quic` a sender resuming with one sends its first bytes as
     /// early data to a receiver it trusts; under `auto` too when `leadsEarly`, for a body that
     /// connects again after ``EarlyDataUnanswered``); `probesPathMTU` lets QUIC spend a round
-    /// trip finding the path's datagram size (``QUIC/probesPathMTU``); `remembers` false keeps
-    /// the race's outcome out of the per-host memory (a code's local port is no host to
-    /// remember). The one place the CLI turns the choice into a stack.
+    /// trip finding the path's datagram size (``QUIC/probesPathMTU``); `byCode` is for the
+    /// local end of a code's path agent: a tunnel for QUIC (``QUIC/tunnelledThroughLoopback()``),
+    /// and no host for the race's per-host memory. The one place the CLI turns the choice into a
+    /// stack.
     func run<Body: OverChosenStack>(
         _ body: Body, identity: HostIdentity, trust: PeerTrust, tcp: TCP = TCP(), config: ConfigDirectory, probesPathMTU: Bool = false,
-        leadsEarly: Bool = false, remembers: Bool = true
+        leadsEarly: Bool = false, byCode: Bool = false
     ) async throws -> Body.Result {
-        let quic = QUIC().identity(identity).peerTrust(trust).sessionTickets(SessionTicketStore(in: config)).pathMTUProbe(probesPathMTU)
+        var quic = QUIC().identity(identity).peerTrust(trust).sessionTickets(SessionTicketStore(in: config)).pathMTUProbe(probesPathMTU)
+        if byCode { quic = quic.tunnelledThroughLoopback() }
         let tls = TLS { tcp }.identity(identity).peerTrust(trust)
         // The last session ticket often arrives just before the answer the command waited for.
         do {
-            let result = try await run(body, quic: quic, tls: tls, config: remembers ? config : nil, leadsEarly: leadsEarly)
+            let result = try await run(body, quic: quic, tls: tls, config: byCode ? nil : config, leadsEarly: leadsEarly)
             await SessionTicketStore.finishPendingSaves()
             return result
         } catch {
