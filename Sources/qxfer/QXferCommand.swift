@@ -33,6 +33,7 @@ struct QXferCommand: AsyncParsableCommand {
         subcommands: [
             SendCommand.self, RecvCommand.self, StreamCommand.self, BrowseCommand.self, PairCommand.self, DevicesCommand.self,
             UnpairCommand.self, IdentityCommand.self,
+            RelayCommand.self,
         ]
     )
 
