@@ -6,6 +6,8 @@ import SafeOutput
 import LinuxSystem
 import Logging
 import QXfer
+import QXferPairing
+import QXferReach
 import QXferTransfer
 
 struct RecvCommand: AsyncParsableCommand, JSONOutput {
@@ -19,6 +21,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
               qxfer recv --paired-only --once    # paired senders only, one transfer
               qxfer recv --stdout | tar x        # one file to standard output
               qxfer recv --port 9000 --json      # JSON event lines on standard output
+              qxfer recv 7-apple-river-stone     # the code 'qxfer send --code' printed
 
             docs/COMMANDS.md tells how offers are checked, resumed and what an existing \
             file meets (--overwrite).
@@ -26,6 +29,15 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     )
 
     @OptionGroup var global: GlobalOptions
+
+    @Argument(help: ArgumentHelp("The code 'qxfer send --code' printed: receive that one transfer, from that sender only.", valueName: "code"))
+    var code: String?
+
+    @Option(help: ArgumentHelp("With a code: the relay both sides meet at (default: $QXFER_RELAY; with neither, the local network).", valueName: "host[:port]"))
+    var relay: String?
+
+    @Flag(help: "With a code: also keep the sender as a paired device, as 'qxfer pair' does.")
+    var pair = false
 
     @Option(help: "The port, for both UDP (QUIC) and TCP (TLS).")
     var port: UInt16 = defaultTransferPort
@@ -54,6 +66,9 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     @Flag(help: "Print JSON event lines on standard output (on standard error with --stdout).")
     var json = false
 
+    @Flag(name: .shortAndLong, help: "Print no banner, offers or progress: only questions, warnings, errors, refusals, and a summary when something was not transferred.")
+    var quiet = false
+
     @Flag(
         name: .customLong("stdout"),
         help: ArgumentHelp(
@@ -74,6 +89,13 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     var noAdvertise = false
 
     func validate() throws {
+        if quiet && json { throw ValidationError("--quiet and --json: choose one (--json prints events, not lines)") }
+        if let code {
+            guard TransferCode(parsing: code) != nil else { throw ValidationError("'\(code)' is not a transfer code: \(TransferCode.form)") }
+            _ = try CodeOptions.meetingPlace(relay)
+        } else if relay != nil || pair {
+            throw ValidationError("--relay and --pair go with a code: qxfer recv CODE --relay HOST")
+        }
         if toStandardOutput && (overwrite || dir != ".") { throw ValidationError("--stdout writes no file: --dir and --overwrite do not apply") }
         for fingerprint in allow where Fingerprint(parsing: fingerprint) == nil {
             throw ValidationError("'\(fingerprint)' is not a SHA-256 fingerprint (64 hex digits, colons allowed)")
@@ -116,27 +138,58 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             let relay = try StandardOutputRelay()
             defer { relay.remove() }
             try await cancellingOnInterrupt {
-                try await relay.relaying { try await receive(into: relay.directory, shown: "standard output", relay: relay) }
+                try await relay.relaying {
+                    try await meetingByCode { sender in try await receive(into: relay.directory, shown: "standard output", relay: relay, byCode: sender) }
+                }
             }
             return
         }
         // Ctrl-C cancels the listeners, so the advertisement ends with a goodbye.
-        try await cancellingOnInterrupt { try await receive(into: dir, shown: dir, relay: nil) }
+        try await cancellingOnInterrupt {
+            try await meetingByCode { sender in try await receive(into: dir, shown: dir, relay: nil, byCode: sender) }
+        }
+    }
+
+    /// A sender met by a code: the meeting that carries its connections and the fingerprint
+    /// the code proved.
+    struct CodeSender: Sendable {
+        let meeting: CodeMeeting
+        let fingerprint: Fingerprint
+    }
+
+    /// Runs `body` directly, or with a code, once the sender has been met and authenticated.
+    private func meetingByCode(_ body: (CodeSender?) async throws -> Void) async throws {
+        guard let code = code.flatMap(TransferCode.init(parsing:)) else { return try await body(nil) }
+        try Pairing.checkAvailable()
+        let identity = try global.identity()
+        let store = pair ? PairedDevices(in: global.config, identity: identity) : nil
+        _ = try store?.devices()
+        let place = try CodeOptions.meetingPlace(relay)
+        try await CodeMeeting.answering(code, at: place) { meeting in
+            let sender = try await meeting.awaitPeer(identity: identity, name: name ?? ReceiverDiscovery.defaultName, store: store)
+            Logger(label: "qxfer.recv").info("the sender '\(sender.name)' knew the code: its fingerprint is \(sender.fingerprint)")
+            if store != nil { Console.warn("paired with '\(sender.name)'") }
+            try await body(CodeSender(meeting: meeting, fingerprint: sender.fingerprint))
+        }
     }
 
     /// Serves senders, receiving into `folder` (named `shown` in the banner); with a `relay`, one
     /// transfer whose file goes to standard output.
-    private func receive(into folder: String, shown: String, relay: StandardOutputRelay?) async throws {
+    private func receive(into folder: String, shown: String, relay: StandardOutputRelay?, byCode sender: CodeSender?) async throws {
         let identity = try global.identity()
         let pairedDevices = PairedDevices(in: global.config, identity: identity)
         let paired = try pairedDevices.devices()  // a damaged list is an error here, not an open door
         let allowed = allow.compactMap { Fingerprint(parsing: $0) }
-        let authentication: ClientAuthentication =
-            if pairedOnly { .pairedDevices(paired.map(\.fingerprint) + allowed) }
+        let pairedNames = Dictionary(paired.map { ($0.fingerprint, $0.name) }) { _, last in last }
+        // A paired sender is admitted as paired, not as unauthenticated, whatever else is asked.
+        let admitted: ClientAuthentication =
+            if let sender { .required(allowing: [sender.fingerprint]) }
+            else if pairedOnly { .pairedDevices(paired.map(\.fingerprint) + allowed) }
             else if allowed.isEmpty { .optional }
             else { .required(allowing: allowed) }
-        let reporter = TransferReporter(
-            json: json, role: .receiver, pairedNames: Dictionary(paired.map { ($0.fingerprint, $0.name) }) { _, last in last })
+        let authentication = admitted.recognizingPairedDevices(pairedNames)
+        let reporter = TransferReporter(json: json, role: .receiver, pairedNames: pairedNames, quiet: quiet)
+        if let sender { reporter.carried(by: { CodeOptions.carried(sender.meeting.path) }) }
         if pairedOnly && paired.isEmpty && allowed.isEmpty {
             reporter.warn("--paired-only with no paired devices: every sender will be refused; pair one with 'qxfer pair'")
         }
@@ -144,19 +197,23 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
         // the receiver sees it: one allowance for all of them, so that thousands of connections
         // (QUIC: and streams) each sending a long message cannot make this process hold more.
         let messages = MessageAllowance(bytes: UsableMemory.share(1, of: 8, atLeast: 128 << 20, atMost: 2 << 30))
+        // A code's sender arrives through the meeting's local end: any port of the loopback.
+        let (port, host) = sender == nil ? (self.port, self.host) : (0, "127.0.0.1")
+        let quicLayer = sender == nil ? QUIC() : QUIC().tunnelledThroughLoopback()
         let tls = NetworkListener(on: port, host: host, using: .parameters {
             TLV(allowance: messages) { TLS { transferTCP }.identity(identity).clientAuthentication(authentication) }
         }.performanceMode(.bulk))
         let prompt = OfferPrompt(acceptAll: yes, reporter: reporter)
+        let knownHosts = KnownHosts(in: global.config)
         // Each connection asks through the prompt with its own withdrawal check (handle).
         let receiver = TransferReceiver(directory: folder, overwrite: overwrite, confirm: { _ in false })
         let (results, finished) = AsyncStream.makeStream(of: Result<TransferSummary, any Error>.self)
 
         try await withThrowingTaskGroup(of: Child.self) { group in
             group.addTask {
-                try await tls.run { connection in
+                try await tls.run(refused: { reporter.refused($0) }) { connection in
                     defer { MallocArenas.giveBackFreePages() }  // see handle
-                    try await handle(connection, receiver, prompt, relay, reporter, pairedDevices, finished)
+                    try await handle(connection, receiver, prompt, relay, reporter, pairedDevices, knownHosts, finished)
                 }
                 return .listener
             }
@@ -165,16 +222,19 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             let quic = NetworkListener(on: boundPort, host: host, using: .parameters {
                 // A known sender's early data is read at once, taken once per ClientHello by
                 // every receiver of this configuration folder (docs/SECURITY.md).
-                TLV(allowance: messages) { QUIC().identity(identity).clientAuthentication(authentication).earlyDataRegister(EarlyDataRegister(in: global.config)) }
+                TLV(allowance: messages) {
+                    quicLayer.identity(identity).clientAuthentication(authentication).earlyDataRegister(EarlyDataRegister(in: global.config))
+                }
             }.performanceMode(.bulk))
             group.addTask {
-                try await quic.run { connection in
+                try await quic.run(refused: { reporter.refused($0) }) { connection in
                     defer { MallocArenas.giveBackFreePages() }  // see handle
-                    try await handle(connection, receiver, prompt, relay, reporter, pairedDevices, finished)
+                    try await handle(connection, receiver, prompt, relay, reporter, pairedDevices, knownHosts, finished)
                 }
                 return .listener
             }
             _ = try await quic.port
+            sender?.meeting.serve(.transfer, onLocalPort: boundPort)
             // Made once both listen: a receiver that cannot start leaves no new empty folder.
             if access(folder, F_OK) != 0 {
                 guard mkdir(folder, 0o755) == 0 || errno == EEXIST else {
@@ -183,8 +243,10 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
                 reporter.warn("created the folder '\(folder)'")
             }
             let advertisedName = name ?? ReceiverDiscovery.defaultName
-            reporter.listening(name: advertisedName, port: boundPort, addresses: host.map { [$0] } ?? localAddresses(), fingerprint: identity.fingerprint, folder: shown)
-            if !noAdvertise {
+            if sender == nil {
+                reporter.listening(name: advertisedName, port: boundPort, addresses: host.map { [$0] } ?? localAddresses(), fingerprint: identity.fingerprint, folder: shown)
+            }
+            if !noAdvertise && sender == nil {
                 group.addTask {
                     await ReceiverDiscovery.advertise(name: advertisedName, port: boundPort, fingerprint: identity.fingerprint) { registered in
                         if registered != advertisedName { reporter.warn("another receiver is called '\(advertisedName)' here; advertising as '\(registered)'") }
@@ -208,7 +270,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
 
     /// Whether this receiver ends with its first transfer (--once, --stdout), whose result is
     /// the command's.
-    private var servesOneTransfer: Bool { once || toStandardOutput }
+    private var servesOneTransfer: Bool { once || toStandardOutput || code != nil }
 
     /// The tasks a receiver runs side by side.
     private enum Child { case listener, advertiser }
@@ -219,7 +281,8 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     /// declined offer of 1 000 000 files, 33 MB; 76 MiB with the pages given back).
     private func handle<Stack: TLVStack>(
         _ connection: NetworkConnection<Stack>, _ receiver: TransferReceiver, _ prompt: OfferPrompt, _ relay: StandardOutputRelay?,
-        _ reporter: TransferReporter, _ pairedDevices: PairedDevices, _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
+        _ reporter: TransferReporter, _ pairedDevices: PairedDevices, _ knownHosts: KnownHosts,
+        _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
     ) async throws {
         // Each connection gets its own counters and clock, so concurrent transfers do not mix.
         var receiver = receiver
@@ -244,14 +307,16 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
         let withdrawn = OnceFlag()
         // A refusal with its reason for the sender, which this side showed as "declined: …".
         let declined = OnceFlag()
+        let peer = Self.peer(of: connection, pairedNames: reporter.pairedNames, knownHosts: knownHosts)
         receiver.confirm = { offer in
+            clock.expect(files: offer.fileCount)
             do {
                 if let reason = relay?.refusal(for: offer) {
-                    reporter.offer(offer)
+                    reporter.offer(offer, from: peer)
                     reporter.warn("declined: \(reason)")
                     throw TransferError(.refused, reason)
                 }
-                return try await prompt.ask(offer) {
+                return try await prompt.ask(offer, from: peer) {
                     guard await connection.peerHasEnded else { return false }
                     withdrawn.set()
                     return true
@@ -268,8 +333,8 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
         let sender = connection.peer?.fingerprint
         let stack = connection.stackName  // read while connected: the summary comes after the close
         if let sender { try? pairedDevices.markSeen(sender) }  // "last seen" is a courtesy, not worth a failure
-        if let peer = connection.peer {
-            Logger(label: "qxfer.recv").info("connection from \(sender?.description ?? "a sender without a certificate") (admitted as \(peer.trust))")
+        if let admitted = connection.peer {
+            Logger(label: "qxfer.recv").info("connection from \(peer.address ?? "?"), \(sender.map { "fingerprint \($0)" } ?? "no certificate") (admitted as \(admitted.trust))")
         }
         do {
             let running = receiver
@@ -296,6 +361,29 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             if !withdrawn.isSet && !(servesOneTransfer && reporter.style != .json) { reporter.failed(error, peer: sender) }
             finished.yield(.failure(error))
         }
+    }
+
+    /// Who is on the other end of `connection`: its address, its fingerprint, and its name where
+    /// this receiver knows one: paired under it, else the host it is recorded as in `known_hosts`
+    /// (this machine once sent to it; the port is left out).
+    static func peer<Stack>(
+        of connection: NetworkConnection<Stack>, pairedNames: [Fingerprint: String], knownHosts: KnownHosts
+    ) -> TransferReporter.Peer {
+        let fingerprint = connection.peer?.fingerprint
+        var peer = TransferReporter.Peer(address: connection.endpoint?.description, fingerprint: fingerprint)
+        guard let fingerprint else { return peer }
+        if let name = pairedNames[fingerprint] {
+            peer.name = name
+            peer.nameSource = .paired
+        } else if let entry = (try? knownHosts.entries())?.first(where: { $0.fingerprint == fingerprint }) {
+            // "[::1]:7447" → "::1", "laptop.local:7447" → "laptop.local".
+            var host = entry.host
+            if let colon = host.lastIndex(of: ":") { host = String(host[..<colon]) }
+            if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+            peer.name = host
+            peer.nameSource = .knownHosts
+        }
+        return peer
     }
 
     /// Whether `error` says the peer closed, reset or abandoned the connection (not that it
@@ -344,9 +432,9 @@ actor OfferPrompt {
     /// is held back while the question is open; keys typed before it are discarded; it is
     /// withdrawn (declined) as soon as `withdrawn` says the sender has gone. With no terminal
     /// and no --yes it throws the refusal, whose reason the sender is shown.
-    func ask(_ offer: IncomingOffer, withdrawn: @Sendable () async -> Bool) async throws -> Bool {
+    func ask(_ offer: IncomingOffer, from peer: TransferReporter.Peer, withdrawn: @Sendable () async -> Bool) async throws -> Bool {
         guard !acceptAll, isatty(STDIN_FILENO) == 1 else {
-            reporter.offer(offer)
+            if !reporter.quiet || !acceptAll { reporter.offer(offer, from: peer) }  // a declined offer says whose
             if !acceptAll {
                 reporter.warn("declined: no terminal to ask on; run 'qxfer recv --yes' to accept without asking")
                 throw TransferError(.refused, "it has no terminal to ask on and runs without --yes")
@@ -360,7 +448,12 @@ actor OfferPrompt {
             if !waiting.isEmpty { waiting.removeFirst().resume() }
         }
         if await withdrawn() { return false }  // gone while waiting for its turn: nothing to ask
-        reporter.offer(offer)
+        reporter.offer(offer, from: peer)
+        // With --json the event goes to standard output (a file, a pipe): the person answering
+        // on the terminal sees who offers what all the same.
+        if reporter.style == .json && !StandardStream.output.isTerminal {
+            Console.writeLine("qxfer: " + reporter.offerLine(offer, from: peer), to: .error)
+        }
         tcflush(STDIN_FILENO, TCIFLUSH)  // typed ahead, before the question: not its answer
         Console.beginQuestion("Accept? [y/N] ")
         var withdrawal: String?

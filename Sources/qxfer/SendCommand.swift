@@ -3,6 +3,8 @@ import FoundationEssentials
 import Glibc
 import PlainText
 import QXfer
+import QXferPairing
+import QXferReach
 import QXferTransfer
 import Synchronization
 
@@ -39,6 +41,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         usage: """
             qxfer send <path>... <host>[:<port>] [--stack auto|quic|tls] [--fingerprint <sha256>]
               qxfer send <path>... --to <name>
+              qxfer send <path>... --code [--relay <host>[:<port>]]
               qxfer send <path>
             """,
         discussion: """
@@ -47,6 +50,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
               qxfer send disk.img otherhost:7447 --stack tls     # TCP+TLS only
               qxfer send notes.txt --to office-pc    # found on the network by name
               qxfer send notes.txt                   # the one receiver on the network
+              qxfer send big.iso --code --relay relay.example.org  # across NATs, by code
               tar c src | qxfer send - --name src.tar otherhost  # standard input
               qxfer send photos/ otherhost --json > events.jsonl # JSON event lines
 
@@ -79,20 +83,60 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
     @Flag(help: "Print JSON event lines on standard output instead of a progress bar.")
     var json = false
 
+    @Flag(help: ArgumentHelp("Print a code for 'qxfer recv CODE' and wait: no address needed, across NATs through a relay (--relay), or on this network with none."))
+    var code = false
+
+    @Option(help: ArgumentHelp("With --code: use this code instead of a random one (for scripts).", valueName: "code"))
+    var useCode: String?
+
+    @Option(help: ArgumentHelp("With --code: the relay both sides meet at (default: $QXFER_RELAY; with neither, the local network).", valueName: "host[:port]"))
+    var relay: String?
+
+    @Flag(help: "With --code: also keep the receiver as a paired device, as 'qxfer pair' does.")
+    var pair = false
+
     @Option(help: ArgumentHelp("After a network failure of an accepted transfer, reconnect and resume for up to this many seconds (0: never).", valueName: "seconds"))
     var retryFor = 60
+
+    @Flag(name: .shortAndLong, help: "Print no progress or other lines: only warnings, errors, and a summary when something was not transferred.")
+    var quiet = false
+
+    @Option(
+        name: .customLong("exclude"),
+        help: ArgumentHelp(
+            "Leave out what matches (repeatable): a name at any depth ('*.tmp'), a folder with a trailing slash ('build/'), a path from the top of what is sent with a leading slash ('/photos/raw').",
+            valueName: "pattern"))
+    var exclude: [String] = []
+
+    @Flag(help: "List what would be offered (each entry and its size, then the totals) and exit; connect to nothing. The host may be left out.")
+    var dryRun = false
 
     /// The host given on the command line: the last argument, unless the receiver is found by
     /// name (`--to`) or a single path is sent to whichever receiver answers.
     var host: String? {
-        to == nil && arguments.count >= 2 ? arguments.last : nil
+        guard to == nil, !byCode, arguments.count >= 2, let last = arguments.last else { return nil }
+        // A dry run connects to nothing: its last argument may be one more path.
+        if dryRun, FileManager.default.fileExists(atPath: last) { return nil }
+        return last
     }
+
+    /// Whether the receiver is met by a transfer code.
+    var byCode: Bool { code || useCode != nil }
 
     var paths: [String] {
         host == nil ? arguments : Array(arguments.dropLast())
     }
 
     func validate() throws {
+        if quiet && json { throw ValidationError("--quiet and --json: choose one (--json prints events, not lines)") }
+        do { _ = try ExclusionRules(exclude) } catch { throw ValidationError(error.message) }
+        if byCode {
+            if to != nil || fingerprint != nil { throw ValidationError("--code finds and authenticates the receiver by itself: --to and --fingerprint do not apply") }
+            if let useCode, TransferCode(parsing: useCode) == nil { throw ValidationError("'\(useCode)' is not a transfer code: \(TransferCode.form)") }
+            _ = try CodeOptions.meetingPlace(relay)
+        } else if relay != nil || pair {
+            throw ValidationError("--relay and --pair go with --code")
+        }
         if let host { _ = try parseDestination(host, defaultPort: defaultTransferPort) }
         if let host, !host.contains(":"), FileManager.default.fileExists(atPath: host) {
             // Resolving a file name as a host would only fail, seconds later.
@@ -123,8 +167,10 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
     }
 
     private func transfer() async throws {
-        let tree = try SourceTree.scan(paths, standardInputName: name)
+        let tree = try SourceTree.scan(paths, standardInputName: name, excluding: try ExclusionRules(exclude))
+        if dryRun { return try DryRun.show(tree, json: json) }
         if paths.contains(where: { $0 != "-" }) { InterruptNote.sendingFiles(withStandardInput: paths.contains("-")) }
+        if byCode { return try await transferByCode(tree) }
         let endpoint: Endpoint
         var discoveredName: String?
         if let host {
@@ -135,20 +181,51 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             discoveredName = found.name
             if json {
                 Console.emit("found", ["name": found.name, "host": endpoint.host, "port": endpoint.port])
-            } else {
+            } else if !quiet {
                 StandardStream.error.writeVerbatim("qxfer: found receiver '\(TerminalText.escaped(found.name))' at \(endpoint)\n")
             }
         }
         let identity = try global.identity()
         let receiverTrust = try ReceiverTrust(
             fingerprint: fingerprint, endpoint: endpoint, discoveredName: discoveredName, identity: identity, config: global.config)
-        let reporter = TransferReporter(json: json, role: .sender)
+        let reporter = TransferReporter(json: json, role: .sender, quiet: quiet)
         reporter.leftOut(tree)
 
         try await stack.run(
             Sending(command: self, tree: tree, endpoint: endpoint, trust: receiverTrust, reporter: reporter),
             identity: identity, trust: receiverTrust.trust, tcp: transferTCP, config: global.config,
             probesPathMTU: tree.totalSize >= Self.pathProbeThreshold || tree.sources.contains(.standardInput), leadsEarly: true)
+    }
+
+    /// Meets the receiver by a code (docs/PROTOCOL.md §9): shows the code, waits for the
+    /// receiver, authenticates it over the pairing service, then sends as to any receiver,
+    /// pinned to the fingerprint the code proved, and says which path carried the bytes.
+    private func transferByCode(_ tree: SourceTree) async throws {
+        let identity = try global.identity()
+        try Pairing.checkAvailable()
+        let place = try CodeOptions.meetingPlace(relay)
+        let store = pair ? PairedDevices(in: global.config, identity: identity) : nil
+        _ = try store?.devices()  // a damaged list stops us before the other side stores anything
+        let reporter = TransferReporter(json: json, role: .sender)
+        reporter.leftOut(tree)
+        let json = self.json
+        let fixed = useCode.flatMap(TransferCode.init(parsing:))
+        try await CodeMeeting.offering(at: place, code: fixed, announce: { code in
+            CodeOptions.announce(code, at: place, json: json)
+        }) { meeting in
+            let receiver = try await stack.run(
+                CodeOptions.Authenticating(meeting: meeting, identity: identity, store: store),
+                identity: identity, trust: .anyCertificate, config: global.config, byCode: true)
+            reporter.info("the receiver '\(receiver.name)' knew the code: its fingerprint is \(receiver.fingerprint)")
+            if store != nil { reporter.info("paired with '\(receiver.name)'") }
+            reporter.carried(by: { CodeOptions.carried(meeting.path) })
+            let endpoint = try await meeting.endpoint(for: .transfer)
+            let trust = ReceiverTrust(authenticatedByCode: receiver.fingerprint, identity: identity, config: global.config)
+            try await stack.run(
+                Sending(command: self, tree: tree, endpoint: endpoint, trust: trust, reporter: reporter),
+                identity: identity, trust: trust.trust, tcp: transferTCP, config: global.config,
+                probesPathMTU: tree.totalSize >= Self.pathProbeThreshold || tree.sources.contains(.standardInput), byCode: true)
+        }
     }
 
     /// What the command ends with once the receiver answered: every entry not transferred
@@ -208,7 +285,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
                     announce: reconnects == 0)
                 // What was left out here is not transferred either: counted first, as named first.
                 summary.failures = tree.notSent + summary.failures
-                reporter.finish(summary, clock: moving, reconnects: reconnects)
+                reporter.finish(summary, clock: moving, reconnects: reconnects, excluded: tree.excluded)
                 if let notTransferred = Self.notTransferred(summary, leftOut: tree) { throw notTransferred }
                 return
             } catch where !Task.isCancelled && Self.isNetworkFailure(error) {
@@ -247,6 +324,7 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
             if case .accepted = event { accepted.set() }
             reporter.handle(event)
         }
+        clock.expect(files: tree.entries.count { $0.kind == .file })
         let sender = TransferSender(tree: tree, algorithm: checksum.algorithm, progress: progress)
         // Interrupted, the sender closes at once and returns once the close has left: the
         // receiver hears it now rather than at its idle timeout.

@@ -15,6 +15,9 @@ final class TransferReporter: Sendable {
 
     let style: Style
     let role: Role
+    /// `-q/--quiet`: no bar, no informational lines; warnings, errors, and the summary only
+    /// when something was not transferred.
+    let quiet: Bool
     /// Names of paired peers, shown beside their fingerprints.
     let pairedNames: [Fingerprint: String]
     private let logger = Logger(label: "qxfer.transfer")
@@ -23,13 +26,18 @@ final class TransferReporter: Sendable {
     /// Whether the line for this connection's offer was printed: the same offer made again on
     /// a new connection after early data got no answer is not news; after a reconnect it is.
     private let offerShown = Mutex(false)
+    /// The refusals reported in the last seconds (address's host and fingerprint → when).
+    private let recentRefusals = Mutex<[String: ContinuousClock.Instant]>([:])
     /// The offer's files of unknown size (standard input, kernel files): the accepted line counts them.
     private let offeredOfUnknownSize = Mutex(0)
+    /// For a transfer by code, the path under the connections, read when the summary is made.
+    private let path = Mutex<(@Sendable () -> CarriedPath)?>(nil)
 
-    init(json: Bool, role: Role, pairedNames: [Fingerprint: String] = [:]) {
+    init(json: Bool, role: Role, pairedNames: [Fingerprint: String] = [:], quiet: Bool = false) {
         self.style = json ? .json : (isatty(STDERR_FILENO) == 1 ? .bar : .lines)
         self.role = role
         self.pairedNames = pairedNames
+        self.quiet = quiet && !json
     }
 
     // MARK: Events
@@ -51,6 +59,11 @@ final class TransferReporter: Sendable {
         for line in tree.vanished { warn(line) }  // no entries: removed while their folder was read
     }
 
+    /// Names the path a code's transfer took in the summary (`--json`: `path` and its bytes).
+    func carried(by path: @escaping @Sendable () -> CarriedPath) {
+        self.path.withLock { $0 = path }
+    }
+
     /// A line for `-v`: what the connection did that a person need not see otherwise.
     func info(_ line: String) {
         logger.info("\(line)")
@@ -70,7 +83,7 @@ final class TransferReporter: Sendable {
             offeredOfUnknownSize.withLock { $0 = sizeUnknown }
             guard !offerShown.withLock({ shown in defer { shown = true }; return shown }) else { break }
             if style == .json { emit("offered", ["entries": entries, "bytes": bytes, "size_unknown": sizeUnknown > 0]) }
-            if role == .sender && style != .json {
+            if role == .sender && style != .json && !quiet {
                 printLine("offered \(count(entries, "item", "items")) (\(formatSize(bytes, filesOfUnknownSize: sizeUnknown))); waiting for the receiver to accept")
             }
         case .accepted(let bytes, let resumed, let present, let skipped, let holes):
@@ -79,7 +92,7 @@ final class TransferReporter: Sendable {
                 var fields: [String: Any] = ["bytes": bytes, "resumed_bytes": resumed, "present": present, "skipped": skipped]
                 if role == .sender { fields["hole_bytes"] = holes }
                 emit("accepted", fields)
-            } else if role == .sender {
+            } else if role == .sender && !quiet {
                 // Not "0 B to send" for standard input alone (its size is not known yet), nor
                 // when every file is already there (their digests are compared, nothing travels).
                 // Not "in full" before the digests say so: a file of the same size and other
@@ -96,7 +109,7 @@ final class TransferReporter: Sendable {
             logger.info("file '\(path)': \(size.map { "\($0) bytes" } ?? "size unknown")\(offset > 0 ? ", resuming at byte \(offset)" : "")")
             if style == .json {
                 emit("started", ["path": path, "size": size.map { $0 as Any } ?? JSONText.null, "offset": offset])
-            } else if offset > 0 {
+            } else if offset > 0 && !quiet {
                 printLine("resuming '\(path)' from byte \(offset) (already there and checked)")
             }
         case .verified(let path, let size, let digest):
@@ -123,25 +136,93 @@ final class TransferReporter: Sendable {
     func listening(name: String, port: UInt16, addresses: [String], fingerprint: Fingerprint, folder: String) {
         if style == .json {
             emit("listening", ["name": name, "port": port, "addresses": addresses, "fingerprint": fingerprint.description, "folder": folder])
-        } else {
+        } else if !quiet {
             let shown = addresses.isEmpty ? "" : " (\(addresses.joined(separator: ", ")))"
             writeOut("receiving into \(folder) as \(name)\(shown) on port \(port), QUIC over UDP and TLS over TCP")
             writeOut("fingerprint \(fingerprint)")
         }
     }
 
-    func offer(_ offer: IncomingOffer) {
-        let sender = offer.sender?.description ?? "an unauthenticated sender"
-        let paired = offer.sender.flatMap { pairedNames[$0] }
+    /// Who sent an offer, as the receiver knows it: the address it came from, its certificate's
+    /// fingerprint, and the name it is paired under or known by in `known_hosts`.
+    struct Peer: Sendable {
+        enum Source: String, Sendable { case paired, knownHosts = "known_hosts" }
+        var address: String?
+        var fingerprint: Fingerprint?
+        var name: String?
+        var nameSource: Source?
+
+        /// "'laptop' (paired) at 192.0.2.7:50123, fingerprint 3f2a1b2c4d5e6f70…", "192.0.2.7:50123,
+        /// fingerprint 3f2a1b2c4d5e6f70…"; the address alone when the sender presented no certificate.
+        var description: String {
+            var parts: [String] = []
+            if let name {
+                parts.append(nameSource == .paired ? "'\(name)' (paired)" : "'\(name)' (known host)")
+                parts.append("at \(address ?? "an unknown address")")
+            } else {
+                parts.append(address ?? "an unknown address")
+            }
+            let who = parts.joined(separator: " ")
+            guard let fingerprint else { return who + " (no certificate)" }
+            return who + ", fingerprint " + Self.short(fingerprint)
+        }
+
+        /// The first 16 hex digits: enough to tell senders apart, short enough for a line.
+        static func short(_ fingerprint: Fingerprint) -> String {
+            String(fingerprint.description.prefix(16)) + "…"
+        }
+    }
+
+    /// The offer, with who sent it: a line (on the terminal, before a question), or an `offer`
+    /// event with `--json`.
+    func offer(_ offer: IncomingOffer, from peer: Peer) {
         if style == .json {
-            emit("offer", [
-                "sender": sender, "paired_name": paired ?? JSONText.null, "entries": offer.entries.count, "files": offer.fileCount,
+            var fields: [String: Any] = [
+                "peer_address": peer.address ?? JSONText.null, "fingerprint": peer.fingerprint?.description ?? JSONText.null,
+                "entries": offer.entries.count, "files": offer.fileCount,
                 "bytes": offer.totalSize, "size_unknown": offer.filesOfUnknownSize > 0,
                 "paths": offer.entries.prefix(100).map { $0.path.joined(separator: "/") },
-            ])
+            ]
+            if let name = peer.name {
+                fields["peer_name"] = name
+                fields["peer_name_from"] = peer.nameSource?.rawValue ?? JSONText.null
+            }
+            emit("offer", fields)
             return
         }
-        printLine("offer from \(paired.map { "'\($0)' (paired, \(sender))" } ?? sender): \(Self.describe(offer))")
+        printLine(offerLine(offer, from: peer))
+    }
+
+    /// "offer from 'laptop' (paired) at …, fingerprint …: 1 file, 40.0 MB: one.bin"
+    func offerLine(_ offer: IncomingOffer, from peer: Peer) -> String {
+        "offer from \(peer.description): \(Self.describe(offer))"
+    }
+
+    /// A sender refused during its handshake (`--paired-only`, `--allow`): its address,
+    /// fingerprint and why, on a line (a warning) or as a `refused` event.
+    func refused(_ client: RefusedClient) {
+        // A sender races QUIC and TCP+TLS: one refusal line for both of its attempts.
+        let key = "\(client.address?.host ?? "") \(client.fingerprint?.description ?? "")"
+        let repeated = recentRefusals.withLock { recent in
+            let now = ContinuousClock.now
+            recent = recent.filter { now - $0.value < .seconds(5) }
+            defer { recent[key] = now }
+            return recent[key] != nil
+        }
+        if repeated { return }
+        let name = client.fingerprint.flatMap { pairedNames[$0] }
+        if style == .json {
+            var fields: [String: Any] = [
+                "peer_address": client.address?.description ?? JSONText.null,
+                "fingerprint": client.fingerprint?.description ?? JSONText.null, "message": client.reason.message,
+            ]
+            if let name { fields["peer_name"] = name }
+            emit("refused", fields)
+            return
+        }
+        let who = (name.map { "'\($0)' (paired) at " } ?? "") + (client.address?.description ?? "a sender")
+        let fingerprint = client.fingerprint.map { ", fingerprint \($0)" } ?? ""
+        warn("refused \(who)\(fingerprint): \(client.reason.message)")
     }
 
     /// "1 file, 2 folders and links, 3.0 MB: a.bin, docs"
@@ -160,7 +241,7 @@ final class TransferReporter: Sendable {
         offerShown.withLock { $0 = false }
         if style == .json {
             emit("reconnecting", ["reason": reason, "delay_s": delay.seconds, "attempt": attempt])
-        } else {
+        } else if !quiet {
             printLine("connection lost (\(reason)); reconnecting in \(TextFormat.fixed(delay.seconds, places: 2)) s to resume (attempt \(attempt))")
         }
     }
@@ -206,7 +287,7 @@ final class TransferReporter: Sendable {
                     logger.debug("path: \(current.description)")
                 }
                 guard clock.isRunning else { continue }  // nothing moves before the receiver accepts
-                draw(progress, metrics: current, moving: clock.elapsed)
+                draw(progress, metrics: current, moving: clock.elapsed, files: clock.files)
             }
         }
         let outcome: Result<T, any Error>
@@ -225,7 +306,8 @@ final class TransferReporter: Sendable {
         return try outcome.get()
     }
 
-    private func draw(_ progress: TransferProgress, metrics: ConnectionMetrics, moving elapsed: Duration) {
+    private func draw(_ progress: TransferProgress, metrics: ConnectionMetrics, moving elapsed: Duration, files: TransferClock.Files) {
+        if quiet { return }
         let done = Self.bytesArrived(written: progress.transferredBytes, unacknowledged: role == .sender ? metrics.bytesUnacknowledged : nil)
         let total = progress.totalBytes
         // Standard input or a kernel file: the total counts only the files of known size.
@@ -239,15 +321,22 @@ final class TransferReporter: Sendable {
             var object: [String: Any] = ["bytes": done, "total": total, "rate_bytes_per_s": wholeNumber(rate), "seconds": rounded(seconds, places: 3)]
             if let srtt = metrics.smoothedRTT { object["rtt_ms"] = rounded(srtt.seconds * 1000, places: 3) }
             if let stack = metrics.stack { object["stack"] = stack }
+            if let file = files.current { object["file"] = file }
+            if files.total > 0 {
+                object["files_done"] = files.done
+                object["files"] = files.total
+            }
             emit("progress", object)
         case .lines:
             var line = TextFormat.bytes(done) + (totalKnown ? " of \(TextFormat.bytes(total))" : "") + ", \(formatRate(rate))"
             if let eta { line += ", \(eta) left" }
             if let rtt { line += ", RTT \(rtt)" }
+            if files.total > 1 { line += ", \(files.done)/\(files.total) files" }
             printLine(line)
         case .bar:
             Console.drawBar(Self.barLine(
-                done: done, total: totalKnown ? total : nil, rate: formatRate(rate), eta: eta, rtt: rtt, columns: Console.terminalColumns))
+                done: done, total: totalKnown ? total : nil, rate: formatRate(rate), eta: eta, rtt: rtt, columns: Console.terminalColumns,
+                file: files.current, files: files.total > 1 ? (files.done, files.total) : nil))
         }
     }
 
@@ -256,7 +345,13 @@ final class TransferReporter: Sendable {
     /// wiped: the bar's first half would stay above the summary). What matters least goes first:
     /// the RTT, the bar's length (down to 10), the bar, the rate, the time left. Without a
     /// `total` (a file of unknown size) there is no bar, share or time left.
-    static func barLine(done: UInt64, total: UInt64?, rate: String, eta: String?, rtt: String?, columns: Int?) -> String {
+    /// After the figures come `files` done of all ("3/10 files", for several) and the `file`
+    /// being sent or received, its name shortened from the left to fit (at least 16 columns of
+    /// it, else none); where even the count does not fit beside the figures, neither is shown.
+    static func barLine(
+        done: UInt64, total: UInt64?, rate: String, eta: String?, rtt: String?, columns: Int?,
+        file: String? = nil, files: (done: Int, total: Int)? = nil
+    ) -> String {
         let limit = max(1, (columns ?? .max) - 1)
         let fraction = total.map { $0 > 0 ? min(1, Double(done) / Double($0)) : 0 } ?? 0
         let percent = total.map { _ in "\(Int(fraction * 100))%" }
@@ -280,10 +375,27 @@ final class TransferReporter: Sendable {
         }
         let shorter = [(bar: 24, rate: true, eta: true, rtt: true)] + (10...24).reversed().map { (bar: $0, rate: true, eta: true, rtt: false) }
             + [(bar: 0, rate: true, eta: true, rtt: false), (bar: 0, rate: false, eta: true, rtt: false), (bar: 0, rate: false, eta: false, rtt: false)]
-        for shape in shorter {
-            let text = line(bar: shape.bar, rate: shape.rate, eta: shape.eta, rtt: shape.rtt)
-            if text.count <= limit { return text }
+        let count = files.map { "\(min($0.done, $0.total))/\($0.total) files" }
+        /// `text` followed by the count and as much of the file's name as fits (nil: the count does not).
+        func withFiles(_ text: String, name: Bool) -> String? {
+            var text = text
+            if let count {
+                guard text.count + 2 + count.count <= limit else { return nil }
+                text += "  " + count
+            }
+            guard name, let file else { return count == nil ? nil : text }
+            let room = min(limit - text.count - 2, 40)
+            if file.count <= room { return text + "  " + file }
+            guard room >= 16 else { return nil }
+            return text + "  …" + String(file.suffix(room - 1))
         }
+        let lines = shorter.map { line(bar: $0.bar, rate: $0.rate, eta: $0.eta, rtt: $0.rtt) }
+        if count != nil || file != nil {
+            for name in [true, false] {
+                for text in lines { if let full = withFiles(text, name: name) { return full } }
+            }
+        }
+        for text in lines where text.count <= limit { return text }
         return String(line(bar: 0, rate: false, eta: false, rtt: false).prefix(limit))
     }
 
@@ -322,7 +434,8 @@ final class TransferReporter: Sendable {
         return role == .sender ? " (a receiver run with --overwrite replaces it)" : " (run 'qxfer recv --overwrite' to replace it)"
     }
 
-    func finish(_ summary: TransferSummary, clock: TransferClock, reconnects: Int = 0, over stack: String? = nil) {
+    /// `excluded`: the sender's entries left out by `--exclude` (not failures).
+    func finish(_ summary: TransferSummary, clock: TransferClock, reconnects: Int = 0, over stack: String? = nil, excluded: Int = 0) {
         let carrier = stack ?? self.carrier.withLock { $0 }
         let seconds = max(clock.elapsed.seconds, 0.000_001)
         let (bytes, holes) = (clock.bytes, clock.holeBytes)
@@ -337,13 +450,22 @@ final class TransferReporter: Sendable {
             if let checksum { object["digest"] = checksum }
             object["present"] = clock.alreadyThere
             if let carrier { object["stack"] = carrier }
+            if let path = path.withLock({ $0 })?() {
+                object["path"] = path.route
+                object["path_direct_bytes"] = path.directBytes
+                object["path_relayed_bytes"] = path.relayedBytes
+            }
             if summary.senderLeftBeforeComplete { object["sender_left_early"] = true }
+            if role == .sender { object["excluded"] = excluded }
             emit("summary", object)
             return
         }
+        // Quiet: the summary only when something was not transferred (or a sender left early).
+        if quiet && summary.failures.isEmpty && !summary.senderLeftBeforeComplete { return }
         let verb = role == .sender ? "sent" : "received"
         var line = "\(verb) \(TextFormat.bytes(bytes)) in \(Self.timing(bytes: bytes, seconds: seconds))"
         if let carrier { line += " over \(carrier)" }
+        if let path = path.withLock({ $0 })?() { line += ", \(path.description)" }
         if summary.resumedBytes > 0 { line += ", \(TextFormat.bytes(summary.resumedBytes)) resumed" }
         if holes > 0 { line += ", plus \(TextFormat.bytes(holes)) of holes" }  // not counted in the rate
         line += "; \(count(summary.digests.count, "file", "files")) verified with \(summary.algorithm.name)"
@@ -351,6 +473,7 @@ final class TransferReporter: Sendable {
         let present = clock.alreadyThere
         if present > 0 { line += summary.digests.count == 1 ? ", already there in full" : ", \(present) of them already there in full" }
         if !summary.failures.isEmpty { line += "; \(summary.failures.count) not transferred" }
+        if excluded > 0 { line += "; \(excluded) excluded" }
         if reconnects > 0 { line += "; reconnected \(count(reconnects, "time", "times"))" }
         writeOut(line)
         if summary.senderLeftBeforeComplete {
@@ -394,18 +517,42 @@ final class TransferClock: Sendable {
         var started: Set<String> = []
         /// Files verified without having started: found already there in full.
         var alreadyThere = 0
+        /// The file that started last, the files ended (verified or failed) on this connection,
+        /// and the files of the offer.
+        var files = Files()
     }
+
+    /// Per-file progress: the file being sent or received, and how many of the offer's are done.
+    struct Files: Sendable {
+        var current: String?
+        var done = 0
+        var total = 0
+    }
+
+    /// The offer holds `count` files (for "3/10 files").
+    func expect(files count: Int) {
+        state.withLock { $0.files.total = count }
+    }
+
+    /// The file being moved and the count of files done, for the progress line.
+    var files: Files { state.withLock { $0.files } }
     private let state = Mutex(State())
 
     /// A file's data started moving.
     func started(_ path: String) {
-        state.withLock { _ = $0.started.insert(path) }
+        state.withLock {
+            _ = $0.started.insert(path)
+            $0.files.current = path
+        }
     }
 
     /// A file was verified (`verified`) or failed: one verified with no data moved (a file of
     /// the same size, its digest compared) was already there in full.
     func ended(_ path: String, verified: Bool) {
-        state.withLock { if $0.started.remove(path) == nil && verified { $0.alreadyThere += 1 } }
+        state.withLock {
+            if $0.started.remove(path) == nil && verified { $0.alreadyThere += 1 }
+            $0.files.done += 1
+        }
     }
 
     /// Files found already there in full (their digests compared, no data moved), over every
@@ -450,6 +597,9 @@ final class TransferClock: Sendable {
     func progress(reporting report: @escaping @Sendable (TransferEvent) -> Void) -> TransferProgress {
         TransferProgress { event in
             switch event {
+            // Each connection's offer gets a verdict for every file again (those already there
+            // quickly): the count starts over.
+            case .offered: self.state.withLock { $0.files.done = 0 }
             case .accepted: self.start()
             case .started(let path, _, _): self.started(path)
             case .verified(let path, _, _):
