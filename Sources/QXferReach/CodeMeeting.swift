@@ -194,13 +194,18 @@ public final class CodeMeeting: Sendable {
         let connection = NetworkConnection(to: endpoint, using: .parameters {
             Coder(PairingMessage.self, using: .json, maximumMessageSize: Pairing.maximumMessageSize) { transport.identity(identity).peerTrust(.anyCertificate) }
         })
-        defer { connection.cancel() }
+        // Closed with its last message delivered (a refusal above all: the peer says "wrong
+        // code" only if it hears one), within a second.
         do {
-            return try await Pairing.initiate(
+            let peer = try await Pairing.initiate(
                 over: connection, password: code.password, context: agent.candidatesTranscript, name: name, address: nil,
                 identity: identity, store: store)
-        } catch let error as PairingError where error.kind == .wrongCode {
-            throw Self.wrongCode
+            await connection.close(within: .seconds(1))
+            return peer
+        } catch {
+            await connection.close(within: .seconds(1))
+            if let error = error as? PairingError, error.kind == .wrongCode { throw wrongCode }
+            throw error
         }
     }
 
@@ -255,15 +260,23 @@ public final class CodeMeeting: Sendable {
                 for await outcome in outcomes { return try outcome.get() }
                 return nil
             }
-            while let outcome = try await group.next() {
-                if let device = outcome { return device }
+            do {
+                while let outcome = try await group.next() {
+                    if let device = outcome { return device }
+                }
+            } catch let error as PairingError where error.kind == .wrongCode {
+                throw wrongCode
             }
             throw ReachError(.peerGone, "the pairing listeners stopped")
         }
     }
 
-    static let wrongCode = ReachError(
-        .wrongCode, "the code did not match (mistyped, or someone tried to intercept it); nothing was sent, and the code is spent")
+    /// What either side says when the code did not authenticate the peer.
+    var wrongCode: ReachError {
+        ReachError(
+            .wrongCode,
+            "the code did not match (mistyped, or someone tried to intercept it); nothing was \(side == .offer ? "sent" : "received"), and the code is spent")
+    }
 
     // MARK: Paths
 

@@ -5,6 +5,7 @@ import LinuxSystem
 import PlainText
 import QXfer
 import QXferPairing
+import QXferReach
 import QXferTransfer
 
 @main
@@ -75,6 +76,8 @@ struct QXferCommand: AsyncParsableCommand {
             fail(error.message, code: error.code.name, status: ExitCodes.code(for: error))
         } catch let error as PairingError {
             fail(error.message, code: "pairing-\(error.kind)", status: ExitCodes.code(for: error))
+        } catch let error as ReachError {
+            fail(error.description, code: "code-\(error.kind)", status: ExitCodes.code(for: error))
         } catch {
             let code = exitCode(for: error)
             if code == .success {
@@ -142,6 +145,16 @@ enum ExitCodes {
         case .timedOut, .unavailable: 69  // EX_UNAVAILABLE
         case .protocolViolation: 76  // EX_PROTOCOL
         case .storage: 74  // EX_IOERR
+        }
+    }
+
+    static func code(for error: ReachError) -> Int32 {
+        switch error.kind {
+        case .wrongCode: 77  // EX_NOPERM
+        case .relayUnreachable, .roomTaken, .noSuchCode, .codeUsed, .refusedByRelay, .peerGone: 69  // EX_UNAVAILABLE
+        case .timedOut: 75  // EX_TEMPFAIL
+        case .protocolViolation: 76  // EX_PROTOCOL
+        case .local: 71  // EX_OSERR
         }
     }
 
