@@ -74,10 +74,20 @@ public final class NetworkListener<Stack: NetworkProtocolStack>: Sendable {
     /// Accepts connections until the task is cancelled, calling `handler` for each in a child
     /// task. A handler's error closes its connection and is logged; it never stops the listener.
     public func run(_ handler: @escaping @Sendable (NetworkConnection<Stack>) async throws -> Void) async throws {
+        try await run(refused: { _ in }, handler)
+    }
+
+    /// Accepts connections as ``run(_:)`` does, and tells `refused` of each client whose
+    /// certificate the handshake refused (``ClientAuthentication``: not on the allow-list, not
+    /// a paired device), with its address, fingerprint and the reason. Called on a stack's
+    /// thread: keep it short.
+    public func run(
+        refused: @escaping @Sendable (RefusedClient) -> Void, _ handler: @escaping @Sendable (NetworkConnection<Stack>) async throws -> Void
+    ) async throws {
         let stack = parameters.stack.transport.stack
         let request = ListenRequest(
             host: host, port: requestedPort, parameters: parameters, handshakeTimeout: handshakeTimeout,
-            validateAddressesAbovePendingHandshakes: retryAbovePendingHandshakes)
+            validateAddressesAbovePendingHandshakes: retryAbovePendingHandshakes, refused: refused)
         let listener: any BoundTransportListener
         do {
             listener = try await stack.bind(request)

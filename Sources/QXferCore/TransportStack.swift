@@ -62,6 +62,30 @@ extension TransportStack {
     /// With this many clients still in their handshake, new ones first prove their address
     /// (QUIC's Retry); stacks without such a round trip ignore it.
     @_spi(Stacks) public var validateAddressesAbovePendingHandshakes: Int
+    /// Told of each client whose certificate the handshake refused (``ClientAuthentication``).
+    @_spi(Stacks) public var refused: @Sendable (RefusedClient) -> Void = { _ in }
+}
+
+/// A client a listener refused during its handshake because of the certificate it presented
+/// (not on the allow-list, not a paired device): who it was and why.
+public struct RefusedClient: Sendable, CustomStringConvertible {
+    /// Its address, as the listener saw it (nil if the stack did not tell).
+    public let address: Endpoint?
+    /// The fingerprint of the certificate it presented (nil if it presented none).
+    public let fingerprint: Fingerprint?
+    /// Why it was refused ("it is not on the allow-list").
+    public let reason: QXferError
+
+    @_spi(Stacks) public init(address: Endpoint?, fingerprint: Fingerprint?, reason: QXferError) {
+        self.address = address
+        self.fingerprint = fingerprint
+        self.reason = reason
+    }
+
+    /// "refused 192.0.2.7:50123 (fingerprint …): it is not on the allow-list".
+    public var description: String {
+        "refused \(address?.description ?? "a client")\(fingerprint.map { " (fingerprint \($0))" } ?? ""): \(reason.message)"
+    }
 }
 
 /// A stack's bound listening socket(s), accepting once ``run(serving:)`` is called.

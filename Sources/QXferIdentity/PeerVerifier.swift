@@ -132,13 +132,14 @@
                 return .success(.firstUse(recordedIn: file.path))
             }
         case .server(let authentication):
+            let paired = authentication.pairedDevices[presented]
             switch authentication.kind {
             case .none, .optional:
-                return .success(.unauthenticated)
+                return .success(paired.map { .paired(name: $0) } ?? .unauthenticated)
             case .required(let allowed, let listName):
-                if allowed.contains(presented) { return .success(.allowListed) }
+                if allowed.contains(presented) { return .success(paired.map { .paired(name: $0) } ?? .allowListed) }
                 return .failure(QXferError(
-                    .untrustedPeer, "refused a client with fingerprint \(presented): it is not \(listName)"))
+                    .untrustedPeer, "it is not \(listName)"))
             }
         }
     }

@@ -101,6 +101,20 @@ public struct ClientAuthentication: Sendable, Hashable {
         case required(Set<Fingerprint>, listName: String)
     }
     @_spi(Stacks) public let kind: Kind
+    /// Paired devices (fingerprint → name): a client presenting one of their certificates is
+    /// admitted as ``TrustDecision/paired(name:)`` where the kind admits it, not as
+    /// unauthenticated or allow-listed (`recv -v` says who came, issue 62 §5).
+    @_spi(Stacks) public var pairedDevices: [Fingerprint: String] = [:]
+
+    init(kind: Kind) { self.kind = kind }
+
+    /// Also names the clients presenting a paired device's certificate (fingerprint → name):
+    /// they are reported as ``TrustDecision/paired(name:)``. Admits no one the kind refuses.
+    public func recognizingPairedDevices(_ devices: [Fingerprint: String]) -> ClientAuthentication {
+        var copy = self
+        copy.pairedDevices.merge(devices) { _, new in new }
+        return copy
+    }
 
     /// Asks for no client certificate.
     public static let none = ClientAuthentication(kind: .none)

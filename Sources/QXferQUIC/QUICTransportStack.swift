@@ -74,6 +74,7 @@ struct QUICListener: BoundTransportListener {
             let secret = identity.statelessResetSecret
             // Tickets from the same identity's secret: a restarted receiver still resumes its senders' sessions.
             let tickets = try QUICSessionTicketIssuer(secret: secret, register: quic.earlyDataRegister)
+            let refused = request.refused
             let makeConfiguration: @Sendable (_ peerIsLoopback: Bool) -> (QUICConfiguration, PeerVerifier) = { peerIsLoopback in
                 let verifier = PeerVerifier(.server(quic.clientAuthentication))
                 var configuration = QUICStackConfiguration.make(
@@ -97,6 +98,13 @@ struct QUICListener: BoundTransportListener {
                         if case .dropped = continuation.yield((NIOLoopBound(driver, eventLoop: driver.eventLoop), peer, remote)) {
                             driver.close(code: 0x2, reason: "too many pending connections")
                         }
+                    }
+                    driver.handshakeResult.assumeIsolated().whenFailure { [unowned driver] _ in
+                        // Its certificate refused (a verdict, not a lost handshake).
+                        let outcome = driver.verifier.result
+                        guard let failure = outcome.failure, outcome.fingerprint != nil else { return }
+                        let remote = driver.engine.path.remote.socketAddress?.endpoint
+                        refused(RefusedClient(address: remote, fingerprint: outcome.fingerprint, reason: failure))
                     }
                     return driver
                 },

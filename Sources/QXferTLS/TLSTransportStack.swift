@@ -49,6 +49,8 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
     /// Extra streams and datagrams arrive as child connections naming their parent.
     let sessions: TLSSessionRegistry
     let handshakeTimeout: Duration
+    /// Told of each client whose certificate was refused.
+    let refused: @Sendable (RefusedClient) -> Void
     let port: UInt16
     /// The connections open now, against ``TLS/maximumConnections``.
     let open: OpenConnections
@@ -87,7 +89,7 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
                 try await bootstrap.bind(host: host, port: Int(request.port), childChannelInitializer: initializer)
             }
             return TLSListener(
-                server: server, sessions: TLSSessionRegistry(), handshakeTimeout: request.handshakeTimeout,
+                server: server, sessions: TLSSessionRegistry(), handshakeTimeout: request.handshakeTimeout, refused: request.refused,
                 port: UInt16(server.channel.localAddress?.port ?? Int(request.port)), open: OpenConnections(limit: tls.maximumConnections))
         } catch {
             throw (error as? QXferError)
@@ -98,6 +100,7 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
     func run(serving serve: @escaping @Sendable (any ByteStreamTransport, Endpoint?) async -> Void) async throws {
         let sessions = self.sessions
         let handshakeTimeout = self.handshakeTimeout
+        let refused = self.refused
         let open = self.open
         try await server.executeThenClose { inbound in
             await withDiscardingTaskGroup { group in
@@ -113,7 +116,7 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
                         // parent waits for it even if the parent's task has not run yet.
                         sessions.accepted()
                         group.addTask {
-                            await Self.admit(setup, sessions: sessions, handshakeTimeout: handshakeTimeout, serve: serve)
+                            await Self.admit(setup, sessions: sessions, handshakeTimeout: handshakeTimeout, refused: refused, serve: serve)
                         }
                     }
                 } catch {
@@ -125,7 +128,7 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
 
     private static func admit(
         _ setup: TLSByteStream.Setup, sessions: TLSSessionRegistry, handshakeTimeout: Duration,
-        serve: @Sendable (any ByteStreamTransport, Endpoint?) async -> Void
+        refused: @Sendable (RefusedClient) -> Void, serve: @Sendable (any ByteStreamTransport, Endpoint?) async -> Void
     ) async {
         let remote = setup.channel.remoteAddress?.endpoint
         let stream: TLSByteStream
@@ -135,6 +138,11 @@ struct TLSListener<Stack: NetworkProtocolStack>: BoundTransportListener {
         } catch {
             sessions.settled()
             logger.debug("refused \(remote?.description ?? "a client"): \(error)")
+            // Its certificate refused (a verdict, not a port probe or a lost handshake).
+            let outcome = setup.verifier!.result
+            if let failure = outcome.failure, outcome.fingerprint != nil {
+                refused(RefusedClient(address: remote, fingerprint: outcome.fingerprint, reason: failure))
+            }
             return
         }
         if stream.peer.applicationProtocol == TLSChildProtocol.alpn {

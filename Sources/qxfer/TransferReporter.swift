@@ -205,7 +205,7 @@ final class TransferReporter: Sendable {
         let key = "\(client.address?.host ?? "") \(client.fingerprint?.description ?? "")"
         let repeated = recentRefusals.withLock { recent in
             let now = ContinuousClock.now
-            recent = recent.filter { now - $0.value < .seconds(5) }
+            recent = recent.filter { now - $0.value < .seconds(2) }
             defer { recent[key] = now }
             return recent[key] != nil
         }

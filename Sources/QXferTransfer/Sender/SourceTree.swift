@@ -40,6 +40,11 @@ public struct SourceTree: Sendable {
     /// How many of the skipped items are files or folders inside a folder that this process may
     /// not read (or list): the rest is sent, and the send then fails, as `scp -r` and rsync do.
     public private(set) var unreadable = 0
+    /// How many entries `--exclude` left out (a folder counts once, with what it holds): not
+    /// offered, not counted as failures.
+    public private(set) var excluded = 0
+    /// What to leave out; set for the scan.
+    private var exclusions = ExclusionRules.none
     /// The entries (by index) of files too large to be batched that occupy fewer blocks than
     /// their size: they have holes (or are compressed), so the offer lets Zeros stand for them
     /// (docs/PROTOCOL.md §3.8), and the sender counts their holes once the receiver has answered.
@@ -59,8 +64,13 @@ public struct SourceTree: Sendable {
     /// with everything inside it (recursively; symlinks inside are sent as links when their
     /// target stays inside the tree, never followed), `-` standard input named `standardInputName`.
     /// A path named on the command line is followed if it is a symlink: the user chose it.
-    public static func scan(_ paths: [String], standardInputName: String = "stdin") throws(TransferError) -> SourceTree {
+    /// Entries that `exclusions` match are left out (``excluded``), a folder with what it holds;
+    /// standard input never is.
+    public static func scan(
+        _ paths: [String], standardInputName: String = "stdin", excluding exclusions: ExclusionRules = .none
+    ) throws(TransferError) -> SourceTree {
         var tree = SourceTree()
+        tree.exclusions = exclusions
         var topLevel = Set<ExactString>()
         for path in paths {
             let name: String
@@ -85,6 +95,10 @@ public struct SourceTree: Sendable {
             }
             var info = stat()
             guard stat(path, &info) == 0 else { throw TransferError.posix("cannot read", "'\(path)'", errno: errno) }
+            if exclusions.excludes([name], isFolder: info.st_mode & S_IFMT == S_IFDIR) {
+                tree.excluded += 1
+                continue
+            }
             if let kind = specialKind(info) {
                 // Named by the user, so not skipped in silence: `qxfer send <(tar c dir) HOST`
                 // would otherwise offer nothing and succeed.
@@ -170,6 +184,11 @@ public struct SourceTree: Sendable {
             let folderLength = components.reduce(0) { $0 + $1.utf8.count + 1 }
             for name in children {
                 let childPath = path + "/" + name
+                // Excluded before anything is said of it: a name qxfer/1 cannot carry, left out on purpose, is no failure.
+                if exclusions.excludes(components + [name], isFolder: nil) {
+                    excluded += 1
+                    continue
+                }
                 guard (try? SafePath(validating: [name])) != nil else {
                     leaveOut(childPath, components + [name], "the name is not allowed in qxfer/1 (control characters or a reserved suffix)", .unsafePath)
                     unsentForTheirNames += 1
@@ -201,6 +220,10 @@ public struct SourceTree: Sendable {
                     throw TransferError.posix("cannot read", "'\(childPath)'", errno: error)
                 }
                 let kind = childInfo.st_mode & S_IFMT
+                if kind == S_IFDIR, exclusions.excludes(components + [name], isFolder: true) {
+                    excluded += 1
+                    continue
+                }
                 if kind == S_IFREG || kind == S_IFDIR, !Self.isReadable(childPath, childInfo) {
                     let reason = String(cString: strerror(errno))
                     leaveOut(childPath, components + [name], "\(kind == S_IFDIR ? "cannot list" : "cannot read"): \(reason)", .io)
