@@ -20,7 +20,7 @@ final class AgentCore {
     let options: PathOptions
     private let stats: AgentStats
     private let bindToken: [UInt8]
-    private var engine: PathEngine
+    private var engine: PathEngine<SocketAddress>
     private let clockOrigin = NIODeadline.now()
     /// "Now" as of the last tick or event: flows' idle times need no finer clock, and the data
     /// path reads no clock per datagram.
@@ -313,7 +313,7 @@ final class AgentCore {
 
     // MARK: - The engine's decisions
 
-    private func perform(_ actions: [PathEngine.Action]) {
+    private func perform(_ actions: [PathEngine<SocketAddress>.Action]) {
         guard !actions.isEmpty, let wide else { return }
         for action in actions {
             switch action {
@@ -800,7 +800,7 @@ final class OfferFront: LocalSocket {
     let port: UInt16
     var udp: (any Channel)?
     var tcp: (any Channel)?
-    var flows = OfferFlows()
+    var flows = OfferFlows<SocketAddress>()
     var flushPending = false
     var reopening = false
 

@@ -1,20 +1,18 @@
-import NIOCore
-
 /// Offer side: the flows of one service (docs/PROTOCOL.md §9.5), one per local QUIC socket
 /// (source address) that sent to the agent's port, numbered 0–65535. Bounded; a flow quiet for
 /// ``idleTimeout`` is forgotten. Free of I/O: `now` is an input.
-struct OfferFlows {
-    static let defaultCapacity = 1024
-    static let defaultIdleTimeout: Duration = .seconds(60)
+struct OfferFlows<Address: Hashable> {
+    static var defaultCapacity: Int { 1024 }
+    static var defaultIdleTimeout: Duration { .seconds(60) }
 
     private struct Entry {
-        var address: SocketAddress
+        var address: Address
         var lastActive: Duration
     }
 
     let capacity: Int
     let idleTimeout: Duration
-    private var flowByAddress: [SocketAddress: UInt16] = [:]
+    private var flowByAddress: [Address: UInt16] = [:]
     private var entries: [UInt16: Entry] = [:]
     private var nextFlow: UInt16 = 0
 
@@ -27,7 +25,7 @@ struct OfferFlows {
     var count: Int { entries.count }
 
     /// The flow of `address`, numbered now if new; nil when the table is full.
-    mutating func flow(for address: SocketAddress, now: Duration) -> UInt16? {
+    mutating func flow(for address: Address, now: Duration) -> UInt16? {
         if let flow = flowByAddress[address] {
             entries[flow]?.lastActive = now
             return flow
@@ -44,7 +42,7 @@ struct OfferFlows {
     }
 
     /// The local address of `flow`, if it is known.
-    mutating func address(of flow: UInt16, now: Duration) -> SocketAddress? {
+    mutating func address(of flow: UInt16, now: Duration) -> Address? {
         guard let index = entries.index(forKey: flow) else { return nil }
         entries.values[index].lastActive = now
         return entries.values[index].address

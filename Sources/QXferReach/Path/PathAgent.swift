@@ -193,8 +193,8 @@ public final class PathAgent: Sendable {
 /// What tests change in an agent.
 struct PathOptions: Sendable {
     /// Whether the agent punches (and answers punches): held or never forces the relay.
-    var punching: PathEngine.Punching = .allowed
-    var timing = PathEngine.Timing()
+    var punching: PunchingPolicy = .allowed
+    var timing = PathTiming()
     /// Answer side: the most flows at once, and how long a quiet one lives.
     var flowCapacity = 256
     var flowIdleTimeout: Duration = .seconds(60)

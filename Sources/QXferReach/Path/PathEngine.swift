@@ -1,51 +1,20 @@
-import NIOCore
-
 /// The path's decisions (docs/PROTOCOL.md §9.3, §9.5), free of sockets and clocks: binding the
 /// relay, punching the peer's candidates, answering its punches, choosing the route, keeping a
 /// direct path alive and leaving it. Every input takes `now` (a monotonic instant, any origin);
 /// outputs are datagrams to send. The agent feeds it from its sockets and a 250 ms tick; tests
-/// feed it a fake clock.
-struct PathEngine {
-    /// The protocol's intervals.
-    struct Timing: Sendable, Equatable {
-        /// Between two rounds of punches to every candidate.
-        var punchInterval: Duration = .milliseconds(250)
-        /// How long punching goes on without an answer.
-        var punchWindow: Duration = .seconds(10)
-        /// Between two keepalive punches on the direct path.
-        var keepaliveInterval: Duration = .seconds(5)
-        /// Keepalives unanswered in a row that send datagrams back through the relay.
-        var keepalivesMissedLimit = 3
-        /// Between two binds while the relay has not answered.
-        var bindRetry: Duration = .seconds(1)
-        /// How long binding waits for `bound` before UDP counts as blocked.
-        var bindPatience: Duration = .seconds(5)
-        /// Between two binds after that (the NAT mapping kept open).
-        var bindRefresh: Duration = .seconds(20)
-
-        init() {}
-    }
-
-    /// Whether this side punches and answers punches. Tests hold it back to force the relay,
-    /// or to open the direct path in the middle of a transfer.
-    enum Punching: Sendable, Equatable {
-        case allowed
-        /// Not yet: ``allowPunching(now:)`` starts it.
-        case held
-        case never
-    }
-
+/// feed it a fake clock. `Address` is a socket address to the agent, anything to a test.
+struct PathEngine<Address: Hashable> {
     /// Where datagrams for the peer go.
     enum Route: Equatable {
         case relayed
-        case direct(SocketAddress)
+        case direct(Address)
     }
 
     /// What the relay said of this side's UDP socket.
     enum Binding: Equatable {
         case binding
         case bound(DatagramAddress)
-        /// No `bound` within ``Timing/bindPatience``: UDP to the relay is blocked (binds go on).
+        /// No `bound` within ``PathTiming/bindPatience``: UDP to the relay is blocked (binds go on).
         case blocked
     }
 
@@ -54,29 +23,29 @@ struct PathEngine {
         /// These bytes to the relay's UDP port.
         case toRelay([UInt8])
         /// These bytes to a peer's address.
-        case send([UInt8], to: SocketAddress)
+        case send([UInt8], to: Address)
     }
 
     /// The most candidates of the peer punched: its list, then addresses its punches came from.
-    static let maximumCandidates = PeerSignal.maximumCandidates + 8
+    static var maximumCandidates: Int { PeerSignal.maximumCandidates + 8 }
     /// Addresses remembered as the peer's (its punches came from them).
-    static let maximumTrustedSources = 16
+    static var maximumTrustedSources: Int { 16 }
     /// Nonces remembered: an answer to an older one is not taken.
-    static let rememberedNonces = 64
+    static var rememberedNonces: Int { 64 }
 
     /// The token this side's punches must carry.
     let token: [UInt8]
     /// This side's seat at the relay.
     let bindToken: [UInt8]
-    let timing: Timing
-    private(set) var punching: Punching
+    let timing: PathTiming
+    private(set) var punching: PunchingPolicy
     private(set) var route: Route = .relayed
     private(set) var binding: Binding = .binding
     /// The peer's token: what this side's punches carry. Nil until its candidates arrive.
     private(set) var peerToken: [UInt8]?
-    private(set) var candidates: [SocketAddress] = []
+    private(set) var candidates: [Address] = []
     /// Addresses the peer sent a valid punch or answer from: datagrams from them are the peer's.
-    private(set) var trustedSources: [SocketAddress] = []
+    private(set) var trustedSources: [Address] = []
     /// How often the route changed (either way).
     private(set) var routeChanges = 0
 
@@ -91,7 +60,7 @@ struct PathEngine {
     private var nextKeepalive: Duration = .zero
     private var missedKeepalives = 0
 
-    init(token: [UInt8], bindToken: [UInt8], punching: Punching = .allowed, timing: Timing = Timing()) {
+    init(token: [UInt8], bindToken: [UInt8], punching: PunchingPolicy = .allowed, timing: PathTiming = PathTiming()) {
         self.token = token
         self.bindToken = bindToken
         self.punching = punching
@@ -105,7 +74,7 @@ struct PathEngine {
     var isPunching: Bool { punchingUntil != nil }
 
     /// Whether `source` is known to be the peer's: the direct path, or an address that proved it.
-    func isTrusted(_ source: SocketAddress) -> Bool {
+    func isTrusted(_ source: Address) -> Bool {
         if case .direct(let address) = route, address == source { return true }
         return trustedSources.contains(source)
     }
@@ -124,7 +93,7 @@ struct PathEngine {
     }
 
     /// The peer's candidates arrived: punching starts (when allowed).
-    mutating func peerKnown(token peerToken: [UInt8], candidates: [SocketAddress], now: Duration) -> [Action] {
+    mutating func peerKnown(token peerToken: [UInt8], candidates: [Address], now: Duration) -> [Action] {
         guard self.peerToken == nil, peerToken.count == RelayMessage.tokenSize else { return [] }
         self.peerToken = peerToken
         for candidate in candidates where !self.candidates.contains(candidate) && self.candidates.count < PeerSignal.maximumCandidates {
@@ -141,7 +110,7 @@ struct PathEngine {
     }
 
     /// A punch arrived from `source`: answered when it carries this side's token.
-    mutating func receivedPunch(token punchToken: [UInt8], nonce: UInt64, from source: SocketAddress, now: Duration) -> [Action] {
+    mutating func receivedPunch(token punchToken: [UInt8], nonce: UInt64, from source: Address, now: Duration) -> [Action] {
         guard punching == .allowed, punchToken == token, let peerToken else { return [] }
         trust(source)
         var actions = [Action.send(PeerDatagram.punched(token: peerToken, nonce: nonce).encoded, to: source)]
@@ -157,7 +126,7 @@ struct PathEngine {
 
     /// An answer to a punch arrived from `source`: with this side's token and a nonce it sent,
     /// `source` becomes the direct path (the first one that answers).
-    mutating func receivedPunched(token answerToken: [UInt8], nonce: UInt64, from source: SocketAddress, now: Duration) -> [Action] {
+    mutating func receivedPunched(token answerToken: [UInt8], nonce: UInt64, from source: Address, now: Duration) -> [Action] {
         guard punching == .allowed, answerToken == token, nonces.contains(nonce) else { return [] }
         trust(source)
         switch route {
@@ -210,7 +179,7 @@ struct PathEngine {
 
     /// A send to `address` failed on this host (no route, a firewall): it is not punched again,
     /// and datagrams go through the relay if it was the direct path.
-    mutating func forget(_ address: SocketAddress) {
+    mutating func forget(_ address: Address) {
         candidates.removeAll { $0 == address }
         trustedSources.removeAll { $0 == address }
         if case .direct(let direct) = route, direct == address { leaveDirectPath() }
@@ -263,9 +232,38 @@ struct PathEngine {
         return (PeerDatagram.punch(token: peerToken, nonce: nonce).encoded, nonce)
     }
 
-    private mutating func trust(_ source: SocketAddress) {
+    private mutating func trust(_ source: Address) {
         guard !trustedSources.contains(source) else { return }
         if trustedSources.count >= Self.maximumTrustedSources { trustedSources.removeFirst() }
         trustedSources.append(source)
     }
+}
+
+/// The protocol's intervals.
+struct PathTiming: Sendable, Equatable {
+    /// Between two rounds of punches to every candidate.
+    var punchInterval: Duration = .milliseconds(250)
+    /// How long punching goes on without an answer.
+    var punchWindow: Duration = .seconds(10)
+    /// Between two keepalive punches on the direct path.
+    var keepaliveInterval: Duration = .seconds(5)
+    /// Keepalives unanswered in a row that send datagrams back through the relay.
+    var keepalivesMissedLimit = 3
+    /// Between two binds while the relay has not answered.
+    var bindRetry: Duration = .seconds(1)
+    /// How long binding waits for `bound` before UDP counts as blocked.
+    var bindPatience: Duration = .seconds(5)
+    /// Between two binds after that (the NAT mapping kept open).
+    var bindRefresh: Duration = .seconds(20)
+
+    init() {}
+}
+
+/// Whether this side punches and answers punches. Tests hold it back to force the relay,
+/// or to open the direct path in the middle of a transfer.
+enum PunchingPolicy: Sendable, Equatable {
+    case allowed
+    /// Not yet: ``PathEngine/allowPunching(now:)`` starts it.
+    case held
+    case never
 }

@@ -192,6 +192,7 @@ final class RelayClient {
         if lowered.contains("room taken") { return ReachError(.roomTaken, "room taken: another sender holds this code's room") }
         if lowered.contains("no sender is waiting") { return ReachError(.noSuchCode, "no sender is waiting with this code") }
         if lowered.contains("already used") { return ReachError(.codeUsed, "this code was already used") }
+        if lowered.contains("nobody came") { return ReachError(.timedOut, "nobody came with this code in time") }
         return ReachError(.refusedByRelay, "the relay refused: \(shown)")
     }
 
