@@ -3,7 +3,8 @@
 # (bench/small.sh), many small files (bench/small-files.sh: 2000 files over the emulated 50 ms
 # path, 10 000 over loopback, medians of 3), a sparse disk image (bench/sparse.sh: 1 GiB
 # holding 32 MiB, beside rsync --sparse and scp), how long a receiver stays after its sender
-# (bench/endings.sh) and streaming (bench/stream.sh), then the tables
+# (bench/endings.sh), across NATs beside magic-wormhole (bench/reach.sh) and streaming
+# (bench/stream.sh), then the tables
 # (bench/report.py) in bench/results/report-DATE.md and the plots beside it.
 #
 #     bench/run.sh quick     # make bench: 256 MiB x 1 run, 30 s cap, 3 small runs, 10 s streams with 1 % loss
@@ -69,6 +70,10 @@ echo "== a receiver after its sender ($small_runs runs)" >&2
 endings_out=$(RUNS=$small_runs bench/endings.sh)
 echo "$endings_out"
 
+echo "== across NATs, beside magic-wormhole ($small_runs runs of 1 MiB, 256 MiB direct and relayed)" >&2
+reach_out=$(RUNS=$small_runs BIG=256MiB bench/reach.sh)
+echo "$reach_out"
+
 echo "== streaming (${stream_args[*]}, $stream_repeats times)" >&2
 stream_baseline_results=bench/results/stream-baseline-$stamp.jsonl
 for _ in $(seq "$stream_repeats"); do
@@ -103,6 +108,10 @@ done
     echo
     echo "$endings_out" | sed -n '/^|/p'
     echo
+    echo "## Across NATs, beside magic-wormhole: \`RUNS=$small_runs BIG=256MiB bench/reach.sh\`"
+    echo
+    echo "$reach_out" | sed -n '/^|/p'
+    echo
     echo "## Streaming: \`bench/stream.sh ${stream_args[*]}\` ($stream_repeats times)"
     echo
     python3 bench/report.py stream "$stream_results"
@@ -113,7 +122,7 @@ done
         python3 bench/report.py stream "$stream_baseline_results"
         echo
     fi
-    echo "Results: $transfer_csv, $(echo "$small_out" | sed -n 's/^CSV: //p'), $(echo "$small_files_out" | sed -n 's/^CSV: //p'), $(echo "$sparse_out" | sed -n 's/^CSV: //p'), $stream_results${QXFER_BASELINE:+, $stream_baseline_results}"
+    echo "Results: $transfer_csv, $(echo "$small_out" | sed -n 's/^CSV: //p'), $(echo "$small_files_out" | sed -n 's/^CSV: //p'), $(echo "$sparse_out" | sed -n 's/^CSV: //p'), $(echo "$reach_out" | sed -n 's/^CSV: //p'), $stream_results${QXFER_BASELINE:+, $stream_baseline_results}"
 } >"$report"
 # Debian's python3-matplotlib lives in /usr/bin/python3's path; another python3 may come first.
 plotter=python3

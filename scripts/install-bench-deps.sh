@@ -25,3 +25,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# magic-wormhole, its mailbox server and transit relay (PyPI only): bench/reach.sh runs them beside
+# qxfer's relay on the NAT topology.
+if command -v python3 >/dev/null && ! { command -v wormhole && python3 -c 'import wormhole_mailbox_server, wormhole_transit_relay'; } >/dev/null 2>&1; then
+  echo "installing: magic-wormhole magic-wormhole-mailbox-server magic-wormhole-transit-relay (pip)"
+  wormhole_packages=(magic-wormhole magic-wormhole-mailbox-server magic-wormhole-transit-relay)
+  python3 -m pip install -q "${wormhole_packages[@]}" 2>/dev/null || python3 -m pip install -q --break-system-packages "${wormhole_packages[@]}"
+fi
