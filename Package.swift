@@ -300,6 +300,13 @@ let package = Package(
             swiftSettings: strictSwift6
         ),
 
+        .executableTarget(
+            name: "qxfer-bycode",
+            dependencies: ["QXfer", "QXferReach"],
+            path: "samples/ByCode",
+            swiftSettings: strictSwift6
+        ),
+
         // bench/: qxfer-bench, bulk throughput of one connection (sink and source processes).
         .executableTarget(
             name: "qxfer-bench",
