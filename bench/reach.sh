@@ -165,7 +165,7 @@ run_wormhole() {  # FILE
     CODE_SERIAL=$((CODE_SERIAL + 1))
     code="$CODE_SERIAL-purple-sausages"
     mkdir -p "$dst"
-    (cd "$WORK" && exec timeout "$CAP" ip netns exec "$HA" "${WORMHOLE[@]}" send --code "$code" --hide-progress "$file" \
+    (cd "$WORK" && exec timeout "$CAP" ip netns exec "$HA" "${WORMHOLE[@]}" send --code "$code" --hide-progress --no-qr "$file" \
         >"$WORK/wsend.out" 2>"$WORK/wsend.err" </dev/null) &
     local sender=$!
     for _ in $(seq 600); do grep -q "Wormhole code is" "$WORK/wsend.err" "$WORK/wsend.out" 2>/dev/null && break; sleep 0.05; done

@@ -22,6 +22,10 @@
     reach_tools.py summary FILE
         The last JSON object in FILE (one per line) that names a path ("path": "direct" or
         "relayed"), printed as one JSON line; exit 1 if there is none.
+    reach_tools.py first-data FILE T0
+        Milliseconds from T0 (seconds since the epoch, as `date +%s.%N` prints) to the first
+        "started" event in FILE (a receiver's --json: it is emitted when a file's first data
+        arrives); exit 1 if there is none.
     reach_tools.py wrong-code CODE
         The same nameplate with another last word: a wrong code for the same room.
 """
@@ -227,8 +231,7 @@ def find_code(path, timeout=60):
     return 1
 
 
-def summary(path):
-    found = None
+def events(path):
     for line in open(path, errors="replace"):
         line = line.strip()
         if not line.startswith("{"):
@@ -237,12 +240,31 @@ def summary(path):
             event = json.loads(line)
         except ValueError:
             continue
-        if isinstance(event, dict) and event.get("path") in ("direct", "relayed"):
+        if isinstance(event, dict):
+            yield event
+
+
+def summary(path):
+    """The summary event if it names the path, else the last event that does (other events use
+    "path" for a file's name: only the two values count)."""
+    found = None
+    for event in events(path):
+        if event.get("path") in ("direct", "relayed") and (found is None or found.get("event") != "summary" or event.get("event") == "summary"):
             found = event
     if found is None:
         return 1
     print(json.dumps(found, sort_keys=True))
     return 0
+
+
+def first_data(path, t0):
+    import datetime
+    for event in events(path):
+        if event.get("event") == "started" and isinstance(event.get("time"), str):
+            moment = datetime.datetime.strptime(event["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
+            print(round((moment.timestamp() - float(t0)) * 1000))
+            return 0
+    return 1
 
 
 def wrong_code(code):
@@ -273,6 +295,8 @@ def main(argv):
         return find_code(*args)
     elif command == "summary":
         return summary(*args)
+    elif command == "first-data":
+        return first_data(*args)
     elif command == "wrong-code":
         wrong_code(*args)
     else:
