@@ -32,6 +32,8 @@ final class AgentCore {
     private var fronts: [OfferFront?] = [nil, nil]
     private var frontWaiters: [[EventLoopPromise<UInt16>]] = [[], []]
     private var servedPorts: [UInt16?] = [nil, nil]
+    /// Splices the peer opened for a service not served yet.
+    private var waitingSplices: [(id: Int, service: PeerService)] = []
     private var flows: FlowTable<FlowSocket>
     private var tcpChannels: [ObjectIdentifier: any Channel] = [:]
     private var nextSpliceID = 0
@@ -89,7 +91,7 @@ final class AgentCore {
 
     /// Opens the wide UDP socket, starts binding the relay and the clock; listens to the relay.
     func start() -> EventLoopFuture<Void> {
-        relay.onEvent = { [unowned self] event in self.relayEvent(event) }
+        relay.onEvent = { [weak self] event in self?.relayEvent(event) }
         return openWide(port: 0).assumeIsolated().map { _ in
             self.coarseNow = self.now()
             self.perform(self.engine.start(now: self.coarseNow))
@@ -134,7 +136,8 @@ final class AgentCore {
 
     private func scheduleTick() {
         guard !closing else { return }
-        tickTask = eventLoop.assumeIsolated().scheduleTask(in: Self.tickInterval) { [unowned self] in
+        tickTask = eventLoop.assumeIsolated().scheduleTask(in: Self.tickInterval) { [weak self] in
+            guard let self else { return }
             self.tick()
         }
     }
@@ -198,7 +201,8 @@ final class AgentCore {
         let promise = eventLoop.makePromise(of: Void.self)
         meetPromise = promise
         meeting = true
-        meetTimer = eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(timeout)) { [unowned self] in
+        meetTimer = eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(timeout)) { [weak self] in
+            guard let self else { return }
             let seconds = timeout.components.seconds
             self.failMeeting(self.paired
                 ? ReachError(.timedOut, "the other side did not answer within \(seconds) s")
@@ -322,7 +326,8 @@ final class AgentCore {
             case .send(let bytes, let address):
                 let promise = eventLoop.makePromise(of: Void.self)
                 wide.write(AddressedEnvelope(remoteAddress: address, data: ByteBuffer(bytes: bytes)), promise: promise)
-                promise.futureResult.assumeIsolated().whenFailure { [unowned self] error in
+                promise.futureResult.assumeIsolated().whenFailure { [weak self] error in
+                    guard let self else { return }
                     // A send the kernel refused (no route, a firewall) closes NIO's socket: that
                     // candidate is not tried again.
                     if error is IOError { self.engine.forget(address) }
@@ -383,7 +388,8 @@ final class AgentCore {
         guard !reopeningWide, !closing else { return }
         reopeningWide = true
         let port = widePort
-        openWide(port: port).assumeIsolated().whenComplete { [unowned self] result in
+        openWide(port: port).assumeIsolated().whenComplete { [weak self] result in
+            guard let self else { return }
             self.reopeningWide = false
             guard case .success = result else {
                 if port != 0 { self.widePort = 0 }
@@ -517,7 +523,8 @@ final class AgentCore {
     private func openFront(_ service: PeerService, attemptsLeft: Int) {
         let index = service.rawValue
         let bound = NIOLoopBound(self, eventLoop: eventLoop)
-        DatagramBootstrap(group: eventLoop).bind(host: "127.0.0.1", port: 0).assumeIsolated().whenComplete { [unowned self] result in
+        DatagramBootstrap(group: eventLoop).bind(host: "127.0.0.1", port: 0).assumeIsolated().whenComplete { [weak self] result in
+            guard let self else { return }
             guard case .success(let udp) = result, let port = udp.localAddress?.port else {
                 return self.frontFailed(index, "cannot open a UDP socket on 127.0.0.1")
             }
@@ -572,7 +579,8 @@ final class AgentCore {
     private func reopenFront(_ index: Int) {
         guard let front = fronts[index], !closing else { return }
         front.reopening = true
-        DatagramBootstrap(group: eventLoop).bind(host: "127.0.0.1", port: Int(front.port)).assumeIsolated().whenComplete { [unowned self] result in
+        DatagramBootstrap(group: eventLoop).bind(host: "127.0.0.1", port: Int(front.port)).assumeIsolated().whenComplete { [weak self] result in
+            guard let self else { return }
             front.reopening = false
             guard case .success(let udp) = result else { return }
             guard !self.closing, (try? Self.tune(udp, pathMTU: false)) != nil,
@@ -622,7 +630,8 @@ final class AgentCore {
             return
         }
         track(channel)
-        RelaySplice.open(relay: relayUDP, bindToken: bindToken, id: id, on: eventLoop).assumeIsolated().whenComplete { [unowned self] result in
+        RelaySplice.open(relay: relayUDP, bindToken: bindToken, id: id, on: eventLoop).assumeIsolated().whenComplete { [weak self] result in
+            guard let self else { return }
             self.joined(channel, result)
         }
     }
@@ -650,7 +659,8 @@ final class AgentCore {
         }
         let id = ObjectIdentifier(channel)
         tcpChannels[id] = channel
-        channel.closeFuture.assumeIsolated().whenComplete { [unowned self] _ in
+        channel.closeFuture.assumeIsolated().whenComplete { [weak self] _ in
+            guard let self else { return }
             self.tcpChannels[id] = nil
         }
     }
@@ -659,6 +669,11 @@ final class AgentCore {
 
     func serve(_ service: PeerService, onLocalPort port: UInt16) {
         servedPorts[service.rawValue] = port
+        // Splices the peer opened before this side was ready for them (the sender connects as
+        // soon as authentication ends; the receiver starts its transfer listener just after).
+        let ready = waitingSplices.filter { $0.service == service }
+        waitingSplices.removeAll { $0.service == service }
+        for splice in ready { openAnswerSplice(id: splice.id, service: service) }
     }
 
     /// A datagram of the peer's flow `key`: to its socket, opened on the first one.
@@ -686,7 +701,8 @@ final class AgentCore {
     private func openFlow(_ socket: FlowSocket, port: UInt16) {
         let target: SocketAddress
         do { target = try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)) } catch { return }
-        DatagramBootstrap(group: eventLoop).connect(to: target).assumeIsolated().whenComplete { [unowned self] result in
+        DatagramBootstrap(group: eventLoop).connect(to: target).assumeIsolated().whenComplete { [weak self] result in
+            guard let self else { return }
             guard case .success(let channel) = result else {
                 self.forget(socket)
                 return
@@ -733,14 +749,20 @@ final class AgentCore {
     /// The peer opened splice `id` for `service`: a TCP connection to the local service, joined
     /// to this side's splice of the same id.
     private func openAnswerSplice(id: Int, service: PeerService) {
-        guard let port = servedPorts[service.rawValue], !closing, tcpChannels.count < 2 * Self.maximumSplices else { return }
+        guard !closing, tcpChannels.count < 2 * Self.maximumSplices else { return }
+        guard let port = servedPorts[service.rawValue] else {
+            // Held for serve(): the relay keeps the peer's half for 10 s.
+            if waitingSplices.count < Self.maximumSplices { waitingSplices.append((id, service)) }
+            return
+        }
         ClientBootstrap(group: eventLoop)
             .channelOption(.autoRead, value: false)
             .channelOption(.allowRemoteHalfClosure, value: true)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .connectTimeout(.seconds(5))
             .connect(host: "127.0.0.1", port: Int(port))
-            .assumeIsolated().whenComplete { [unowned self] result in
+            .assumeIsolated().whenComplete { [weak self] result in
+                guard let self else { return }
                 guard case .success(let local) = result else { return }
                 self.track(local)
                 RelaySplice.open(relay: self.relayUDP, bindToken: self.bindToken, id: id, on: self.eventLoop)
