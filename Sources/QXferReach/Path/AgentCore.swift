@@ -707,7 +707,9 @@ final class AgentCore {
                 self.forget(socket)
                 return
             }
-            guard !socket.closed, !self.closing, (try? Self.tune(channel, pathMTU: false)) != nil,
+            // A flow's socket reads one local server's answers to one peer: fewer slots (memory
+            // grows with the number of flows).
+            guard !socket.closed, !self.closing, (try? Self.tune(channel, pathMTU: false, messagesPerVectorRead: 4)) != nil,
                   (try? channel.pipeline.syncOperations.addHandler(FlowSocketHandler(core: self, socket: socket))) != nil else {
                 channel.close(promise: nil)
                 self.forget(socket)
@@ -791,7 +793,7 @@ final class AgentCore {
 
     /// Large buffers, vectored reads, a bounded write queue; on the wide socket Don't Fragment
     /// (the path's size is QUIC's to find, end to end, as on any path).
-    static func tune(_ channel: any Channel, pathMTU: Bool) throws {
+    static func tune(_ channel: any Channel, pathMTU: Bool, messagesPerVectorRead: Int = AgentCore.messagesPerVectorRead) throws {
         guard let options = channel.syncOptions else { return }
         func set(_ level: Int32, _ name: Int32, _ value: Int32) -> Bool {
             (try? options.setOption(ChannelOptions.Types.SocketOption(level: SocketOptionLevel(level), name: name), value: SocketOptionValue(value))) != nil
@@ -800,7 +802,8 @@ final class AgentCore {
         if !set(SOL_SOCKET, SO_RCVBUFFORCE, 4 << 20) { _ = set(SOL_SOCKET, SO_RCVBUF, 4 << 20) }
         if !set(SOL_SOCKET, SO_SNDBUFFORCE, 4 << 20) { _ = set(SOL_SOCKET, SO_SNDBUF, 4 << 20) }
         try options.setOption(.writeBufferWaterMark, value: .init(low: 512 << 10, high: 2 << 20))
-        // Each message's slot takes a whole datagram (NIO splits the buffer evenly).
+        // Each message's slot takes the largest datagram (NIO splits the buffer evenly, and
+        // would hand on a longer datagram cut short).
         try options.setOption(.datagramVectorReadMessageCount, value: messagesPerVectorRead)
         try options.setOption(.maxMessagesPerRead, value: UInt(vectorReadsPerRead))
         try options.setOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: messagesPerVectorRead * 65536))
