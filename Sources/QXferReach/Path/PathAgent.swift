@@ -74,6 +74,12 @@ public final class PathAgent: Sendable {
         self.stats = stats
     }
 
+    deinit {
+        // An agent dropped without ``close()`` still lets its sockets go.
+        let core = self.core
+        eventLoop.execute { _ = core.value.close() }
+    }
+
     /// Connects to the relay and says hello for `room` as `side`; returns after `welcome` (the
     /// offer side prints its code then).
     /// - Parameters:
@@ -106,7 +112,7 @@ public final class PathAgent: Sendable {
                     core.start().assumeIsolated().whenComplete { result in
                         switch result {
                         case .success:
-                            promise.succeed(Started(core: NIOLoopBound(core, eventLoop: eventLoop), observed: client.welcome?.observed ?? ""))
+                            promise.succeed(Started(core: NIOLoopBound(core, eventLoop: eventLoop), observed: RelayClient.printable(client.welcome?.observed ?? "")))
                         case .failure(let error):
                             _ = core.close()
                             promise.fail(error)
@@ -195,8 +201,9 @@ struct PathOptions: Sendable {
     /// Whether the agent punches (and answers punches): held or never forces the relay.
     var punching: PunchingPolicy = .allowed
     var timing = PathTiming()
-    /// Answer side: the most flows at once, and how long a quiet one lives.
-    var flowCapacity = 256
+    /// Answer side: the most flows at once (each a socket with 256 KiB to read into), and how
+    /// long a quiet one lives.
+    var flowCapacity = 64
     var flowIdleTimeout: Duration = .seconds(60)
 }
 
