@@ -21,6 +21,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
               qxfer recv --paired-only --once    # paired senders only, one transfer
               qxfer recv --stdout | tar x        # one file to standard output
               qxfer recv --port 9000 --json      # JSON event lines on standard output
+              qxfer recv --yes -q                # no banner or progress: problems only
               qxfer recv 7-apple-river-stone     # the code 'qxfer send --code' printed
 
             docs/COMMANDS.md tells how offers are checked, resumed and what an existing \

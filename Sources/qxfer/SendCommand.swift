@@ -53,6 +53,8 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
               qxfer send big.iso --code --relay relay.example.org  # across NATs, by code
               tar c src | qxfer send - --name src.tar otherhost  # standard input
               qxfer send photos/ otherhost --json > events.jsonl # JSON event lines
+              qxfer send src/ otherhost --exclude '*.o' --exclude build/  # not these
+              qxfer send src/ --exclude .git/ --dry-run  # list, send nothing
 
             Run the same command again to resume an interrupted send. docs/COMMANDS.md tells \
             what is sent and skipped (exit 77, 74), resuming, the QUIC/TCP+TLS race, trust \
@@ -319,7 +321,8 @@ struct SendCommand: AsyncParsableCommand, JSONOutput {
         try await startFailingFast(connection)
         reporter.connected(over: connection.stackName)
         trust.connected(to: connection.peer)
-        if announce, let notice = trust.notice(endpoint, connection.peer) { reporter.warn(notice) }
+        // -q: not the first-contact notice either (as ssh -q leaves out "Permanently added").
+        if announce, !quiet, let notice = trust.notice(endpoint, connection.peer) { reporter.warn(notice) }
         let progress = clock.progress { event in
             if case .accepted = event { accepted.set() }
             reporter.handle(event)

@@ -16,7 +16,9 @@
 # holding escape sequences or line breaks are shown escaped, not played on the terminal; a sparse
 # file's sender says what travels and the holes apart from the start; recv --stdout pipes a
 # file or a tar stream and fails a digest mismatch; in a 40-column terminal the progress line
-# fits and leaves nothing behind. Everything it creates is removed.
+# fits and leaves nothing behind; recv --json > file still shows the offer (who, what, how big)
+# above its question; the progress line names the file in flight and counts "N/M files"; -q
+# prints nothing for a complete transfer. Everything it creates is removed.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -525,4 +527,61 @@ left=$(T capture-pane -p -t narrow | grep -E '^\[|MB/s  |kB/s  ' || true)
 [ -z "$left" ] || fail "the progress line stayed on screen after the send: $left"
 wait "$RECV_PID" || fail "recv --once of the piped send: exit $?"
 ok "a 40-column terminal: the progress line fits ('$progress') and is gone after the summary"
+# --- 9. Who sends, per-file progress, -q (issue 62 §5) ----------------------------------------
+# recv --json > events on a terminal: the question shows who offers what (address, short
+# fingerprint, files, size) before "Accept? [y/N]", not a bare prompt.
+pane who; pane who-send
+run who "$QXFER recv --config-dir $WORK/cfg-recv --no-advertise --host 127.0.0.1 --port $PORT --dir $WORK/dst-who --json >$WORK/who.json"
+for _ in $(seq 100); do grep -q '"listening"' "$WORK/who.json" 2>/dev/null && break; sleep 0.1; done
+run who-send "$SEND $WORK/src/four.bin 127.0.0.1:$PORT"
+wait_for who 'Accept\? \[y/N\]'
+screen who | grep -B1 'Accept? \[y/N\]' | head -n 1 \
+    | grep -qE '^qxfer: offer from 127\.0\.0\.1:[0-9]+, fingerprint [0-9a-f]{16}.*: 1 file, 10\.0 MB: four\.bin$' \
+    || { screen who >&2; fail "recv --json > file: the offer is not shown above the question"; }
+T send-keys -t who "y" Enter
+wait_for who-send '^EXIT='
+[ "$(count who-send '^EXIT=0$')" = 1 ] || { screen who-send >&2; fail "the send to recv --json"; }
+python3 - "$WORK/who.json" <<'EOF2' || fail "recv --json: the offer event's peer fields"
+import json, sys
+events = [json.loads(line) for line in open(sys.argv[1])]
+offer = next(e for e in events if e["event"] == "offer")
+assert offer["peer_address"].startswith("127.0.0.1:") and len(offer["fingerprint"]) == 64, offer
+EOF2
+T send-keys -t who C-c
+wait_for who '^EXIT=130$'
+ok "recv --json > file: the terminal shows who offers what above 'Accept? [y/N]'"
+
+# Per-file progress: a folder of two files, then standard input paused for 3 s: the bar names
+# the file in flight (piped.bin) and counts the files done (2/3 files).
+mkdir -p "$WORK/multi"
+head -c 1500000 /dev/urandom >"$WORK/multi/a.bin"
+head -c 1500000 /dev/urandom >"$WORK/multi/b.bin"
+"$QXFER" recv --config-dir "$WORK/cfg-recv" --no-advertise --yes --once --host 127.0.0.1 --port "$PORT" --dir "$WORK/dst-multi" \
+    >"$WORK/multi.out" 2>&1 </dev/null &
+RECV_PID=$!; PIDS+=("$RECV_PID")
+for _ in $(seq 100); do grep -q '^fingerprint' "$WORK/multi.out" 2>/dev/null && break; sleep 0.1; done
+run who-send "clear; (head -c 2000000 /dev/urandom; sleep 3; head -c 100000 /dev/urandom) | $SEND $WORK/multi - 127.0.0.1:$PORT --name piped.bin"
+wait_for who-send 'accepted: ' 1 30
+sleep 1.5  # six redraws, in the pause
+bar=$(T capture-pane -p -t who-send | grep -E 'MB/s|kB/s' | tail -n 1)
+echo "$bar" | grep -qE '  2/3 files  piped\.bin *$' || { screen who-send >&2; fail "the progress line does not show the file and N/M files: '$bar'"; }
+wait_for who-send '^EXIT=' 1 30
+[ "$(count who-send '^EXIT=0$')" = 1 ] || { screen who-send >&2; fail "the send of a folder and standard input"; }
+wait "$RECV_PID" || fail "recv --once of the folder and standard input: exit $?"
+ok "per-file progress: '$bar'"
+
+# -q: a send that transfers everything prints nothing at all; recv -q no banner and no summary.
+"$QXFER" recv -q --config-dir "$WORK/cfg-recv" --no-advertise --yes --once --host 127.0.0.1 --port "$PORT" --dir "$WORK/dst-quiet" \
+    >"$WORK/quiet.out" 2>&1 </dev/null &
+RECV_PID=$!; PIDS+=("$RECV_PID")
+sleep 1
+pane quiet
+run quiet "$SEND -q $WORK/src/four.bin 127.0.0.1:$PORT"
+wait_for quiet '^EXIT=' 1 30
+said=$(screen quiet | grep -v '^$' | grep -vF -- ' -q ' | grep -v '^EXIT=0$' || true)
+[ "$(count quiet '^EXIT=0$')" = 1 ] && [ -z "$said" ] || { screen quiet >&2; fail "send -q printed: '$said'"; }
+wait "$RECV_PID" || fail "recv -q --once: exit $?"
+said=$(grep -v 'created the folder' "$WORK/quiet.out" || true)
+[ -z "$said" ] && cmp -s "$WORK/src/four.bin" "$WORK/dst-quiet/four.bin" || fail "recv -q printed: '$said'"
+ok "-q: a complete send and its receiver print nothing"
 echo "terminal: all passed"
