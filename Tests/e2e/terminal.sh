@@ -578,7 +578,7 @@ sleep 1
 pane quiet
 run quiet "$SEND -q $WORK/src/four.bin 127.0.0.1:$PORT"
 wait_for quiet '^EXIT=' 1 30
-said=$(screen quiet | grep -v '^$' | grep -vF -- ' -q ' | grep -v '^EXIT=0$' || true)
+said=$(screen quiet | grep -v '^$' | grep -vF -- ' -q ' | grep -v '^EXIT=0$' | grep -vE '^bash-[0-9.]+# *$' || true)
 [ "$(count quiet '^EXIT=0$')" = 1 ] && [ -z "$said" ] || { screen quiet >&2; fail "send -q printed: '$said'"; }
 wait "$RECV_PID" || fail "recv -q --once: exit $?"
 said=$(grep -v 'created the folder' "$WORK/quiet.out" || true)
