@@ -543,6 +543,77 @@ struct PathAgentTests {
         }
     }
 
+    @Test("Throughput through the agents: plain QUIC, relayed and direct (QXFER_PATH_BENCH=MiB)",
+          .enabled(if: ProcessInfo.processInfo.environment["QXFER_PATH_BENCH"] != nil))
+    func throughput() async throws {
+        let mebibytes = Int(ProcessInfo.processInfo.environment["QXFER_PATH_BENCH"] ?? "") ?? 256
+        let bytes = mebibytes << 20
+        let plain = try await Self.oneWay(bytes: bytes, port: nil)
+        print("plain QUIC (tunnel-sized datagrams): \(plain)")
+        for punching in [PunchingPolicy.never, .allowed] {
+            try await Self.withRelay { relay in
+                let (offer, answer) = try await Self.meet(relay, punching: punching)
+                if punching == .allowed {
+                    _ = await offer.waitForRoute(direct: true, timeout: .seconds(10))
+                    _ = await answer.waitForRoute(direct: true, timeout: .seconds(10))
+                }
+                let result = try await Self.oneWay(bytes: bytes, port: (offer, answer))
+                print("\(punching == .never ? "relayed" : "direct"): \(result); \(offer.report)")
+                await offer.close()
+                await answer.close()
+            }
+        }
+    }
+
+    /// Sends `bytes` one way over QUIC (through the agents when given) and reports the rate and
+    /// the process's CPU time per second.
+    static func oneWay(bytes: Int, port agents: (PathAgent, PathAgent)?) async throws -> String {
+        let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(server).tunnelledThroughLoopback() }
+        return try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                try await listener.run { connection in
+                    var received = 0
+                    while received < bytes {
+                        received += try await connection.receive(atLeast: 1, atMost: 4 << 20).content.count
+                    }
+                    try await connection.send(Data([1]))
+                }
+            }
+            var port = try await listener.port
+            if let (offer, answer) = agents {
+                answer.serve(.transfer, onLocalPort: port)
+                port = try await offer.localPort(for: .transfer)
+            }
+            let connection = NetworkConnection(to: .hostPort(host: "127.0.0.1", port: port)) {
+                QUIC().identity(client).peerFingerprint(server.fingerprint).tunnelledThroughLoopback()
+            }
+            let chunk = Data(repeating: 0x5A, count: 1 << 20)
+            try await connection.send(chunk[0..<1])
+            let cpuBefore = cpuSeconds()
+            let started = ContinuousClock.now
+            var sent = 1
+            while sent < bytes {
+                let piece = min(chunk.count, bytes - sent)
+                try await connection.send(chunk[0..<piece])
+                sent += piece
+            }
+            _ = try await connection.receive(exactly: 1)
+            let elapsed = ContinuousClock.now - started
+            let cpu = cpuSeconds() - cpuBefore
+            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            connection.cancel()
+            group.cancelAll()
+            let rate = Double(bytes) / seconds / 1e6
+            return "\(Int(rate)) MB/s (\(Int(rate * 8)) Mbit/s), \(Int(cpu / seconds * 100)) % CPU of the process"
+        }
+    }
+
+    static func cpuSeconds() -> Double {
+        var usage = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &usage)
+        return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+    }
+
     // MARK: - Helpers
 
     /// A QUIC echo listener behind the answer side; a connection through the offer side's port
