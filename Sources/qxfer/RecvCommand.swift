@@ -156,6 +156,8 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     struct CodeSender: Sendable {
         let meeting: CodeMeeting
         let fingerprint: Fingerprint
+        /// The name it gave in the code's exchange.
+        let name: String
     }
 
     /// Runs `body` directly, or with a code, once the sender has been met and authenticated.
@@ -170,7 +172,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             let sender = try await meeting.awaitPeer(identity: identity, name: name ?? ReceiverDiscovery.defaultName, store: store)
             Logger(label: "qxfer.recv").info("the sender '\(sender.name)' knew the code: its fingerprint is \(sender.fingerprint)")
             if store != nil { Console.warn("paired with '\(sender.name)'") }
-            try await body(CodeSender(meeting: meeting, fingerprint: sender.fingerprint))
+            try await body(CodeSender(meeting: meeting, fingerprint: sender.fingerprint, name: sender.name))
         }
     }
 
@@ -214,7 +216,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             group.addTask {
                 try await tls.run(refused: { reporter.refused($0) }) { connection in
                     defer { MallocArenas.giveBackFreePages() }  // see handle
-                    try await handle(connection, receiver, prompt, relay, reporter, pairedDevices, knownHosts, finished)
+                    try await handle(connection, receiver, prompt, relay, reporter, pairedDevices, knownHosts, sender, finished)
                 }
                 return .listener
             }
@@ -230,7 +232,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             group.addTask {
                 try await quic.run(refused: { reporter.refused($0) }) { connection in
                     defer { MallocArenas.giveBackFreePages() }  // see handle
-                    try await handle(connection, receiver, prompt, relay, reporter, pairedDevices, knownHosts, finished)
+                    try await handle(connection, receiver, prompt, relay, reporter, pairedDevices, knownHosts, sender, finished)
                 }
                 return .listener
             }
@@ -282,7 +284,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
     /// declined offer of 1 000 000 files, 33 MB; 76 MiB with the pages given back).
     private func handle<Stack: TLVStack>(
         _ connection: NetworkConnection<Stack>, _ receiver: TransferReceiver, _ prompt: OfferPrompt, _ relay: StandardOutputRelay?,
-        _ reporter: TransferReporter, _ pairedDevices: PairedDevices, _ knownHosts: KnownHosts,
+        _ reporter: TransferReporter, _ pairedDevices: PairedDevices, _ knownHosts: KnownHosts, _ codeSender: CodeSender?,
         _ finished: AsyncStream<Result<TransferSummary, any Error>>.Continuation
     ) async throws {
         // Each connection gets its own counters and clock, so concurrent transfers do not mix.
@@ -308,7 +310,7 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
         let withdrawn = OnceFlag()
         // A refusal with its reason for the sender, which this side showed as "declined: …".
         let declined = OnceFlag()
-        let peer = Self.peer(of: connection, pairedNames: reporter.pairedNames, knownHosts: knownHosts)
+        let peer = codeSender.map(Self.peer(byCode:)) ?? Self.peer(of: connection, pairedNames: reporter.pairedNames, knownHosts: knownHosts)
         receiver.confirm = { offer in
             clock.expect(files: offer.fileCount)
             do {
@@ -384,6 +386,14 @@ struct RecvCommand: AsyncParsableCommand, JSONOutput {
             peer.name = host
             peer.nameSource = .knownHosts
         }
+        return peer
+    }
+
+    /// A sender met by a code: its address here is the meeting's local end, so it is named by
+    /// the code's exchange and the path's far end.
+    static func peer(byCode sender: CodeSender) -> TransferReporter.Peer {
+        var peer = TransferReporter.Peer(address: "the relay", fingerprint: sender.fingerprint, name: sender.name, nameSource: .code)
+        if case .direct(let address) = sender.meeting.path.route { peer.address = address }
         return peer
     }
 

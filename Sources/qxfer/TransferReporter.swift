@@ -146,7 +146,7 @@ final class TransferReporter: Sendable {
     /// Who sent an offer, as the receiver knows it: the address it came from, its certificate's
     /// fingerprint, and the name it is paired under or known by in `known_hosts`.
     struct Peer: Sendable {
-        enum Source: String, Sendable { case paired, knownHosts = "known_hosts" }
+        enum Source: String, Sendable { case paired, knownHosts = "known_hosts", code }
         var address: String?
         var fingerprint: Fingerprint?
         var name: String?
@@ -157,7 +157,11 @@ final class TransferReporter: Sendable {
         var description: String {
             var parts: [String] = []
             if let name {
-                parts.append(nameSource == .paired ? "'\(name)' (paired)" : "'\(name)' (known host)")
+                switch nameSource {
+                case .paired?: parts.append("'\(name)' (paired)")
+                case .code?: parts.append("'\(name)' (knew the code)")
+                default: parts.append("'\(name)' (known host)")
+                }
                 parts.append("at \(address ?? "an unknown address")")
             } else {
                 parts.append(address ?? "an unknown address")
