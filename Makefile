@@ -90,6 +90,7 @@ FAULTS_BIG_MIB=256 QXFER=$(BIN)/qxfer $(STEP) 1200 Tests/e2e/faults.sh
 QXFER=$(BIN)/qxfer $(STEP) 600 Tests/e2e/pairing.sh
 QXFER=$(BIN)/qxfer $(STEP) 600 Tests/e2e/paths.sh
 QXFER=$(BIN)/qxfer $(STEP) 600 Tests/e2e/hostile.sh
+QXFER=$(BIN)/qxfer $(STEP) 600 Tests/e2e/reach.sh
 QXFER=$(BIN)/qxfer $(STEP) 300 Tests/e2e/memory.sh
 $(STEP) 2400 scripts/idle-build.sh wait asan
 ASAN_OPTIONS=detect_leaks=0 $(STEP) 1800 $(SWIFT) test --skip-build --sanitize=address --scratch-path .build-asan $(SANITIZED_SUITES)
