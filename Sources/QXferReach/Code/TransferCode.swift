@@ -1,5 +1,6 @@
 import Crypto
 import FoundationEssentials
+import PlainText
 import QXferPairing
 
 /// A transfer code, `N-word-word-word` (docs/PROTOCOL.md §9.1): a nameplate that names the
@@ -52,16 +53,11 @@ public struct TransferCode: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// The room as the relay's `hello` carries it: 64 lowercase hex digits.
-    public var roomHex: String { room.map { TransferCode.hexDigits($0) }.joined() }
+    public var roomHex: String { TextFormat.hex(room) }
 
     /// The password the pairing exchange proves knowledge of: the words joined by dashes.
     public var password: PairingPassword { PairingPassword(Array(words.joined(separator: "-").utf8), domain: "qxfer transfer code v1") }
 
     /// The helper text a mistyped code gets.
     public static let form = "a number and three words, such as 7-apple-river-stone"
-
-    static func hexDigits(_ byte: UInt8) -> String {
-        let digits = Array("0123456789abcdef")
-        return String([digits[Int(byte >> 4)], digits[Int(byte & 0xF)]])
-    }
 }
