@@ -11,7 +11,7 @@ struct HelpTests {
 
     static let commands: [[String]] = [
         [], ["send"], ["recv"], ["stream"], ["stream", "send"], ["stream", "recv"], ["browse"], ["pair"], ["devices"],
-        ["unpair"], ["id"],
+        ["unpair"], ["id"], ["relay"],
     ]
 
     /// The lines of `help` under its EXAMPLES heading, up to the first empty line.

@@ -277,11 +277,10 @@ public struct RelayRooms {
 
     // MARK: What it holds
 
-    /// What the relay has done and holds now.
+    /// What the relay has done and holds now (cheap: the server reads it after every batch).
     public var statistics: RelayStatistics {
         var statistics = counters
         statistics.roomsOpen = rooms.count
-        statistics.roomsPaired = rooms.values.reduce(0) { $0 + ($1.isPaired ? 1 : 0) }
         statistics.connectionsOpen = connections.count
         return statistics
     }
@@ -316,6 +315,8 @@ public struct RelayRooms {
             }
         }
         if seatsByToken.count != seats { return "\(seatsByToken.count) tokens for \(seats) seats" }
+        let paired = rooms.values.reduce(0) { $0 + ($1.isPaired ? 1 : 0) }
+        if counters.roomsPaired != paired { return "\(counters.roomsPaired) paired rooms counted, \(paired) held" }
         if seatsByDatagramAddress.count > seats { return "more bound addresses than seats" }
         for (client, count) in roomsOfClient {
             if perClient[client]?.rooms != count { return "a client's room count is \(perClient[client]?.rooms ?? 0), not \(count)" }
@@ -381,6 +382,7 @@ public struct RelayRooms {
         if newClient { perClient[address.client, default: ClientUse(now: now)].rooms += 1 }
         connections[id]?.role = .control(SeatReference(room: roomID, side: .answer))
         counters.pairsServed &+= 1
+        counters.roomsPaired += 1
         var actions: [RelayAction] = [
             .send(.welcome(observed: address.description, bindToken: seat.token.data, expiresIn: 0), to: id),
             .send(.paired, to: id),
@@ -462,6 +464,7 @@ public struct RelayRooms {
     private mutating func removeRoom(_ roomID: UInt64, saying reason: String?, now: Instant) -> [RelayAction] {
         guard let room = rooms.removeValue(forKey: roomID) else { return [] }
         roomsByName[room.name] = nil
+        if room.isPaired { counters.roomsPaired -= 1 }
         var actions: [RelayAction] = []
         for side in [RoomSide.offer, .answer] {
             guard let seat = room[side] else { continue }
