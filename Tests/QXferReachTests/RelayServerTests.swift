@@ -1,4 +1,5 @@
 import FoundationEssentials
+import Glibc
 import QXferReach
 import Testing
 
@@ -211,6 +212,40 @@ struct RelayServerTests {
                 server.statistics.bytesRelayedOverTCP == 2 << 20 && server.statistics.splicesServed == 1
             }, "\(server.statistics)")
             _ = pair
+        }
+    }
+
+    @Test("A splice whose reader stops holds its writer back: the relay buffers a bounded amount, not what the writer has")
+    func spliceBackpressure() async throws {
+        try await Self.withRelay { port, _ in
+            let (accepted, delivered) = try await onOwnThread {
+                let pair = try Pair.open(port: port)
+                let writer = try RelayTestSocket.tcp(to: port)
+                try writer.send(.splice(bindToken: pair.offerToken, id: 0))
+                let reader = try RelayTestSocket.tcp(to: port)
+                try reader.send(.splice(bindToken: pair.answerToken, id: 0))
+                guard try writer.message() == .spliced, try reader.message() == .spliced else { throw RelayTestSocketError("not spliced") }
+                // Write until the socket has taken nothing for three rounds in a row (the
+                // relay stopped reading), or 256 MiB, which an unbounded relay would swallow.
+                let chunk = [UInt8](repeating: 0x5A, count: 65536)
+                var accepted = 0
+                var fullRounds = 0
+                while fullRounds < 3 && accepted < 256 << 20 {
+                    let written = try writer.writeWithoutWaiting(chunk)
+                    accepted += written
+                    if written == 0 {
+                        fullRounds += 1
+                        usleep(200_000)
+                    } else {
+                        fullRounds = 0
+                    }
+                }
+                writer.shutdownWriting()
+                return (accepted, try Self.readToEnd(reader).count)
+            }
+            // Loopback's socket buffers on both sides (a few MiB each) plus the relay's 512 KiB.
+            #expect(accepted < 64 << 20, "\(accepted) bytes taken by a splice nobody reads")
+            #expect(delivered == accepted)
         }
     }
 

@@ -146,6 +146,14 @@ final class RelayTestSocket: @unchecked Sendable {
         }
     }
 
+    /// Writes what the socket takes now without waiting: the bytes taken, 0 when it is full.
+    func writeWithoutWaiting(_ bytes: [UInt8]) throws -> Int {
+        let written = bytes.withUnsafeBytes { Glibc.send(descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
+        if written < 0 && (Glibc.errno == EAGAIN || Glibc.errno == EWOULDBLOCK) { return 0 }
+        guard written >= 0 else { throw RelayTestSocketError.errno("send") }
+        return written
+    }
+
     func shutdownWriting() {
         shutdown(descriptor, Int32(SHUT_WR))
     }
