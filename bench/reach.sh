@@ -77,6 +77,17 @@ NAT_QUIET=1 nat_up qbr$$
 PUB=$(nat_ns pub) HA=$(nat_ns ha) HB=$(nat_ns hb)
 nat_check_delay >&2
 
+# UDP datagrams the kernels dropped for full socket buffers (RcvbufErrors + SndbufErrors of
+# /proc/net/snmp) in the homes and on the public host, summed: a QUIC path's losses that no
+# link caused.
+udp_drops() {
+    local ns total=0 n
+    for ns in "$PUB" "$HA" "$HB"; do
+        n=$(ip netns exec "$ns" awk '/^Udp:/ { if (!h) { for (i = 1; i <= NF; i++) col[$i] = i; h = 1 } else print $col["RcvbufErrors"] + $col["SndbufErrors"] }' /proc/net/snmp)
+        total=$((total + n))
+    done
+    echo "$total"
+}
 # CPU seconds (user + system) of a process so far; the fields after the command's ")".
 cpu_of() { sed 's/.*) //' "/proc/$1/stat" | awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($12 + $13) / hz }'; }
 now() { date +%s.%N; }
@@ -113,7 +124,7 @@ head -c $((1 << 20)) /dev/urandom >"$WORK/small.bin"
 head -c "$big_bytes" /dev/urandom >"$WORK/big.bin"
 mkdir -p bench/results
 CSV=bench/results/reach-$(date +%Y%m%d-%H%M%S).csv
-echo "row,tool,run,bytes,seconds,mb_per_s,path,relay_cpu_s,first_data_ms,load1" >"$CSV"
+echo "row,tool,run,bytes,seconds,mb_per_s,path,relay_cpu_s,first_data_ms,udp_buffer_drops,link_drops,load1" >"$CSV"
 
 # Each run sets SECONDS_TAKEN, PATH_TAKEN, RELAY_CPU (seconds of the relay that carried it, or
 # empty) and FIRST_DATA_MS (or empty); a received file that differs stops the benchmark.
@@ -190,7 +201,7 @@ run_wormhole() {  # FILE
 record() {  # ROW TOOL RUN BYTES
     local rate
     rate=$(echo "scale=3; $4 / 1000000 / $SECONDS_TAKEN" | bc)
-    echo "$1,$2,$3,$4,$SECONDS_TAKEN,$rate,$PATH_TAKEN,$RELAY_CPU,$FIRST_DATA_MS,$(cut -d' ' -f1 /proc/loadavg)" | tee -a "$CSV" >&2
+    echo "$1,$2,$3,$4,$SECONDS_TAKEN,$rate,$PATH_TAKEN,$RELAY_CPU,$FIRST_DATA_MS,$(( $(udp_drops) - DROPS0 )),$(( $(sleep 0.3; nat_link_drops) - LINK_DROPS0 )),$(cut -d' ' -f1 /proc/loadavg)" | tee -a "$CSV" >&2
 }
 
 for row in $ROWS; do
@@ -204,6 +215,7 @@ for row in $ROWS; do
     echo "== $row: $bytes bytes, $runs runs (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
     for run in $(seq "$runs"); do
         for tool in $TOOLS; do
+            DROPS0=$(udp_drops) LINK_DROPS0=$(nat_link_drops)
             "run_$tool" "$file"
             record "$row" "$tool" "$run" "$bytes"
         done
@@ -215,6 +227,7 @@ for row in $ROWS; do
                 >"$WORK/plain-recv.out" 2>"$WORK/plain-recv.err" </dev/null &
             PLAIN_PID=$!; PIDS+=("$PLAIN_PID")
             for _ in $(seq 100); do ip netns exec "$HB" ss -Htln 'sport = :7447' | grep -q . && break; sleep 0.05; done
+            DROPS0=$(udp_drops) LINK_DROPS0=$(nat_link_drops)
             run_plain "$file"
             record "$row" plain "$run" "$bytes"
             kill "$PLAIN_PID" 2>/dev/null || true

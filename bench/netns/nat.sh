@@ -42,6 +42,7 @@
 #   nat_down                        stops the emulators and everything still running in the
 #                                   namespaces, deletes them; idempotent (call it from a trap)
 #   nat_ns NAME                     the namespace's name: pub ra rb ha hb x
+#   nat_link_drops                  packets dropped so far by the WAN legs' queues (NAT_LEG_RATE)
 #
 # After nat_up: NAT_RELAY=198.51.100.1 (also .2 on the same host, a second destination for the
 # mapping checks), NAT_HOME_A=10.1.0.2, NAT_HOME_B=192.168.2.2, NAT_WAN_A=198.51.100.10,
@@ -126,7 +127,7 @@ nat_up() {
     [ -z "${NAT_LEG_RATE:-}" ] || link+=(--rate "$NAT_LEG_RATE" --queue 50ms)
     for side in a b; do
         "$emu" --a-ns "$(nat_ns "r$side")" --a-dev wan0 --b-ns "$pub" --b-dev "wan$side" --quiet \
-            --stats "$NAT_STATE/emu-$side.json" "${link[@]}" >/dev/null 2>"$NAT_STATE/emu-$side.err" </dev/null &
+            --stats "$NAT_STATE/emu-$side.json" --stats-interval 200ms "${link[@]}" >/dev/null 2>"$NAT_STATE/emu-$side.err" </dev/null &
         NAT_EMU_PIDS+=($!)
     done
     # Ready when every TUN device has carrier (the emulator holds its fd).
@@ -341,6 +342,22 @@ nat_check_delay() {
         line+=" $name->$to ${rtt} ms ($legs legs);"
     done
     echo "nat: round trips (min of 5):${line%;}"
+}
+
+# nat_link_drops: packets the two WAN legs' queues have dropped so far (drop_queue, both
+# directions of both emulators; their counters are written every 200 ms).
+nat_link_drops() {
+    python3 - "$NAT_STATE"/emu-a.json "$NAT_STATE"/emu-b.json <<'PY'
+import json, sys
+total = 0
+for path in sys.argv[1:]:
+    try:
+        stats = json.load(open(path))
+    except (OSError, ValueError):
+        continue
+    total += sum(stats.get(d, {}).get("drop_queue", 0) for d in ("ab", "ba"))
+print(total)
+PY
 }
 
 nat_down() {
