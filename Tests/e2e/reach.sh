@@ -268,7 +268,7 @@ fi
 
 if has_case f; then
     nat_mode a symmetric; nat_mode b cone
-    ip netns exec "$(nat_ns x)" python3 "$TOOLS" flood "$NAT_RELAY" 7450 120 >"$WORK/flood.out" 2>"$WORK/flood.err" &
+    ip netns exec "$(nat_ns x)" python3 "$TOOLS" flood "$NAT_RELAY" 7450 300 >"$WORK/flood.out" 2>"$WORK/flood.err" &
     flooder=$!
     PIDS+=("$flooder")
     sleep 2  # the flood under way before the pair arrives
