@@ -65,6 +65,7 @@ WORK=$(mktemp -d /tmp/qxfer-bench-reach.XXXXXX)
 PIDS=()
 cleanup() {
     local pid
+    set +e  # every step runs, whatever the one before returned
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     NAT_QUIET=1 nat_down
     wait 2>/dev/null || true

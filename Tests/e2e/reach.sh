@@ -56,6 +56,7 @@ P=qxr$$
 PIDS=()
 cleanup() {
     local pid
+    set +e  # every step runs, whatever the one before returned
     for pid in "${PIDS[@]}"; do { kill -9 "$pid" && wait "$pid"; } 2>/dev/null || true; done
     NAT_QUIET=1 nat_down
     wait 2>/dev/null || true
