@@ -176,6 +176,37 @@ struct RelayServerTests {
         }
     }
 
+    @Test("A burst of datagrams of mixed sizes arrives whole and in order (the relay gathers runs of one size into GSO sends)")
+    func datagramBurst() async throws {
+        try await Self.withRelay { port, server in
+            let (sent, received) = try await onOwnThread {
+                let pair = try Pair.open(port: port)
+                let offerUDP = try RelayTestSocket.udp()
+                let answerUDP = try RelayTestSocket.udp()
+                for (socket, token) in [(offerUDP, pair.offerToken), (answerUDP, pair.answerToken)] {
+                    socket.send(datagram: [RelayDatagram.bindType] + token, to: port)
+                    guard socket.datagram(within: .seconds(20))?.first == RelayDatagram.boundType else { throw RelayTestSocketError("no bound") }
+                }
+                // Runs of equal sizes, a shorter one after a run (a batch's allowed end), a
+                // longer one after a shorter (which must start a new batch), single bytes.
+                let sizes = [1200, 1200, 1200, 600, 1200, 1200, 1, 1, 1500, 1400, 1400] + Array(repeating: 1300, count: 70) + [8000, 8000, 20, 65_000]
+                var sent: [[UInt8]] = []
+                for (index, size) in sizes.enumerated() {
+                    var datagram = [RelayDatagram.dataType] + [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: size - 1)
+                    if size >= 3 { datagram[1] = UInt8(index >> 8); datagram[2] = UInt8(truncatingIfNeeded: index) }
+                    sent.append(datagram)
+                    offerUDP.send(datagram: datagram, to: port)
+                }
+                var received: [[UInt8]] = []
+                while received.count < sent.count, let datagram = answerUDP.datagram(within: .seconds(5)) { received.append(datagram) }
+                return (sent, received)
+            }
+            #expect(received.map(\.count) == sent.map(\.count))
+            #expect(received == sent)
+            #expect(server.statistics.datagramsRelayed == sent.count)
+        }
+    }
+
     @Test("A splice copies 1 MiB each way, bytes sent right after the splice message included, and passes each side's end on")
     func splice() async throws {
         try await Self.withRelay { port, server in

@@ -54,6 +54,9 @@ final class RelayTestSocket: @unchecked Sendable {
     /// A UDP socket bound to `source`, any port.
     static func udp(from source: String = "127.0.0.1") throws -> RelayTestSocket {
         let socket = RelayTestSocket(descriptor: Glibc.socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0))
+        // Room for a test's whole burst while it is still sending (the default holds ~200 KB).
+        var size: Int32 = 4 << 20
+        setsockopt(socket.descriptor, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
         try socket.bind(source)
         return socket
     }

@@ -205,19 +205,20 @@ public struct RelayRooms {
         return true
     }
 
-    /// A `data` datagram of `byteCount` bytes arrived from `address`: where to send it, or nil
-    /// to drop it (the sender is no bound seat of a paired room, the peer is not bound, or the
-    /// sender's allowance is spent). Counted as relayed when an address is returned.
-    public mutating func forwardingTarget(from address: ClientAddress, byteCount: Int, now: Instant) -> ClientAddress? {
+    /// A `data` datagram of `byteCount` bytes arrived from `address` (or `datagrams` of them
+    /// together, a batch the kernel coalesced): where to send it, or nil to drop it (the sender
+    /// is no bound seat of a paired room, the peer is not bound, or the sender's allowance is
+    /// spent). Counted as relayed when an address is returned.
+    public mutating func forwardingTarget(from address: ClientAddress, byteCount: Int, datagrams: Int = 1, now: Instant) -> ClientAddress? {
         guard let reference = seatsByDatagramAddress[address], let room = rooms[reference.room],
               let target = room[reference.side.other]?.datagramAddress,
               charge(address.client, bytes: byteCount, overdrawing: false, now: now) == nil
         else {
-            dropped()
+            counters.datagramsDropped &+= max(datagrams, 1)
             return nil
         }
         rooms[reference.room]?.lastActivity = now
-        counters.datagramsRelayed &+= 1
+        counters.datagramsRelayed &+= max(datagrams, 1)
         counters.bytesRelayedOverUDP &+= max(byteCount, 0)
         return target
     }

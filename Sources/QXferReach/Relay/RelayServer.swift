@@ -188,7 +188,12 @@ struct RelaySockets: Sendable {
                         // Room for a burst while the loop relays the batch before it.
                         try? options.setOption(.socketOption(.so_rcvbuf), value: 4 << 20)
                         try? options.setOption(.socketOption(.so_sndbuf), value: 4 << 20)
-                        // Vectored reads: each message needs room for the largest datagram, 64 KiB.
+                        // Coalesced reads (UDP GRO) where the kernel has them: a sender's burst
+                        // arrives as one message and leaves as one GSO send (RelayDatagramHandler).
+                        try? options.setOption(.datagramReceiveOffload, value: true)
+                        try? options.setOption(.datagramReceiveSegmentSize, value: true)
+                        // Vectored reads: each message needs room for the largest datagram or
+                        // GRO batch, 64 KiB.
                         try options.setOption(.datagramVectorReadMessageCount, value: messagesPerVectorRead)
                         try options.setOption(.maxMessagesPerRead, value: 4)
                         try options.setOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: messagesPerVectorRead * 65536))
@@ -209,6 +214,8 @@ struct RelaySockets: Sendable {
 /// The room table and the connections' handlers, confined to the relay's event loop.
 final class RelayCore {
     var rooms: RelayRooms
+    /// Whether datagrams to one peer leave in GSO sends; false once the kernel refused one.
+    var datagramBatching = true
     private var handlers: [RelayConnectionID: RelayConnectionHandler] = [:]
     private let publish: @Sendable (RelayStatistics) -> Void
 
