@@ -173,12 +173,22 @@ public final class CodeMeeting: Sendable {
     private func closing<Result: Sendable>(_ body: () async throws -> Result) async throws -> Result {
         do {
             let result = try await body()
-            await agent.close()
+            await lingerThenClose()
             return result
         } catch {
-            await agent.close()
+            await lingerThenClose()
             throw error
         }
+    }
+
+    /// How long the agent outlives the meeting's last connection: a connection's close has
+    /// left its QUIC socket when the program is told so, not yet the agent toward the peer, and
+    /// a peer that never hears it waits for its idle timeout (a receiver exited 15 s late).
+    static let linger: Duration = .milliseconds(200)
+
+    private func lingerThenClose() async {
+        try? await Task.sleep(for: Self.linger)
+        await agent.close()
     }
 
     // MARK: Authentication (docs/PROTOCOL.md §9.6)
