@@ -54,13 +54,13 @@ final class AgentCore {
     // The data path.
     private var destination: SocketAddress
     private var destinationIsDirect = false
-    private var arena = ByteBuffer()
-    private var arenaLengths: [Int] = []
+    /// Datagrams for the peer, gathered until the end of a read.
+    private var toPeer = DatagramBatches<PeerTarget>()
+    /// Datagrams for this host's sockets, gathered until the end of a read of the wide socket.
+    private var toLocal = DatagramBatches<LocalTarget>()
     private var wideWritten = false
     private var localToFlush: [any LocalSocket] = []
 
-    /// Room for datagrams copied toward the peer (each with its 4-byte header) between two flushes.
-    static let arenaCapacity = 256 << 10
     /// Datagrams kept for a flow whose socket is still opening.
     static let pendingPerOpeningFlow = 8
     /// At most this many splices at once (the relay's own limit per room).
@@ -403,8 +403,7 @@ final class AgentCore {
     fileprivate func wideClosed(_ channel: any Channel) {
         guard wide === channel else { return }
         wide = nil
-        arena = ByteBuffer()
-        arenaLengths.removeAll(keepingCapacity: true)
+        toPeer.drain { _, _, _ in }
         // Datagrams the direct path refused may be why: the relay carries them meanwhile.
         if destinationIsDirect {
             coarseNow = now()
@@ -413,22 +412,24 @@ final class AgentCore {
         }
     }
 
+    /// What the wide socket read: one datagram, or several the kernel coalesced (GRO).
+    fileprivate func wideRead(_ envelope: AddressedEnvelope<ByteBuffer>) {
+        let source = envelope.remoteAddress
+        // The relay's address is compared once per read, not per datagram.
+        let viaRelay = source == relayUDP
+        DatagramBatches<LocalTarget>.forEachDatagram(in: envelope.data, segmentSize: envelope.metadata?.segmentSize) { datagram in
+            wideDatagram(datagram, from: source, viaRelay: viaRelay)
+        }
+    }
+
     /// A datagram on the wide socket: the peer's data (from the relay or a trusted address),
     /// the relay's `bound`, a punch or its answer.
-    fileprivate func wideRead(_ envelope: AddressedEnvelope<ByteBuffer>) {
-        var data = envelope.data
+    private func wideDatagram(_ datagram: ByteBuffer, from source: SocketAddress, viaRelay: Bool) {
+        var data = datagram
         guard let type = data.getInteger(at: data.readerIndex, as: UInt8.self) else { return }
-        let source = envelope.remoteAddress
         if type == RelayDatagram.dataType {
-            let viaRelay: Bool
-            if source == relayUDP {
-                viaRelay = true
-            } else if engine.isTrusted(source) {
-                viaRelay = false
-            } else {
-                return
-            }
-            guard met, let service = data.getInteger(at: data.readerIndex + 1, as: UInt8.self),
+            guard met, viaRelay || engine.isTrusted(source),
+                  let service = data.getInteger(at: data.readerIndex + 1, as: UInt8.self),
                   let flow = data.getInteger(at: data.readerIndex + 2, as: UInt16.self) else { return }
             data.moveReaderIndex(forwardBy: PeerDatagram.dataHeaderSize)
             guard data.readableBytes > 0 else { return }
@@ -443,7 +444,7 @@ final class AgentCore {
         guard data.readableBytes <= 64 else { return }
         let bytes = Array(data.readableBytesView)[...]
         if type == RelayDatagram.boundType {
-            guard source == relayUDP, case .bound(let address) = RelayDatagram(decoding: bytes) else { return }
+            guard viaRelay, case .bound(let address) = RelayDatagram(decoding: bytes) else { return }
             engine.relayBound(address, now: coarseNow)
             advanceMeeting()
             return
@@ -466,41 +467,52 @@ final class AgentCore {
     /// Copies one of this host's datagrams, with its header, into the batch for the peer.
     private func sendToPeer(service: UInt8, flow: UInt16, _ payload: ByteBuffer) {
         guard met, let wide, wide.isWritable else { return }
-        let size = PeerDatagram.dataHeaderSize + payload.readableBytes
-        if arena.writableBytes < size {
-            emitArena()
-            arena = wide.allocator.buffer(capacity: max(Self.arenaCapacity, size))
+        if !toPeer.append(to: PeerTarget(), header: (service, flow), payload: payload, allocator: wide.allocator) {
+            emitToPeer()
+            guard toPeer.append(to: PeerTarget(), header: (service, flow), payload: payload, allocator: wide.allocator) else { return }
         }
-        arena.writeInteger(RelayDatagram.dataType)
-        arena.writeInteger(service)
-        arena.writeInteger(flow)
-        arena.writeImmutableBuffer(payload)
-        arenaLengths.append(size)
+        stats.count(UInt64(payload.readableBytes), direct: destinationIsDirect)
     }
 
-    /// Writes the batch's datagrams (slices of one buffer: no copy, one allocation per batch).
-    private func emitArena() {
-        guard !arenaLengths.isEmpty, let wide else { return }
-        var payload = 0
-        for length in arenaLengths {
-            guard let slice = arena.readSlice(length: length) else { break }
-            wide.write(AddressedEnvelope(remoteAddress: destination, data: slice), promise: nil)
-            payload += length - PeerDatagram.dataHeaderSize
+    /// Writes the batches for the peer, to where the route says now.
+    private func emitToPeer() {
+        guard !toPeer.isEmpty, let wide else { return }
+        let destination = self.destination
+        toPeer.drain { _, bytes, segmentSize in
+            wide.write(AddressedEnvelope(remoteAddress: destination, data: bytes, metadata: Self.metadata(segmentSize)), promise: nil)
         }
-        stats.count(UInt64(payload), direct: destinationIsDirect)
-        arenaLengths.removeAll(keepingCapacity: true)
-        // The slices share the buffer until written: the next batch takes a new one rather than
-        // writing into this one (which would copy it whole).
-        arena = ByteBuffer()
         wideWritten = true
     }
 
     /// At the end of a read: everything batched for the peer goes out in one flush.
     fileprivate func flushToPeer() {
-        emitArena()
+        emitToPeer()
         if wideWritten {
             wideWritten = false
             wide?.flush()
+        }
+    }
+
+    static func metadata(_ segmentSize: Int?) -> AddressedEnvelope<ByteBuffer>.Metadata? {
+        segmentSize.map { AddressedEnvelope<ByteBuffer>.Metadata(ecnState: .transportNotCapable, packetInfo: nil, segmentSize: $0) }
+    }
+
+    /// Copies one of the peer's datagrams into the batch for a local socket.
+    private func sendToLocal(_ socket: any LocalSocket, address: SocketAddress?, _ payload: ByteBuffer, allocator: ByteBufferAllocator) {
+        let target = LocalTarget(socket: socket, address: address)
+        if !toLocal.append(to: target, header: nil, payload: payload, allocator: allocator) {
+            emitToLocal()
+            _ = toLocal.append(to: target, header: nil, payload: payload, allocator: allocator)
+        }
+    }
+
+    private func emitToLocal() {
+        toLocal.drain { target, bytes, segmentSize in
+            target.socket.write(bytes, to: target.address, segmentSize: segmentSize)
+            if !target.socket.flushPending {
+                target.socket.flushPending = true
+                localToFlush.append(target.socket)
+            }
         }
     }
 
@@ -597,24 +609,22 @@ final class AgentCore {
         front.udp = nil
     }
 
-    /// One of this host's QUIC datagrams toward the peer's `service`.
+    /// This host's QUIC datagrams (one, or a coalesced batch) toward the peer's `service`.
     fileprivate func frontRead(_ service: UInt8, _ envelope: AddressedEnvelope<ByteBuffer>) {
         // QUIC never sends an empty datagram; the race's refusal watch does (to learn whether
         // anything listens), and the agent answers that itself by being here.
         guard envelope.data.readableBytes > 0, let front = fronts[Int(service)],
               let flow = front.flows.flow(for: envelope.remoteAddress, now: coarseNow) else { return }
-        sendToPeer(service: service, flow: flow, envelope.data)
+        DatagramBatches<PeerTarget>.forEachDatagram(in: envelope.data, segmentSize: envelope.metadata?.segmentSize) { datagram in
+            sendToPeer(service: service, flow: flow, datagram)
+        }
     }
 
     /// A datagram of the peer's for one of this host's QUIC sockets.
     private func deliverToFront(service: UInt8, flow: UInt16, _ data: ByteBuffer) {
         guard Int(service) < fronts.count, let front = fronts[Int(service)], let udp = front.udp, udp.isWritable,
               let address = front.flows.address(of: flow, now: coarseNow) else { return }
-        udp.write(AddressedEnvelope(remoteAddress: address, data: data), promise: nil)
-        if !front.flushPending {
-            front.flushPending = true
-            localToFlush.append(front)
-        }
+        sendToLocal(front, address: address, data, allocator: udp.allocator)
     }
 
     /// A TCP connection to a local port: a splice carries it to the peer's service.
@@ -684,11 +694,7 @@ final class AgentCore {
                 return
             }
             guard channel.isWritable else { return }
-            channel.write(data, promise: nil)
-            if !socket.flushPending {
-                socket.flushPending = true
-                localToFlush.append(socket)
-            }
+            sendToLocal(socket, address: nil, data, allocator: channel.allocator)
             return
         }
         guard Int(key.service) < servedPorts.count, let port = servedPorts[Int(key.service)], !closing else { return }
@@ -733,11 +739,13 @@ final class AgentCore {
         forget(socket)
     }
 
-    /// A reply of the local service to the peer's flow.
-    fileprivate func flowRead(_ socket: FlowSocket, _ data: ByteBuffer) {
-        guard data.readableBytes > 0 else { return }
+    /// A reply of the local service to the peer's flow (one datagram, or a coalesced batch).
+    fileprivate func flowRead(_ socket: FlowSocket, _ envelope: AddressedEnvelope<ByteBuffer>) {
+        guard envelope.data.readableBytes > 0 else { return }
         flows.touch(socket.key, now: coarseNow)
-        sendToPeer(service: socket.key.service, flow: socket.key.flow, data)
+        DatagramBatches<PeerTarget>.forEachDatagram(in: envelope.data, segmentSize: envelope.metadata?.segmentSize) { datagram in
+            sendToPeer(service: socket.key.service, flow: socket.key.flow, datagram)
+        }
     }
 
     private func expireFlows() {
@@ -776,6 +784,7 @@ final class AgentCore {
 
     /// At the end of a read from the peer: one flush per local socket written.
     fileprivate func flushToLocal() {
+        emitToLocal()
         guard !localToFlush.isEmpty else { return }
         for socket in localToFlush {
             socket.flushPending = false
@@ -807,6 +816,10 @@ final class AgentCore {
         try options.setOption(.datagramVectorReadMessageCount, value: messagesPerVectorRead)
         try options.setOption(.maxMessagesPerRead, value: UInt(vectorReadsPerRead))
         try options.setOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: messagesPerVectorRead * 65536))
+        // Batches in (GRO) as the stacks send them out (GSO): a read brings up to 64 datagrams
+        // in one buffer, with their size.
+        try? options.setOption(.datagramReceiveOffload, value: true)
+        try? options.setOption(.datagramReceiveSegmentSize, value: true)
         if pathMTU {
             _ = set(Int32(IPPROTO_IP), IP_MTU_DISCOVER, IP_PMTUDISC_PROBE)
             _ = set(Int32(IPPROTO_IPV6), IPV6_MTU_DISCOVER, IPV6_PMTUDISC_PROBE)
@@ -817,7 +830,23 @@ final class AgentCore {
 /// A local UDP socket written from the peer's datagrams and flushed once per batch.
 protocol LocalSocket: AnyObject {
     var flushPending: Bool { get set }
+    /// Writes (without flushing) `bytes`: one datagram, or `segmentSize` ones, to `address`
+    /// (nil on a connected socket).
+    func write(_ bytes: ByteBuffer, to address: SocketAddress?, segmentSize: Int?)
     func flushChannel()
+}
+
+/// Where a batch for the peer goes: the route's address when it is written (one target).
+struct PeerTarget: Equatable {}
+
+/// Where a batch for this host goes: a local socket, and the flow's address on an offer side's.
+struct LocalTarget: Equatable {
+    let socket: any LocalSocket
+    let address: SocketAddress?
+
+    static func == (lhs: LocalTarget, rhs: LocalTarget) -> Bool {
+        lhs.socket === rhs.socket && lhs.address == rhs.address
+    }
 }
 
 /// Offer side: one service's local port (UDP and TCP) and its flows.
@@ -835,6 +864,11 @@ final class OfferFront: LocalSocket {
         self.tcp = tcp
     }
 
+    func write(_ bytes: ByteBuffer, to address: SocketAddress?, segmentSize: Int?) {
+        guard let udp, let address else { return }
+        udp.write(AddressedEnvelope(remoteAddress: address, data: bytes, metadata: AgentCore.metadata(segmentSize)), promise: nil)
+    }
+
     func flushChannel() { udp?.flush() }
 }
 
@@ -848,6 +882,15 @@ final class FlowSocket: LocalSocket {
     var closed = false
 
     init(key: FlowKey) { self.key = key }
+
+    func write(_ bytes: ByteBuffer, to address: SocketAddress?, segmentSize: Int?) {
+        guard let channel else { return }
+        if let segmentSize, let remote = channel.remoteAddress {
+            channel.write(AddressedEnvelope(remoteAddress: remote, data: bytes, metadata: AgentCore.metadata(segmentSize)), promise: nil)
+        } else {
+            channel.write(bytes, promise: nil)
+        }
+    }
 
     func flushChannel() { channel?.flush() }
 }
@@ -887,7 +930,7 @@ private final class FlowSocketHandler: ChannelInboundHandler {
         self.core = core
         self.socket = socket
     }
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) { core.flowRead(socket, unwrapInboundIn(data).data) }
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) { core.flowRead(socket, unwrapInboundIn(data)) }
     func channelReadComplete(context: ChannelHandlerContext) { core.flushToPeer() }
     func channelInactive(context: ChannelHandlerContext) { core.flowClosed(socket) }
     func errorCaught(context: ChannelHandlerContext, error: any Error) {}
