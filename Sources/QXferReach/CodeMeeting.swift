@@ -67,7 +67,7 @@ public final class CodeMeeting: Sendable {
         case .relay(let relay):
             return try await offering(via: relay, place: place, code: fixed, timeout: timeout, announce: announce, body)
         case .localNetwork:
-            let server = RelayServer(host: nil, port: 0)
+            let server = RelayServer(host: nil, port: 0, limits: .local)  // a LAN: no byte allowance
             let (ports, started) = AsyncStream.makeStream(of: UInt16.self)
             return try await withThrowingTaskGroup(of: Result?.self) { group in
                 group.addTask {
