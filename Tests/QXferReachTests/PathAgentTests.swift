@@ -1,6 +1,7 @@
 import Foundation
 import QXfer
 @testable import QXferReach
+import LinuxSystem
 import Testing
 
 #if canImport(Glibc)
@@ -463,6 +464,74 @@ struct PathAgentTests {
         }
     }
 
+    @Test("Hostile datagrams at the agents' UDP sockets change nothing: junk, short headers, forged punches, data from strangers")
+    func hostileDatagrams() async throws {
+        try await Self.withRelay { relay in
+            let (offer, answer) = try await Self.meet(relay, punching: .allowed)
+            let echo = try EchoServer()
+            answer.serve(.transfer, onLocalPort: echo.port)
+            let port = try await offer.localPort(for: .transfer)
+            _ = await offer.waitForRoute(direct: true, timeout: .seconds(10))
+            let before = answer.report
+            let targets = [UInt16(await offer.widePort()), UInt16(await answer.widePort())]
+            try await blocking {
+                var random = SystemRandomNumberGenerator()
+                let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
+                defer { close(fd) }
+                var junk: [[UInt8]] = [[], [0x03], [0x03, 1], [0x03, 1, 0], [0x02, 4, 1, 2, 3, 4, 0, 1], [0x10], [0x11]]
+                junk.append([0x10] + [UInt8](repeating: 0, count: 24))
+                junk.append([0x11] + [UInt8](repeating: 0xFF, count: 24))
+                for _ in 0..<500 {
+                    junk.append((0..<Int.random(in: 0...1500, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) })
+                }
+                // Data for a new flow of each service from a stranger: must not reach the service.
+                for service in 0...3 { junk.append([0x03, UInt8(service), 0, 9] + Array("stranger".utf8)) }
+                for target in targets {
+                    var address = sockaddr_in()
+                    address.sin_family = sa_family_t(AF_INET)
+                    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+                    address.sin_port = target.bigEndian
+                    for datagram in junk {
+                        _ = withUnsafePointer(to: &address) { pointer in
+                            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { sendto(fd, datagram, datagram.count, 0, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+                        }
+                    }
+                }
+            }
+            let replies = try await blocking { try udpExchange(port: port, count: 20) }
+            #expect(replies == 20)
+            #expect(echo.strangers == 0)
+            #expect(answer.report.directBytes - before.directBytes < 100_000)
+            await offer.close()
+            await answer.close()
+            echo.stop()
+        }
+    }
+
+    @Test("A relay that breaks the protocol is a protocol violation, never a trap")
+    func hostileRelay() async throws {
+        let answers: [[UInt8]] = [
+            Self.frame(#"{"paired":{}}"#),  // before welcome
+            [0xFF, 0xFF, 0xFF, 0xFF],  // a length over the limit
+            Self.frame("not json"),
+            Self.frame(#"{"welcome":{"observed":"x","bindToken":"AAAA","expiresIn":1}}"#),  // a short token
+            Self.frame(#"{"surprise":{}}"#),
+        ]
+        for answer in answers {
+            let fake = try FakeRelay(answer: answer)
+            let error = await #expect(throws: ReachError.self) {
+                _ = try await PathAgent.connect(relay: RelayAddress(host: "127.0.0.1", port: fake.port)!, room: [UInt8](repeating: 3, count: 32), side: .offer, timeout: .seconds(5))
+            }
+            #expect(error?.kind == .protocolViolation, "\(answer.prefix(40))")
+            fake.stop()
+        }
+    }
+
+    static func frame(_ text: String) -> [UInt8] {
+        let body = Array(text.utf8)
+        return withUnsafeBytes(of: UInt32(body.count).bigEndian) { Array($0) } + body
+    }
+
     @Test("A TCP connection to the local port reaches the echo service through a splice")
     func tcpSplice() async throws {
         try await Self.withRelay { relay in
@@ -679,8 +748,12 @@ final class EchoServer: @unchecked Sendable {
     let port: UInt16
     private let udp: Int32
     private let tcp: Int32
+    private let strangerCount = Locked(0)
+    /// Datagrams that arrived saying "stranger" (a test's forged flows).
+    var strangers: Int { strangerCount.withLock { $0 } }
 
     init() throws {
+        let strangerCount = self.strangerCount
         let udpSocket = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
@@ -704,6 +777,7 @@ final class EchoServer: @unchecked Sendable {
                     pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { recvfrom(udpSocket, &buffer, buffer.count, 0, $0, &peerLength) }
                 }
                 guard count > 0 else { return }
+                if buffer[0..<count].starts(with: Array("stranger".utf8)) { strangerCount.withLock { $0 += 1 } }
                 _ = withUnsafePointer(to: &peer) { pointer in
                     pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { sendto(udpSocket, buffer, count, 0, $0, peerLength) }
                 }
@@ -735,6 +809,37 @@ final class EchoServer: @unchecked Sendable {
         close(udp)
         close(tcp)
     }
+}
+
+/// A TCP server on 127.0.0.1 that reads a hello, answers `answer`, and waits for the close.
+final class FakeRelay: @unchecked Sendable {
+    // The descriptor is set once in init; stop() shuts it down from any thread.
+    let port: UInt16
+    private let listener: Int32
+
+    init(answer: [UInt8]) throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        guard bindSocket(fd, &address), listen(fd, 4) == 0 else { throw ReachError(.local, "bind") }
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
+        listener = fd
+        port = UInt16(bigEndian: address.sin_port)
+        Thread {
+            let connection = accept(fd, nil, nil)
+            guard connection >= 0 else { return }
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            _ = read(connection, &buffer, buffer.count)
+            _ = writeAll(connection, answer[...])
+            while read(connection, &buffer, buffer.count) > 0 {}
+            close(connection)
+        }.start()
+    }
+
+    func stop() { shutdown(listener, Int32(SHUT_RDWR)) }
+    deinit { close(listener) }
 }
 
 private func bindSocket(_ fd: Int32, _ address: inout sockaddr_in) -> Bool {

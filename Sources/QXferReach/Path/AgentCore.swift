@@ -352,6 +352,9 @@ final class AgentCore {
         }
     }
 
+    /// Tests: the wide socket's port.
+    var widePortNumber: Int { widePort }
+
     func allowPunching() {
         coarseNow = now()
         perform(engine.allowPunching(now: coarseNow))
@@ -417,18 +420,19 @@ final class AgentCore {
         let source = envelope.remoteAddress
         // The relay's address is compared once per read, not per datagram.
         let viaRelay = source == relayUDP
+        let trusted = viaRelay || engine.isTrusted(source)
         DatagramBatches<LocalTarget>.forEachDatagram(in: envelope.data, segmentSize: envelope.metadata?.segmentSize) { datagram in
-            wideDatagram(datagram, from: source, viaRelay: viaRelay)
+            wideDatagram(datagram, from: source, viaRelay: viaRelay, trusted: trusted)
         }
     }
 
     /// A datagram on the wide socket: the peer's data (from the relay or a trusted address),
     /// the relay's `bound`, a punch or its answer.
-    private func wideDatagram(_ datagram: ByteBuffer, from source: SocketAddress, viaRelay: Bool) {
+    private func wideDatagram(_ datagram: ByteBuffer, from source: SocketAddress, viaRelay: Bool, trusted: Bool) {
         var data = datagram
         guard let type = data.getInteger(at: data.readerIndex, as: UInt8.self) else { return }
         if type == RelayDatagram.dataType {
-            guard met, viaRelay || engine.isTrusted(source),
+            guard met, trusted,
                   let service = data.getInteger(at: data.readerIndex + 1, as: UInt8.self),
                   let flow = data.getInteger(at: data.readerIndex + 2, as: UInt16.self) else { return }
             data.moveReaderIndex(forwardBy: PeerDatagram.dataHeaderSize)

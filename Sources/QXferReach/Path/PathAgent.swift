@@ -177,6 +177,12 @@ public final class PathAgent: Sendable {
         eventLoop.execute { core.value.allowPunching() }
     }
 
+    /// Tests: the port of the agent's UDP socket toward the relay and the peer.
+    func widePort() async -> Int {
+        let core = self.core
+        return (try? await eventLoop.submit { core.value.widePortNumber }.get()) ?? 0
+    }
+
     /// Tests: waits until the route is `route`'s kind, or `timeout` passes; returns the report.
     func waitForRoute(direct: Bool, timeout: Duration) async -> PathReport {
         let deadline = ContinuousClock.now + timeout
