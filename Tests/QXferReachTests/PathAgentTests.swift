@@ -363,10 +363,11 @@ struct PathAgentTests {
     }
 
     /// An offer and an answer agent that met through `relay`.
-    static func meet(_ relay: RelayAddress, punching: PunchingPolicy) async throws -> (offer: PathAgent, answer: PathAgent) {
+    static func meet(_ relay: RelayAddress, punching: PunchingPolicy, timing: PathTiming = PathTiming()) async throws -> (offer: PathAgent, answer: PathAgent) {
         let room = (0..<32).map { _ in UInt8.random(in: 0...255) }
         var options = PathOptions()
         options.punching = punching
+        options.timing = timing
         let offer = try await PathAgent.connect(relay: relay, room: room, side: .offer, timeout: .seconds(10), options: options)
         let answer = try await PathAgent.connect(relay: relay, room: room, side: .answer, timeout: .seconds(10), options: options)
         async let offerMet: Void = offer.meetPeer(timeout: .seconds(20))
@@ -686,11 +687,35 @@ struct PathAgentTests {
         return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
     }
 
+    @Test("A direct path whose keepalives go unanswered is left for the relay under a running QUIC connection")
+    func quicFallsBack() async throws {
+        var timing = PathTiming()
+        timing.keepaliveInterval = .milliseconds(250)
+        timing.punchWindow = .seconds(1)
+        try await Self.withRelay { [timing] relay in
+            let (offer, answer) = try await Self.meet(relay, punching: .allowed, timing: timing)
+            _ = await offer.waitForRoute(direct: true, timeout: .seconds(10))
+            try await Self.echoQUIC(offer, answer, bytes: 24 << 20) { received in
+                // A third through, the answer side stops answering; the rest waits for the fallback.
+                if received >= 8 << 20, case .direct = offer.report.route {
+                    answer.stopPunching()
+                    _ = await offer.waitForRoute(direct: false, timeout: .seconds(20))
+                }
+            }
+            let report = offer.report
+            #expect(report.route == .relayed)
+            #expect(report.directBytes > 1 << 20)
+            #expect(report.relayedBytes > 1 << 20)
+            await offer.close()
+            await answer.close()
+        }
+    }
+
     // MARK: - Helpers
 
     /// A QUIC echo listener behind the answer side; a connection through the offer side's port
     /// sends `bytes` and reads them back; `progress` hears how many came back so far.
-    static func echoQUIC(_ offer: PathAgent, _ answer: PathAgent, bytes: Int, progress: @escaping @Sendable (Int) -> Void = { _ in }) async throws {
+    static func echoQUIC(_ offer: PathAgent, _ answer: PathAgent, bytes: Int, progress: @escaping @Sendable (Int) async -> Void = { _ in }) async throws {
         try await echoThroughAgents(offer, answer, stack: { QUIC().identity(server).tunnelledThroughLoopback() }, client: {
             QUIC().identity(client).peerFingerprint(server.fingerprint).tunnelledThroughLoopback()
         }, bytes: bytes, progress: progress)
@@ -698,7 +723,7 @@ struct PathAgentTests {
 
     static func echoThroughAgents<Stack: ByteStreamProtocol>(
         _ offer: PathAgent, _ answer: PathAgent, stack: @escaping @Sendable () -> Stack, client: @escaping @Sendable () -> Stack,
-        bytes: Int, progress: @escaping @Sendable (Int) -> Void = { _ in }
+        bytes: Int, progress: @escaping @Sendable (Int) async -> Void = { _ in }
     ) async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { stack() }
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -729,7 +754,7 @@ struct PathAgentTests {
                 let chunk = try await connection.receive(atLeast: 1, atMost: 1 << 20).content
                 matches = matches && Array(chunk) == Array(payload[received..<received + chunk.count])
                 received += chunk.count
-                progress(received)
+                await progress(received)
             }
             try await sent
             #expect(matches)

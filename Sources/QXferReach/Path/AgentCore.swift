@@ -352,6 +352,10 @@ final class AgentCore {
         }
     }
 
+    func stopPunching() {
+        engine.stopPunching()
+    }
+
     /// Tests: the wide socket's port.
     var widePortNumber: Int { widePort }
 

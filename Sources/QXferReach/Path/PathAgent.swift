@@ -94,7 +94,7 @@ public final class PathAgent: Sendable {
     }
 
     /// ``connect(relay:room:side:timeout:)`` with options tests use (punching held back, timing).
-    static func connect(relay: RelayAddress, room: [UInt8], side: RoomSide, timeout: Duration, options: PathOptions) async throws(ReachError) -> PathAgent {
+    static func connect(relay: RelayAddress, room: [UInt8], side: RoomSide, timeout: Duration = .seconds(10), options: PathOptions) async throws(ReachError) -> PathAgent {
         let eventLoop = MultiThreadedEventLoopGroup.singleton.next()
         let stats = AgentStats()
         let started = eventLoop.flatSubmit { () -> EventLoopFuture<Started> in
@@ -175,6 +175,12 @@ public final class PathAgent: Sendable {
     func allowPunching() {
         let core = self.core
         eventLoop.execute { core.value.allowPunching() }
+    }
+
+    /// Tests: stops punching and answering punches, as if the direct path had died.
+    func stopPunching() {
+        let core = self.core
+        eventLoop.execute { core.value.stopPunching() }
     }
 
     /// Tests: the port of the agent's UDP socket toward the relay and the peer.

@@ -109,6 +109,12 @@ struct PathEngine<Address: Hashable> {
         return startPunching(now: now)
     }
 
+    /// Stops punching and answering punches (tests: the direct path dies).
+    mutating func stopPunching() {
+        punching = .never
+        punchingUntil = nil
+    }
+
     /// A punch arrived from `source`: answered when it carries this side's token.
     mutating func receivedPunch(token punchToken: [UInt8], nonce: UInt64, from source: Address, now: Duration) -> [Action] {
         guard punching == .allowed, punchToken == token, let peerToken else { return [] }
