@@ -476,7 +476,9 @@ final class AgentCore {
     private func sendToPeer(service: UInt8, flow: UInt16, _ payload: ByteBuffer) {
         guard met, let wide, wide.isWritable else { return }
         if !toPeer.append(to: PeerTarget(), header: (service, flow), payload: payload, allocator: wide.allocator) {
-            emitToPeer()
+            // A full buffer goes out now: a long read (up to 64 coalesced batches) is not held
+            // back whole until its end.
+            flushToPeer()
             guard toPeer.append(to: PeerTarget(), header: (service, flow), payload: payload, allocator: wide.allocator) else { return }
         }
         stats.count(UInt64(payload.readableBytes), direct: destinationIsDirect)
@@ -509,7 +511,7 @@ final class AgentCore {
     private func sendToLocal(_ socket: any LocalSocket, address: SocketAddress?, _ payload: ByteBuffer, allocator: ByteBufferAllocator) {
         let target = LocalTarget(socket: socket, address: address)
         if !toLocal.append(to: target, header: nil, payload: payload, allocator: allocator) {
-            emitToLocal()
+            flushToLocal()
             _ = toLocal.append(to: target, header: nil, payload: payload, allocator: allocator)
         }
     }
