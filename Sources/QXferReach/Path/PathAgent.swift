@@ -13,6 +13,7 @@ public struct PathReport: Sendable, Equatable, CustomStringConvertible {
         /// Straight to the peer at this address ("A:P"), a hole punched through the NATs.
         case direct(peer: String)
 
+        /// "relayed" or "direct to A:P".
         public var description: String {
             switch self {
             case .relayed: "relayed"
@@ -37,6 +38,7 @@ public struct PathReport: Sendable, Equatable, CustomStringConvertible {
         self.spliceBytes = spliceBytes
     }
 
+    /// The route and the bytes, on one line.
     public var description: String {
         "\(route); \(directBytes) bytes direct, \(relayedBytes) relayed, \(spliceBytes) spliced"
     }

@@ -9,7 +9,7 @@ enum SplicePipe {
     /// `counting` is told every byte read either way.
     static func join(_ local: any Channel, _ splice: any Channel, counting: @escaping (Int) -> Void) throws {
         local.eventLoop.preconditionInEventLoop()
-        precondition(local.eventLoop === splice.eventLoop, "a pipe's two channels share one event loop")
+        guard local.eventLoop === splice.eventLoop else { throw ReachError(.local, "a pipe's two channels must share one event loop") }
         let localEnd = PipeHandler(counting: counting)
         let spliceEnd = PipeHandler(counting: counting)
         localEnd.partner = spliceEnd
