@@ -50,6 +50,7 @@ final class AgentCore {
     private var peerSignal: (bytes: [UInt8], token: [UInt8], candidates: [SocketAddress])?
     private var meetPromise: EventLoopPromise<Void>?
     private var meetTimer: Scheduled<Void>?
+    private var meetingError: ReachError?
 
     // The data path.
     private var destination: SocketAddress
@@ -167,7 +168,7 @@ final class AgentCore {
         case .signal(let bytes):
             received(signal: bytes)
         case .peerGone:
-            if !met { failMeeting(ReachError(.peerGone, "the other side left before the transfer began")) }
+            if !met { failMeeting(ReachError(.peerGone, "the other side left before the transfer began"), forGood: true) }
         case .ended(let error):
             ended = error
             if !met { failMeeting(error) }
@@ -177,7 +178,7 @@ final class AgentCore {
     private func received(signal bytes: [UInt8]) {
         let signal: PeerSignal
         do { signal = try PeerSignal(decoding: Data(bytes)) } catch {
-            if !met { failMeeting(ReachError(.protocolViolation, "the peer sent a malformed signal")) }
+            if !met { failMeeting(ReachError(.protocolViolation, "the peer sent a malformed signal"), forGood: true) }
             return
         }
         switch signal {
@@ -196,7 +197,7 @@ final class AgentCore {
 
     func meet(timeout: Duration) -> EventLoopFuture<Void> {
         if met { return eventLoop.makeSucceededVoidFuture() }
-        if let ended { return eventLoop.makeFailedFuture(ended) }
+        if let error = meetingError ?? ended { return eventLoop.makeFailedFuture(error) }
         if let meetPromise { return meetPromise.futureResult }
         let promise = eventLoop.makePromise(of: Void.self)
         meetPromise = promise
@@ -232,7 +233,10 @@ final class AgentCore {
         meetPromise = nil
     }
 
-    private func failMeeting(_ error: ReachError) {
+    /// Fails a waiting ``meet(timeout:)``; `forGood`: later ones too (the peer left or broke
+    /// the protocol before the meeting, perhaps before anyone waited for it).
+    private func failMeeting(_ error: ReachError, forGood: Bool = false) {
+        if forGood, !met, meetingError == nil { meetingError = error }
         meetTimer?.cancel()
         meetPromise?.fail(error)
         meetPromise = nil
