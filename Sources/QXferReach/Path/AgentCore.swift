@@ -372,8 +372,8 @@ final class AgentCore {
 
     private func openWide(port: Int) -> EventLoopFuture<Void> {
         let host = relayUDP.protocol == .inet6 ? "::" : "0.0.0.0"
+        // No SO_REUSEADDR: another local socket must not share the port the peer punched.
         return DatagramBootstrap(group: eventLoop)
-            .channelOption(.socketOption(.so_reuseaddr), value: 1)
             .bind(host: host, port: port)
             .assumeIsolated().flatMapThrowing { channel in
                 try Self.tune(channel, pathMTU: true)
