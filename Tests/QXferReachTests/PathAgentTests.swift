@@ -602,6 +602,8 @@ struct PathAgentTests {
                 if received >= 8 << 20, offer.report.directBytes == 0 {
                     offer.allowPunching()
                     answer.allowPunching()
+                    // The rest of the transfer waits for the switch (however slow the machine).
+                    _ = await offer.waitForRoute(direct: true, timeout: .seconds(20))
                 }
             }
             let report = offer.report
