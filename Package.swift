@@ -363,7 +363,7 @@ let package = Package(
         ),
         .testTarget(
             name: "QXferReachTests",
-            dependencies: ["QXferReach", "QXferPairing", "QXfer", "LinuxSystem", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["QXferReach", "QXferPairing", "QXfer", "LinuxSystem", "PlainText", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strictSwift6
         ),
         .testTarget(

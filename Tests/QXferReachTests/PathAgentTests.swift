@@ -2,6 +2,7 @@ import Foundation
 import QXfer
 @testable import QXferReach
 import LinuxSystem
+import PlainText
 import Testing
 
 #if canImport(Glibc)
@@ -317,7 +318,7 @@ struct PathTablesTests {
     @Test("The candidates transcript is SHA-256 over both signals with their little-endian lengths")
     func transcript() {
         let value = AgentCore.transcript(offer: Array(#"{"candidates":{}}"#.utf8), answer: Array("answer".utf8))
-        #expect(RelayClient.hex(value) == "c4ceb5b2e24cfb6ef5a35d45a5ae1088913e314a581bb97c9b394bcd78cc768f")
+        #expect(TextFormat.hex(value) == "c4ceb5b2e24cfb6ef5a35d45a5ae1088913e314a581bb97c9b394bcd78cc768f")
     }
 
     @Test("Refusals map to their kinds; a hostile reason is made printable")

@@ -1,4 +1,5 @@
 import FoundationEssentials
+import PlainText
 import NIOCore
 import NIOPosix
 
@@ -75,7 +76,7 @@ final class RelayClient {
         }
         let hello: [UInt8]
         do {
-            hello = try RelayMessage.hello(version: RelayMessage.version, room: hex(room), side: side).framed()
+            hello = try RelayMessage.hello(version: RelayMessage.version, room: TextFormat.hex(room), side: side).framed()
         } catch {
             return eventLoop.makeFailedFuture(ReachError(.local, "cannot encode hello: \(error)"))
         }
@@ -201,16 +202,6 @@ final class RelayClient {
         String(String.UnicodeScalarView(text.unicodeScalars.lazy.filter { !$0.properties.generalCategory.isControl }.prefix(200)))
     }
 
-    static func hex(_ bytes: [UInt8]) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        var text: [UInt8] = []
-        text.reserveCapacity(bytes.count * 2)
-        for byte in bytes {
-            text.append(digits[Int(byte >> 4)])
-            text.append(digits[Int(byte & 0x0F)])
-        }
-        return String(decoding: text, as: UTF8.self)
-    }
 
     /// A socket error as a user reads it ("Connection refused", "timed out").
     static func describe(_ error: any Error) -> String {
