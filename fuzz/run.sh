@@ -9,7 +9,7 @@
 #   fuzz/run.sh build [TARGET...]  build only
 #   fuzz/run.sh seeds              regenerate the seed corpora in fuzz/corpus/ (committed)
 #
-# Targets: codec frames paths journal dns framers media streamwire quic session relay. Seeds are read from
+# Targets: codec frames paths journal dns framers media streamwire quic session relay peer. Seeds are read from
 # fuzz/corpus/TARGET; new inputs the fuzzer finds go to $FUZZ_BUILD/corpus/TARGET (not
 # committed), crashes to $FUZZ_BUILD/artifacts/TARGET/. The last lines printed are one summary
 # line per target: executions (libFuzzer's stat::number_of_executed_units) and its final
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 SWIFTC=${SWIFTC:-swiftc}
 OUT=${FUZZ_BUILD:-.build-fuzz}
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
-ALL_TARGETS=(codec frames paths journal dns framers media streamwire quic session relay)
+ALL_TARGETS=(codec frames paths journal dns framers media streamwire quic session relay peer)
 
 T=Sources/QXferTransfer
 D=Sources/QXferDiscovery
@@ -38,6 +38,8 @@ SESSION="$T/Receiver/OfferPlanner.swift $T/Receiver/ReceivingSession.swift $T/Se
 R=Sources/QXferReach
 RELAY="$R/Relay/RelayWire.swift $R/Relay/ClientAddress.swift $R/Relay/RelayLimits.swift $R/Relay/RelayRooms.swift
   $R/Relay/RelayStatistics.swift $R/ReachError.swift"
+# What a peer reads from the other and the path engine fed it (Sources/QXferReach/Path, no NIO).
+PEER="$R/Path/PeerSignal.swift $R/Path/PathEngine.swift $R/Relay/RelayWire.swift"
 STREAM="$S/WireFormat.swift $S/Bytes.swift $S/Frame.swift $S/RealtimeDatagrams.swift $S/ReedSolomon.swift $S/OutputBound.swift Sources/PlainText/TextFormat.swift"
 CXXHASH=(-Xcc -fmodule-map-file=fuzz/support/CXXHash.modulemap -I Sources/CXXHash/include -lxxhash
   -Xcc -fmodule-map-file=fuzz/support/CFileSystemLinux.modulemap -I Sources/CFileSystemLinux/include)
@@ -57,6 +59,7 @@ sources() {
         quic)    echo "fuzz/harness/FuzzQUIC.swift $(echo Sources/QUICEngine/*.swift)" ;;
         session) echo "fuzz/harness/FuzzSession.swift $SESSION $WIRE" ;;
         relay)   echo "fuzz/harness/FuzzRelay.swift $RELAY" ;;
+        peer)    echo "fuzz/harness/FuzzPeer.swift $PEER" ;;
         *) echo "unknown fuzz target '$1' (targets: ${ALL_TARGETS[*]})" >&2; return 1 ;;
     esac
 }
