@@ -71,11 +71,16 @@ public final class CodeMeeting: Sendable {
             let (ports, started) = AsyncStream.makeStream(of: UInt16.self)
             return try await withThrowingTaskGroup(of: Result?.self) { group in
                 group.addTask {
+                    // A relay that cannot start ends the stream, so the wait below ends too.
+                    defer { started.finish() }
                     try await server.run { port in started.yield(port) }
                     return nil
                 }
                 defer { group.cancelAll() }
-                guard let port = await ports.first(where: { _ in true }) else { throw ReachError(.local, "the local relay did not start") }
+                guard let port = await ports.first(where: { _ in true }) else {
+                    while try await group.next() != nil {}  // the relay's own error, where it threw one
+                    throw ReachError(.local, "the local relay did not start")
+                }
                 let local = RelayAddress(parsing: "127.0.0.1:\(port)")!
                 return try await offering(via: local, place: place, code: fixed, timeout: timeout, announce: { code in
                     // Advertised once the room is taken: a receiver that finds it can join at once.
