@@ -279,21 +279,6 @@ struct QUICStreamTests {
         }
     }
 
-    /// When an idle connection must have ended: QUIC's idle period is at least three probe
-    /// timeouts (RFC 9000 §10.1), and a loaded machine (sanitizers, parallel suites) measures
-    /// RTTs of seconds; twice that, plus 7 s, for scheduling (CI run 42 took 33.1 s against a
-    /// bound of 32.3 s with 7 s alone). What this bounds is a hang: the idle period itself is
-    /// checked on simulated time (`LifecycleTests.idleTimeoutClosesBothSides`). Taken before the
-    /// wait and again after it, the later of the two: the period follows the RTT measured last,
-    /// and under ASan beside every suite a handshake took 55 s and the RTT kept growing after
-    /// the first reading.
-    static func idleDeadline<Stack>(of connection: NetworkConnection<Stack>, idleTimeout: Duration) async -> Duration {
-        let metrics = await connection.metrics
-        let probeTimeout = (metrics.smoothedRTT ?? .zero)
-            + max((metrics.rttVariance ?? .zero) * 4, .milliseconds(1)) + .milliseconds(25)
-        return max(idleTimeout, probeTimeout * 3) * 2 + .seconds(7)
-    }
-
     @Test("An idle QUIC connection times out with a clear error")
     func idleTimeout() async throws {
         let listener = NetworkListener(on: 0, host: "127.0.0.1") { QUIC().identity(Identities.server) }
@@ -304,13 +289,12 @@ struct QUICStreamTests {
             try? await Task.sleep(for: .seconds(180))
         }) { port in
             let connection = try await connectedClient(port, idleTimeout: .seconds(2))
-            let deadline = await Self.idleDeadline(of: connection, idleTimeout: .seconds(2))
-            let clock = ContinuousClock()
-            let started = clock.now
-            let error = await #expect(throws: QXferError.self) { _ = try await connection.receive(atLeast: 1, atMost: 1) }
+            // When the timer fires is proved on simulated time (QUICEngineTests' LifecycleTests);
+            // here, that the connection ends with that error instead of hanging.
+            let error = try await within(.seconds(120), "an idle connection's end") {
+                await qxferError { _ = try await connection.receive(atLeast: 1, atMost: 1) }
+            }
             #expect(error?.code == .idleTimeout)
-            let settled = await Self.idleDeadline(of: connection, idleTimeout: .seconds(2))
-            #expect(clock.now - started < max(deadline, settled))
         }
     }
 
@@ -323,14 +307,13 @@ struct QUICStreamTests {
             let relay = try await UDPRelay.start(to: try SocketAddress(ipAddress: "127.0.0.1", port: Int(port)))
             let connection = try await connectedClient(relay.port, idleTimeout: .seconds(3))
             _ = try await connection.receive(exactly: 1)
-            let deadline = await Self.idleDeadline(of: connection, idleTimeout: .seconds(3))
             relay.blackhole()
-            let clock = ContinuousClock()
-            let started = clock.now
-            let error = await #expect(throws: QXferError.self) { _ = try await connection.receive(atLeast: 1, atMost: 1) }
+            // As above: the end's timing on simulated time, its happening here (a loaded CI
+            // machine once took 27.7 s for this 3 s timeout, as its timers ran late).
+            let error = try await within(.seconds(120), "the end of a connection whose peer vanished") {
+                await qxferError { _ = try await connection.receive(atLeast: 1, atMost: 1) }
+            }
             #expect(error?.code == .idleTimeout)
-            let settled = await Self.idleDeadline(of: connection, idleTimeout: .seconds(3))
-            #expect(clock.now - started < max(deadline, settled))
             await relay.stop()
         }
     }
