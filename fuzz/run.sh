@@ -58,8 +58,8 @@ sources() {
         streamwire) echo "fuzz/harness/FuzzStreamWire.swift $S/FrameAssembler.swift $STREAM" ;;
         quic)    echo "fuzz/harness/FuzzQUIC.swift $(echo Sources/QUICEngine/*.swift)" ;;
         session) echo "fuzz/harness/FuzzSession.swift $SESSION $WIRE" ;;
-        relay)   echo "fuzz/harness/FuzzRelay.swift $RELAY" ;;
-        peer)    echo "fuzz/harness/FuzzPeer.swift $PEER" ;;
+        relay)   echo "fuzz/harness/FuzzRelay.swift fuzz/support/FuzzScript.swift $RELAY" ;;
+        peer)    echo "fuzz/harness/FuzzPeer.swift fuzz/support/FuzzScript.swift $PEER" ;;
         *) echo "unknown fuzz target '$1' (targets: ${ALL_TARGETS[*]})" >&2; return 1 ;;
     esac
 }

@@ -20,22 +20,6 @@ import Glibc
 #endif
 import FoundationEssentials
 
-struct PeerScript {
-    private let bytes: [UInt8]
-    private var index = 0
-    init(_ bytes: [UInt8]) { self.bytes = bytes }
-    var isEmpty: Bool { index >= bytes.count }
-    mutating func byte() -> UInt8 {
-        defer { index += 1 }
-        return index < bytes.count ? bytes[index] : 0
-    }
-    mutating func take(_ count: Int) -> [UInt8] {
-        let end = min(index + count, bytes.count)
-        defer { index = end }
-        return index < end ? Array(bytes[index..<end]) : []
-    }
-}
-
 let peerSources = ["192.0.2.7:4000", "198.51.100.9:5000", "10.0.0.2:6000", "203.0.113.1:7000"]
 
 func checkSent(_ actions: [PathEngine<String>.Action], engine: PathEngine<String>) {
@@ -57,7 +41,7 @@ func checkSent(_ actions: [PathEngine<String>.Action], engine: PathEngine<String
 @_cdecl("LLVMFuzzerTestOneInput")
 public func qxferFuzzPeer(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int32 {
     let input = size == 0 || data == nil ? [] : Array(UnsafeBufferPointer(start: data!, count: size))
-    var script = PeerScript(input)
+    var script = FuzzScript(input)
     let token = Array(repeating: UInt8(0x11), count: RelayMessage.tokenSize)
     let peerToken = Array(repeating: UInt8(0x22), count: RelayMessage.tokenSize)
     var engine = PathEngine<String>(token: token, bindToken: Array(repeating: 0x33, count: RelayMessage.tokenSize))

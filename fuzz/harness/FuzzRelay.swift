@@ -27,22 +27,6 @@ import Glibc
 #endif
 import FoundationEssentials
 
-struct RelayScript {
-    private let bytes: [UInt8]
-    private var index = 0
-    init(_ bytes: [UInt8]) { self.bytes = bytes }
-    var isEmpty: Bool { index >= bytes.count }
-    mutating func byte() -> UInt8 {
-        defer { index += 1 }
-        return index < bytes.count ? bytes[index] : 0
-    }
-    mutating func take(_ count: Int) -> [UInt8] {
-        let end = min(index + count, bytes.count)
-        defer { index = end }
-        return index < end ? Array(bytes[index..<end]) : []
-    }
-}
-
 let relayAddresses: [ClientAddress] = [
     ClientAddress(ipv4: 0xC000_0201, port: 1000), ClientAddress(ipv4: 0xC000_0201, port: 2000),
     ClientAddress(ipv4: 0xC633_6401, port: 1000), ClientAddress(ipv6High: 0x2001_0DB8_0000_0001, low: 1, port: 1000),
@@ -77,7 +61,7 @@ func checkActions(_ actions: [RelayAction], opened: Set<RelayConnectionID>) {
 @_cdecl("LLVMFuzzerTestOneInput")
 public func qxferFuzzRelay(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int32 {
     let input = size == 0 || data == nil ? [] : Array(UnsafeBufferPointer(start: data!, count: size))
-    var script = RelayScript(input)
+    var script = FuzzScript(input)
     var limits = RelayLimits()
     limits.maximumRoomsPerAddress = 3
     limits.maximumRooms = 5
