@@ -35,13 +35,20 @@
     /// The QUIC engine calls this directly from its TLS callback.
     @_spi(Stacks) public func evaluate(certificateDER der: [UInt8]) -> Bool {
         let fingerprint = Fingerprint(certificateDER: der)
-        outcome.withLock { $0.fingerprint = fingerprint }
+        // The fingerprint and the decision appear together: a reader in between (QUIC's early
+        // data, logging its receiver) saw a fingerprint with no failure yet and called it trusted.
         switch decide(fingerprint) {
         case .success(let trust):
-            outcome.withLock { $0.trust = trust }
+            outcome.withLock {
+                $0.fingerprint = fingerprint
+                $0.trust = trust
+            }
             return true
         case .failure(let error):
-            record(failure: error)
+            outcome.withLock {
+                $0.fingerprint = fingerprint
+                $0.failure = error
+            }
             return false
         }
     }
