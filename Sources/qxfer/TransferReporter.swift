@@ -521,8 +521,8 @@ final class TransferClock: Sendable {
         var started: Set<String> = []
         /// Files verified without having started: found already there in full.
         var alreadyThere = 0
-        /// The file that started last, the files ended (verified or failed) on this connection,
-        /// and the files of the offer.
+        /// A file in flight (the one that started last, until it ends), the files ended (verified or failed) on this
+        /// connection, and the files of the offer.
         var files = Files()
     }
 
@@ -556,6 +556,8 @@ final class TransferClock: Sendable {
         state.withLock {
             if $0.started.remove(path) == nil && verified { $0.alreadyThere += 1 }
             $0.files.done += 1
+            // The bar names a file still moving (standard input may outlast the files after it).
+            if $0.files.current == path { $0.files.current = $0.started.first }
         }
     }
 
