@@ -411,7 +411,7 @@ final class AgentCore {
         }
     }
 
-    fileprivate func wideClosed(_ channel: any Channel) {
+    func wideClosed(_ channel: any Channel) {
         guard wide === channel else { return }
         wide = nil
         toPeer.drain { _, _, _ in }
@@ -424,7 +424,7 @@ final class AgentCore {
     }
 
     /// What the wide socket read: one datagram, or several the kernel coalesced (GRO).
-    fileprivate func wideRead(_ envelope: AddressedEnvelope<ByteBuffer>) {
+    func wideRead(_ envelope: AddressedEnvelope<ByteBuffer>) {
         let source = envelope.remoteAddress
         // The relay's address is compared once per read, not per datagram.
         let viaRelay = source == relayUDP
@@ -499,7 +499,7 @@ final class AgentCore {
     }
 
     /// At the end of a read: everything batched for the peer goes out in one flush.
-    fileprivate func flushToPeer() {
+    func flushToPeer() {
         emitToPeer()
         if wideWritten {
             wideWritten = false
@@ -618,13 +618,13 @@ final class AgentCore {
         }
     }
 
-    fileprivate func frontClosed(_ service: UInt8, _ channel: any Channel) {
+    func frontClosed(_ service: UInt8, _ channel: any Channel) {
         guard let front = fronts[Int(service)], front.udp === channel else { return }
         front.udp = nil
     }
 
     /// This host's QUIC datagrams (one, or a coalesced batch) toward the peer's `service`.
-    fileprivate func frontRead(_ service: UInt8, _ envelope: AddressedEnvelope<ByteBuffer>) {
+    func frontRead(_ service: UInt8, _ envelope: AddressedEnvelope<ByteBuffer>) {
         // QUIC never sends an empty datagram; the race's refusal watch does (to learn whether
         // anything listens), and the agent answers that itself by being here.
         guard envelope.data.readableBytes > 0, let front = fronts[Int(service)],
@@ -748,13 +748,13 @@ final class AgentCore {
         if let current = flows.value(for: socket.key, now: coarseNow), current === socket { _ = flows.remove(socket.key) }
     }
 
-    fileprivate func flowClosed(_ socket: FlowSocket) {
+    func flowClosed(_ socket: FlowSocket) {
         socket.channel = nil
         forget(socket)
     }
 
     /// A reply of the local service to the peer's flow (one datagram, or a coalesced batch).
-    fileprivate func flowRead(_ socket: FlowSocket, _ envelope: AddressedEnvelope<ByteBuffer>) {
+    func flowRead(_ socket: FlowSocket, _ envelope: AddressedEnvelope<ByteBuffer>) {
         guard envelope.data.readableBytes > 0 else { return }
         flows.touch(socket.key, now: coarseNow)
         DatagramBatches<PeerTarget>.forEachDatagram(in: envelope.data, segmentSize: envelope.metadata?.segmentSize) { datagram in
@@ -797,7 +797,7 @@ final class AgentCore {
     // MARK: - Local flushes
 
     /// At the end of a read from the peer: one flush per local socket written.
-    fileprivate func flushToLocal() {
+    func flushToLocal() {
         emitToLocal()
         guard !localToFlush.isEmpty else { return }
         for socket in localToFlush {
@@ -839,113 +839,4 @@ final class AgentCore {
             _ = set(Int32(IPPROTO_IPV6), IPV6_MTU_DISCOVER, IPV6_PMTUDISC_PROBE)
         }
     }
-}
-
-/// A local UDP socket written from the peer's datagrams and flushed once per batch.
-protocol LocalSocket: AnyObject {
-    var flushPending: Bool { get set }
-    /// Writes (without flushing) `bytes`: one datagram, or `segmentSize` ones, to `address`
-    /// (nil on a connected socket).
-    func write(_ bytes: ByteBuffer, to address: SocketAddress?, segmentSize: Int?)
-    func flushChannel()
-}
-
-/// Where a batch for the peer goes: the route's address when it is written (one target).
-struct PeerTarget: Equatable {}
-
-/// Where a batch for this host goes: a local socket, and the flow's address on an offer side's.
-struct LocalTarget: Equatable {
-    let socket: any LocalSocket
-    let address: SocketAddress?
-
-    static func == (lhs: LocalTarget, rhs: LocalTarget) -> Bool {
-        lhs.socket === rhs.socket && lhs.address == rhs.address
-    }
-}
-
-/// Offer side: one service's local port (UDP and TCP) and its flows.
-final class OfferFront: LocalSocket {
-    let port: UInt16
-    var udp: (any Channel)?
-    var tcp: (any Channel)?
-    var flows = OfferFlows<SocketAddress>()
-    var flushPending = false
-    var reopening = false
-
-    init(port: UInt16, udp: any Channel, tcp: any Channel) {
-        self.port = port
-        self.udp = udp
-        self.tcp = tcp
-    }
-
-    func write(_ bytes: ByteBuffer, to address: SocketAddress?, segmentSize: Int?) {
-        guard let udp, let address else { return }
-        udp.write(AddressedEnvelope(remoteAddress: address, data: bytes, metadata: AgentCore.metadata(segmentSize)), promise: nil)
-    }
-
-    func flushChannel() { udp?.flush() }
-}
-
-/// Answer side: one flow's UDP socket toward the local service.
-final class FlowSocket: LocalSocket {
-    let key: FlowKey
-    var channel: (any Channel)?
-    /// Datagrams that arrived while the socket was opening (bounded).
-    var pending: [ByteBuffer] = []
-    var flushPending = false
-    var closed = false
-
-    init(key: FlowKey) { self.key = key }
-
-    func write(_ bytes: ByteBuffer, to address: SocketAddress?, segmentSize: Int?) {
-        guard let channel else { return }
-        if let segmentSize, let remote = channel.remoteAddress {
-            channel.write(AddressedEnvelope(remoteAddress: remote, data: bytes, metadata: AgentCore.metadata(segmentSize)), promise: nil)
-        } else {
-            channel.write(bytes, promise: nil)
-        }
-    }
-
-    func flushChannel() { channel?.flush() }
-}
-
-// MARK: - Handlers: thin, everything is the core's
-
-private final class WideSocketHandler: ChannelInboundHandler {
-    typealias InboundIn = AddressedEnvelope<ByteBuffer>
-    private let core: AgentCore
-    init(core: AgentCore) { self.core = core }
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) { core.wideRead(unwrapInboundIn(data)) }
-    func channelReadComplete(context: ChannelHandlerContext) { core.flushToLocal() }
-    func channelInactive(context: ChannelHandlerContext) { core.wideClosed(context.channel) }
-    // Errors NIO does not close the socket for (a refused send's ICMP) change nothing.
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {}
-}
-
-private final class FrontSocketHandler: ChannelInboundHandler {
-    typealias InboundIn = AddressedEnvelope<ByteBuffer>
-    private let core: AgentCore
-    private let service: UInt8
-    init(core: AgentCore, service: UInt8) {
-        self.core = core
-        self.service = service
-    }
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) { core.frontRead(service, unwrapInboundIn(data)) }
-    func channelReadComplete(context: ChannelHandlerContext) { core.flushToPeer() }
-    func channelInactive(context: ChannelHandlerContext) { core.frontClosed(service, context.channel) }
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {}
-}
-
-private final class FlowSocketHandler: ChannelInboundHandler {
-    typealias InboundIn = AddressedEnvelope<ByteBuffer>
-    private let core: AgentCore
-    private let socket: FlowSocket
-    init(core: AgentCore, socket: FlowSocket) {
-        self.core = core
-        self.socket = socket
-    }
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) { core.flowRead(socket, unwrapInboundIn(data)) }
-    func channelReadComplete(context: ChannelHandlerContext) { core.flushToPeer() }
-    func channelInactive(context: ChannelHandlerContext) { core.flowClosed(socket) }
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {}
 }
